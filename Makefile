@@ -1,0 +1,29 @@
+# `make run`: set up everything and stream one generation. `make test`: set up, then the test suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TEST_MODELS := smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m
+
+.PHONY: setup models run test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# specgen.build is stdlib-only: it picks CMake flags for this host, builds llama-cpp-python once per
+# flag set (cached under ~/.cache/specgen/wheels) and installs it; then specgen itself.
+setup: $(BIN)/python
+	$(BIN)/python -m specgen.build
+	$(BIN)/python -m pip install -q -e '.[test]'
+
+models: setup
+	$(BIN)/specgen models pull $(TEST_MODELS)
+
+run: setup
+	$(BIN)/specgen generate -n 96 "Explain in three sentences why the sky is blue."
+
+test: models
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,313 @@
+"""The only module that imports llama_cpp: models, contexts, multi-sequence batches, KV by sequence id.
+
+Contexts are built with the low-level API because the high-level `Llama()` exposes neither
+`n_seq_max` nor `kv_unified`, which tree verification needs (every branch of a token tree is a
+sequence id; siblings share positions, so the KV cache is edited by sequence id, never by position
+alone).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as L
+
+from .errors import ModelError, SpecgenError
+from .protocol import Batch, VocabInfo
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp logs a great deal while loading; keep the last lines to explain failures and show
+# everything only when SPECGEN_DEBUG is set.
+_recent_log: collections.deque[str] = collections.deque(maxlen=20)
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _recent_log.append(line.rstrip())
+    if os.environ.get("SPECGEN_DEBUG"):
+        print(line, end="", file=__import__("sys").stderr)
+
+
+_initialized = False
+
+
+def _init() -> None:
+    global _initialized
+    if not _initialized:
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _initialized = True
+
+
+def _last_error() -> str:
+    for line in reversed(_recent_log):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line.strip()
+    return ""
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with one clear line unless `path` is a readable file that starts like a GGUF."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelError(f"expected a GGUF model file, got a directory: {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"not a GGUF file: {path} (expected magic bytes 'GGUF', found {magic!r})")
+
+
+class LlamaModel:
+    """A loaded GGUF model (weights and vocabulary); contexts are made from it."""
+
+    def __init__(self, path: str | Path, gpu_layers: int = 0):
+        _init()
+        self.path = str(path)
+        check_gguf_file(Path(path))
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        self._model = L.llama_model_load_from_file(self.path.encode(), params)
+        if not self._model:
+            detail = _last_error()
+            raise ModelError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported "
+                             f"GGUF){': ' + detail if detail else ''}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab: int = L.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
+        self.bos: int = L.llama_vocab_bos(self._vocab)
+        self.eos: int = L.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.name: str = self.meta("general.name") or Path(self.path).stem
+        # Recurrent/hybrid models cannot drop part of a sequence, which rejected drafts need.
+        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        template = L.llama_model_chat_template(self._model, None)
+        self.chat_template: str | None = template.decode("utf-8", errors="replace") if template else None
+        self._pieces: dict[int, bytes] = {}
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (L.llama_token * n_max)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's own text for a token (special tokens included), for vocab checks."""
+        text = L.llama_vocab_get_text(self._vocab, token)
+        return text or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self._vocab, token))
+
+    def vocab_info(self, sample_ids: Sequence[int]) -> VocabInfo:
+        samples = tuple((i, self.token_text(i)) for i in sample_ids if 0 <= i < self.n_vocab)
+        return VocabInfo(L.llama_vocab_type(self._vocab), self.n_vocab, self.bos, self.eos, samples)
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render messages with the GGUF's own Jinja chat template (llama-cpp-python's formatter)."""
+        if not self.chat_template:
+            raise ModelError(f"--chat needs a chat template, but {Path(self.path).name} has none "
+                             "(use --no-chat)")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        fmt = Jinja2ChatFormatter(self.chat_template, eos_token=self.token_text(self.eos).decode(errors="replace"),
+                                  bos_token=self.token_text(self.bos).decode(errors="replace"))
+        try:
+            return fmt(messages=messages).prompt
+        except Exception as e:  # templates raise their own errors (e.g. role order)
+            raise ModelError(f"the chat template of {Path(self.path).name} rejected the messages: {e}") from None
+
+    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
+                    n_threads: int | None = None) -> "LlamaContext":
+        return LlamaContext(self, n_ctx, n_seq_max, n_batch, n_threads)
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class LlamaContext:
+    """A llama.cpp context whose KV cache is shared by up to `n_seq_max` sequences (kv_unified)."""
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
+                 n_threads: int | None = None):
+        self.model = model
+        threads = n_threads or default_threads()
+        params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True  # without it each sequence only gets n_ctx / n_seq_max cells
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self._ctx = L.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecgenError(f"llama.cpp could not create a context of {n_ctx} tokens for "
+                               f"{Path(model.path).name}: {_last_error() or 'out of memory?'}")
+        self.n_ctx: int = L.llama_n_ctx(self._ctx)
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.n_threads = threads
+        self.n_vocab = model.n_vocab
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(n_batch, 0, n_seq_max)
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """One `llama_decode`; returns logits rows (float32 copies) for tokens with logits=True."""
+        n = len(batch)
+        if n == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = batch.tokens[i]
+            b.pos[i] = batch.positions[i]
+            ids = batch.seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            row = b.seq_id[i]
+            for j, s in enumerate(ids):
+                row[j] = s
+            b.logits[i] = batch.logits[i]
+        rc = L.llama_decode(self._ctx, b)
+        if rc == 1:
+            raise SpecgenError(f"the context is full ({self.n_ctx} tokens): use a larger --ctx")
+        if rc != 0:
+            raise SpecgenError(f"llama_decode failed with code {rc}: {_last_error()}")
+        out = np.empty((batch.n_outputs, self.n_vocab), dtype=np.float32)
+        row_i = 0
+        for i in range(n):
+            if batch.logits[i]:
+                ptr = L.llama_get_logits_ith(self._ctx, i)
+                out[row_i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                row_i += 1
+        return out
+
+    def prefill(self, tokens: Sequence[int], start_pos: int = 0, seq_id: int = 0) -> np.ndarray:
+        """Evaluate a long run of tokens in n_batch chunks; returns the last token's logits."""
+        last = np.empty(0, dtype=np.float32)
+        for off in range(0, len(tokens), self.n_batch):
+            chunk = tokens[off:off + self.n_batch]
+            batch = Batch()
+            for j, tok in enumerate(chunk):
+                batch.add(tok, start_pos + off + j, (seq_id,), off + j == len(tokens) - 1)
+            out = self.decode(batch)
+            if len(out):
+                last = out[-1]
+        return last
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        # Called directly: llama-cpp-python's LlamaContext.kv_cache_seq_rm turns seq -1 into 0.
+        return bool(L.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        L.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        L.llama_memory_seq_keep(self._mem, seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return L.llama_memory_seq_pos_max(self._mem, seq_id)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+_FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16": L.LLAMA_FTYPE_MOSTLY_BF16,
+           "Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "Q6_K": L.LLAMA_FTYPE_MOSTLY_Q6_K,
+           "Q5_K_M": L.LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q4_K_M": L.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+           "Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0, "Q3_K_M": L.LLAMA_FTYPE_MOSTLY_Q3_K_M,
+           "Q2_K": L.LLAMA_FTYPE_MOSTLY_Q2_K}
+
+
+def quantize_types() -> list[str]:
+    return list(_FTYPES)
+
+
+def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
+    """Write `src` re-quantized to `ftype` (llama.cpp's quantize; requantizing allowed)."""
+    _init()
+    if ftype not in _FTYPES:
+        raise ModelError(f"unknown quantization type {ftype!r}: expected one of {', '.join(_FTYPES)}")
+    params = L.llama_model_quantize_default_params()
+    params.nthread = n_threads or default_threads()
+    params.ftype = _FTYPES[ftype]
+    params.allow_requantize = True
+    rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelError(f"llama.cpp quantize {src.name} -> {ftype} failed (code {rc}): {_last_error()}")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    llama_cpp_python: str
+    system_info: str
+    gpu_offload: bool
+    machine: str
+
+
+def build_info() -> BuildInfo:
+    _init()
+    return BuildInfo(L.__version__, L.llama_print_system_info().decode(errors="replace").strip(),
+                     bool(L.llama_supports_gpu_offload()), platform.machine())

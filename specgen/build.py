@@ -1,0 +1,180 @@
+"""Build and install llama-cpp-python for this host (stdlib only: runs before anything is installed).
+
+`python -m specgen.build` chooses CMake flags from the host, builds the pinned sdist once per
+(version, python, flags), caches the wheel under ``$SPECGEN_HOME/wheels`` (``~/.cache/specgen``)
+and installs it into the running interpreter's environment. pip caches wheels by name and
+version only, never by CMAKE_ARGS, so pip's own cache is bypassed and ours is keyed by flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+
+# /proc/cpuinfo flag -> ggml CMake option. Each option is set explicitly ON or OFF so a build never
+# enables an ISA the CPU lacks. (AVX-VNNI is left at ggml's default, off: AVX512-VNNI covers it.)
+X86_FEATURES = [
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("bmi2", "GGML_BMI2"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+]
+# AMX stays off even where the CPU has it: ggml's AMX kernels segfault on first decode on some
+# Xeons (upstream llama.cpp #20824), which is also why GGML_NATIVE (which would pick AMX) is off.
+AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    cmake_args: list[str]
+    reason: str
+
+    @property
+    def key(self) -> str:
+        blob = "\n".join([LLAMA_CPP_PYTHON_VERSION, sys.implementation.cache_tag, platform.machine(),
+                          *self.cmake_args])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def specgen_home() -> Path:
+    return Path(os.environ.get("SPECGEN_HOME") or Path.home() / ".cache" / "specgen")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def has_nvidia_gpu() -> bool:
+    """nvcc alone is not enough: a CUDA build on a host without a driver cannot even load."""
+    if Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists():
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            return subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return False
+
+
+def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
+    """Choose CMake flags for this host; SPECGEN_CMAKE_ARGS overrides everything."""
+    env = os.environ if env is None else env
+    override = env.get("SPECGEN_CMAKE_ARGS")
+    if override is not None:
+        return BuildPlan(override.split(), "SPECGEN_CMAKE_ARGS is set")
+    system, machine = platform.system(), platform.machine().lower()
+    if system == "Darwin":
+        return BuildPlan(["-DGGML_METAL=ON"], "macOS: Metal (llama.cpp's default there)")
+    if shutil.which("nvcc"):
+        if has_nvidia_gpu():
+            return BuildPlan(["-DGGML_CUDA=ON"], "nvcc and an NVIDIA driver found: CUDA build")
+        print("specgen: nvcc found but no NVIDIA driver/GPU: building for the CPU", file=sys.stderr)
+    if machine in ("x86_64", "amd64"):
+        flags = cpu_flags()
+        args = ["-DGGML_NATIVE=OFF"]
+        args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
+        args += AMX_OFF
+        have = [flag for flag, _ in X86_FEATURES if flag in flags]
+        return BuildPlan(args, f"x86-64 CPU build with {', '.join(have) or 'no SIMD extensions'}; AMX off")
+    return BuildPlan([], f"{system} {machine}: llama.cpp defaults")
+
+
+def _installed_marker() -> Path:
+    return Path(sys.prefix) / "specgen-llama-build.txt"
+
+
+def _run_with_progress(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Run a pip build, keep the full log, and show ninja/make's [i/n] counter as progress."""
+    step = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]|\[\s*(\d+)%\]")
+    tty = sys.stderr.isatty()
+    started, last_print = time.time(), 0.0
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            m = step.search(line)
+            if not m:
+                continue
+            pct = int(m.group(3)) if m.group(3) else 100 * int(m.group(1)) // max(1, int(m.group(2)))
+            now = time.time()
+            if tty:
+                print(f"\r  compiling llama.cpp: {pct:3d}%  ({now - started:.0f}s)", end="", file=sys.stderr)
+            elif now - last_print > 30:
+                print(f"  compiling llama.cpp: {pct}% ({now - started:.0f}s)", file=sys.stderr)
+                last_print = now
+        rc = proc.wait()
+    if tty:
+        print(file=sys.stderr)
+    return rc
+
+
+def build_wheel(plan: BuildPlan, cache: Path) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
+    if wheels:
+        return wheels[0]
+    print(f"specgen: building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source "
+          f"(no wheel cached for these flags; takes minutes)", file=sys.stderr)
+    print(f"  CMAKE_ARGS={' '.join(plan.cmake_args)}", file=sys.stderr)
+    env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args), FORCE_CMAKE="1")
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v",
+               "--no-binary", "llama-cpp-python", "-w", tmp,
+               f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+        log_path = cache.parent / f"build-{plan.key}.log"
+        if _run_with_progress(cmd, env, log_path) != 0:
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            sys.exit("specgen: llama-cpp-python build failed; last lines of "
+                     f"{log_path}:\n" + "\n".join(tail))
+        built = next(Path(tmp).glob("llama_cpp_python-*.whl"))
+        final = cache / built.name
+        shutil.move(str(built), final)  # same filesystem: the cache never holds a half wheel
+    (cache / "build.txt").write_text(" ".join(plan.cmake_args) + "\n")
+    return final
+
+
+def main() -> None:
+    plan = plan_build()
+    marker = _installed_marker()
+    if marker.exists() and marker.read_text().strip() == plan.key:
+        print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} already built for this host "
+              f"({plan.reason})", file=sys.stderr)
+        return
+    print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}: {plan.reason}", file=sys.stderr)
+    cache = specgen_home() / "wheels" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}-{plan.key}"
+    wheel = build_wheel(plan, cache)
+    print(f"specgen: installing {wheel.name} (cached in {cache})", file=sys.stderr)
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "--force-reinstall", "--no-deps", str(wheel)], check=True)
+    subprocess.run([*pip, str(wheel)], check=True)  # its dependencies (numpy, jinja2, ...)
+    marker.write_text(plan.key + "\n")
+
+
+if __name__ == "__main__":
+    main()

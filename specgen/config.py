@@ -1,0 +1,127 @@
+"""Run settings: configs/default.yaml < a -c YAML file < command-line options."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .sampling import SamplingParams
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+
+METHODS = ("auto", "plain", "chain", "tree", "staged", "lookup")
+# Methods that draft with a second model; the others need none.
+DRAFT_METHODS = ("chain", "tree", "staged")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    target: str = "gemma-3-270m-f32"
+    draft: str | None = "gemma-3-270m-q2_k"
+    method: str = "auto"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    chat: bool | None = None  # None: on when the target has a chat template (instruct models)
+    threads: int | None = None  # None: all cores this process may use
+    ctx: int = 4096
+    gpu_layers: int = 0
+    draft_gpu_layers: int = 0
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "target": (str,), "draft": (str, type(None)), "method": (str,), "max_tokens": (int,),
+    "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "seed": (int, type(None)),
+    "chat": (bool, type(None)), "threads": (int, type(None)), "ctx": (int,), "gpu_layers": (int,),
+    "draft_gpu_layers": (int,),
+}
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {str: "text", int: "an integer", float: "a number", bool: "true/false", type(None): "null"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def validate(values: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """Check keys and value types; `origin` names where they came from for the error message."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        norm = key.replace("-", "_")
+        if norm not in FIELDS:
+            raise ConfigError(f"{origin}: unknown key {key!r} (expected one of: {', '.join(FIELDS)})")
+        types = _TYPES[norm]
+        # bool is an int in Python; do not let `max_tokens: true` through.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"{origin}: {key} must be {_type_name(types)}, found {value!r}")
+        if norm == "draft" and isinstance(value, str) and value.lower() == "none":
+            value = None
+        out[norm] = value
+    return out
+
+
+def check_ranges(cfg: RunConfig) -> None:
+    if cfg.method not in METHODS:
+        raise ConfigError(f"--method must be one of {', '.join(METHODS)}, found {cfg.method!r}")
+    if cfg.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
+    if cfg.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, found {cfg.temperature}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, found {cfg.threads}")
+    if cfg.ctx < 16:
+        raise ConfigError(f"--ctx must be at least 16 tokens, found {cfg.ctx}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
+    return validate(data, str(path))
+
+
+def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:
+    """defaults.yaml, then the -c file, then command-line options that were given (not None)."""
+    values: dict[str, Any] = {}
+    if DEFAULT_CONFIG.exists():
+        values.update(read_yaml(DEFAULT_CONFIG))
+    from_file = read_yaml(config_file) if config_file is not None else {}
+    values.update(from_file)
+    given = validate({k: v for k, v in overrides.items() if v is not None}, "command line")
+    if "target" in given and "draft" not in given and "draft" not in from_file:
+        # The default draft belongs to the default target: a target of your own drafts with
+        # nothing unless -d (or a -c file) names a draft for it.
+        values["draft"] = None
+    values.update(given)
+    cfg = RunConfig(**values)
+    check_ranges(cfg)
+    return cfg

@@ -1,0 +1,85 @@
+"""Prompt input: an argument, stdin, a .txt file (one prompt per line) or a .jsonl file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from .errors import PromptError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    index: int
+    text: str
+
+
+def _decode(data: bytes, origin: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise PromptError(f"{origin}: expected UTF-8 text, found byte 0x{data[e.start]:02x} on line {line}") from None
+
+
+def _jsonl_prompt(record: object, origin: str, lineno: int) -> str:
+    if isinstance(record, dict):
+        if isinstance(record.get("prompt"), str):
+            return record["prompt"]
+        turns = record.get("turns")
+        if isinstance(turns, list) and turns and isinstance(turns[0], str):
+            return turns[0]  # Spec-Bench record: the first turn is the prompt
+    raise PromptError(f"{origin} line {lineno}: expected an object with \"prompt\" (text) or \"turns\" "
+                      f"(list of text), found {json.dumps(record)[:80]}")
+
+
+def parse_prompt_file(path: Path) -> list[Prompt]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PromptError(f"prompt file not found: {path}") from None
+    except IsADirectoryError:
+        raise PromptError(f"expected a prompt file, got a directory: {path}") from None
+    except OSError as e:
+        raise PromptError(f"cannot read prompt file {path}: {e.strerror}") from None
+    text = _decode(data, str(path))
+    texts: list[str] = []
+    if path.suffix.lower() == ".jsonl":
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+            texts.append(_jsonl_prompt(record, str(path), lineno))
+    else:
+        texts = [line for line in text.splitlines() if line.strip()]
+    prompts = [Prompt(i, t) for i, t in enumerate(texts)]
+    if not prompts:
+        raise PromptError(f"prompt file {path} has no prompts (expected one per line)")
+    for p in prompts:
+        if not p.text.strip():
+            raise PromptError(f"{path}: prompt {p.index + 1} is empty")
+    return prompts
+
+
+def collect_prompts(argument: str | None, prompts_file: Path | None, stdin: TextIO | None) -> list[Prompt]:
+    """PROMPT text; "-" (or no PROMPT with stdin piped) reads stdin as one prompt; -f reads a file."""
+    if prompts_file is not None:
+        if argument is not None:
+            raise PromptError("give either PROMPT or -f/--prompts FILE, not both")
+        return parse_prompt_file(prompts_file)
+    if argument is None or argument == "-":
+        if stdin is None or (argument is None and stdin.isatty()):
+            raise PromptError("no prompt: expected PROMPT, text piped on stdin, or -f FILE")
+        raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8")
+        text = _decode(raw, "stdin").rstrip("\n")
+        origin = "stdin"
+    else:
+        text, origin = argument, "PROMPT"
+    if not text.strip():
+        raise PromptError(f"empty prompt on {origin}: expected some text")
+    return [Prompt(0, text)]

@@ -1,0 +1,75 @@
+"""Terminal output: generated text to stdout (Rich on a terminal, plain when piped), everything
+else (stats, progress, warnings) to stderr; progress bars only when stderr is a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+_stderr = Console(stderr=True, highlight=False)
+
+
+def note(message: str) -> None:
+    """One progress/status line on stderr."""
+    print(f"specgen: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def spinner(message: str) -> Iterator[None]:
+    if _stderr.is_terminal:
+        with _stderr.status(message):
+            yield
+    else:
+        note(message)
+        yield
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n_bytes)`; draws a byte progress bar on a terminal, nothing otherwise."""
+    if not _stderr.is_terminal:
+        note(f"fetching {label}")
+        yield lambda n: None
+        return
+    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=_stderr, transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+class TextSink:
+    """Streams generated text to stdout; dims tokens that came from a draft on a terminal only."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+        self.console = Console(file=self.stream, highlight=False) if self.stream.isatty() else None
+
+    def write(self, text: str, from_draft: bool = False) -> None:
+        if not text:
+            return
+        if self.console is not None:
+            self.console.print(text, end="", style="dim" if from_draft else None, markup=False,
+                               soft_wrap=True)
+        else:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def end(self) -> None:
+        self.write("\n")
+
+
+def write_json_record(record: dict[str, Any], stream=None) -> None:
+    stream = stream or sys.stdout
+    stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+    stream.flush()
+
+
+def stats_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

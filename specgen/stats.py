@@ -1,0 +1,46 @@
+"""Per-run counters and the numbers derived from them (the stats line and the --json record)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunStats:
+    n_tokens: int = 0  # tokens emitted as text (a final stop token is not text)
+    n_committed: int = 0  # tokens the target committed, a final stop token included
+    target_calls: int = 0  # target decodes after prefill
+    drafted: int = 0  # draft tree nodes proposed, root excluded
+    accepted: int = 0  # drafted nodes on accepted paths
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """τ: tokens committed per target call, bonus token included (plain decoding: 1.0)."""
+        return self.n_committed / self.target_calls if self.target_calls else 1.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        return self.draft_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    def line(self) -> str:
+        """One human line, e.g. `128 tok · 31.5 tok/s · 41 target calls · τ 3.12 · accepted 79% ...`."""
+        parts = [f"{self.n_tokens} tok", f"{self.tokens_per_s:.1f} tok/s",
+                 f"{self.target_calls} target calls", f"τ {self.mean_accepted:.2f}"]
+        if self.drafted:
+            parts.append(f"accepted {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
+            parts.append(f"draft {self.draft_share:.0%} of time")
+        parts.append(f"prefill {self.prefill_s:.2f} s")
+        return " · ".join(parts)

@@ -1,0 +1,103 @@
+"""A scripted fake model and context implementing specgen.protocol, with real per-sequence KV.
+
+The fake's next-token logits are a deterministic function of the whole token history of the
+sequence a token is evaluated in, so a context that attends to the wrong KV entries (a wrong
+sequence id, a stale branch) produces different logits, exactly as a real model would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from specgen.protocol import Batch, VocabInfo
+
+
+class FakeModel:
+    def __init__(self, n_vocab: int = 32, eos: int = 1, bos: int = 0, sharpness: float = 3.0,
+                 script: dict[tuple[int, ...], int] | None = None, chat_template: str | None = None):
+        self.path = "fake.gguf"
+        self.name = "fake"
+        self.n_vocab = n_vocab
+        self.n_ctx_train = 4096
+        self.bos, self.eos = bos, eos
+        self.sharpness = sharpness
+        # history suffix -> forced next token (argmax), to script a model's behaviour
+        self.script = script or {}
+        self.chat_template = chat_template
+
+    def logits_for(self, history: tuple[int, ...]) -> np.ndarray:
+        digest = hashlib.blake2b(repr(history).encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        logits = rng.normal(0.0, self.sharpness, self.n_vocab).astype(np.float32)
+        logits[self.eos] -= 4.0  # rare unless scripted
+        for suffix, token in self.script.items():
+            if history[-len(suffix):] == suffix:
+                logits[token] = logits.max() + 5.0
+        return logits
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        body = [2 + (ord(c) % (self.n_vocab - 2)) for c in text]
+        return ([self.bos] if add_special else []) + body
+
+    def piece(self, token: int) -> bytes:
+        return b"" if token in (self.bos, self.eos) else f"<{token}>".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eos
+
+    def vocab_info(self, sample_ids) -> VocabInfo:
+        return VocabInfo(1, self.n_vocab, self.bos, self.eos,
+                         tuple((i, self.piece(i)) for i in sample_ids if i < self.n_vocab))
+
+    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512, n_threads=None) -> "FakeContext":
+        return FakeContext(self, n_ctx, n_seq_max, n_batch)
+
+
+class FakeContext:
+    def __init__(self, model: FakeModel, n_ctx: int = 256, n_seq_max: int = 1, n_batch: int = 64):
+        self.model = model
+        self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
+        self.kv: dict[int, dict[int, int]] = {}  # seq id -> {position: token}
+        self.calls: list[Batch] = []
+
+    def _history(self, seq: int, pos: int) -> tuple[int, ...]:
+        cells = self.kv.get(seq, {})
+        missing = [p for p in range(pos) if p not in cells]
+        if missing:
+            raise AssertionError(f"seq {seq} has no KV at positions {missing[:5]} before {pos}")
+        return tuple(cells[p] for p in range(pos))
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        assert len(batch) <= self.n_batch, "batch larger than n_batch"
+        self.calls.append(batch)
+        rows = []
+        for tok, pos, seqs, want in zip(batch.tokens, batch.positions, batch.seq_ids, batch.logits):
+            assert pos < self.n_ctx, "context full"
+            assert all(0 <= s < self.n_seq_max for s in seqs), f"seq ids {seqs} outside n_seq_max"
+            histories = {self._history(s, pos) for s in seqs}
+            assert len(histories) == 1, f"token at pos {pos} shared by sequences with different pasts"
+            for s in seqs:
+                self.kv.setdefault(s, {})[pos] = tok
+            if want:
+                rows.append(self.model.logits_for(histories.pop() + (tok,)))
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self.model.n_vocab)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        hi = float("inf") if p1 < 0 else p1
+        seqs = list(self.kv) if seq_id < 0 else [seq_id]
+        for s in seqs:
+            self.kv[s] = {p: t for p, t in self.kv.get(s, {}).items() if not (max(p0, 0) <= p < hi)}
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        hi = float("inf") if p1 < 0 else p1
+        cells = self.kv.setdefault(dst, {})
+        cells.update({p: t for p, t in self.kv.get(src, {}).items() if max(p0, 0) <= p < hi})
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.kv = {seq_id: self.kv.get(seq_id, {})}
+
+    def clear(self) -> None:
+        self.kv = {}
