@@ -38,6 +38,22 @@ def gemma(gemma_path):
     return LlamaModel(gemma_path)
 
 
+@pytest.fixture(scope="session")
+def smollm2_f32():
+    from specgen import models
+    from specgen.backend import LlamaModel
+
+    return LlamaModel(models.resolve("smollm2-135m-instruct-f32"))
+
+
+@pytest.fixture(scope="session")
+def gemma_f32():
+    from specgen import models
+    from specgen.backend import LlamaModel
+
+    return LlamaModel(models.resolve("gemma-3-270m-f32"))
+
+
 @pytest.fixture
 def isolated_home(tmp_path, monkeypatch):
     """A SPECGEN_HOME of its own, for tests that write to the model cache."""

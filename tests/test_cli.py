@@ -1,0 +1,149 @@
+"""The CLI contract, through a real process on the real smollm2 model: input paths, stdout/stderr
+separation, --json fields, and one-line errors with a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SMOLLM2
+
+pytestmark = pytest.mark.real
+
+RECORD_FIELDS = {"prompt_index", "text", "n_tokens", "method", "target", "draft", "temperature",
+                 "target_calls", "drafted", "accepted", "acceptance_rate", "mean_accepted", "prefill_s",
+                 "decode_s", "tokens_per_s", "finish_reason"}
+
+
+def specgen(*args, input=None, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "specgen", *args], input=input, capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300)
+
+
+def gen(*args, input=None):
+    return specgen("generate", "-m", SMOLLM2, "--method", "plain", "-n", "8", *args, input=input)
+
+
+def assert_one_line_error(proc, pattern):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert pattern in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path):
+    """Greedy text for the prompt 'Name a colour.' via the argument path."""
+    proc = gen("Name a colour.", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["text"]
+
+
+def test_argument_streams_text_to_stdout_and_stats_to_stderr(reference):
+    proc = gen("Name a colour.")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == reference + "\n"
+    assert "8 tok" in proc.stderr and "tok/s" in proc.stderr and "τ 1.00" in proc.stderr
+    assert "\x1b[" not in proc.stdout  # plain text when piped
+
+
+def test_stdin_dash_and_piped_stdin_match_argument(reference):
+    for args in (["-"], []):
+        proc = gen(*args, "--json", input="Name a colour.\n")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["text"] == reference
+
+
+def test_txt_and_jsonl_files_one_record_per_prompt(tmp_path, reference):
+    txt = tmp_path / "p.txt"
+    txt.write_text("Name a colour.\n\nSay hi.\n")
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "Name a colour."}) + "\n"
+                     + json.dumps({"question_id": 1, "category": "x", "turns": ["Say hi.", "more"]}) + "\n")
+    outs = []
+    for f in (txt, jsonl):
+        proc = gen("-f", str(f), "--json")
+        assert proc.returncode == 0, proc.stderr
+        records = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert [r["prompt_index"] for r in records] == [0, 1]
+        assert records[0]["text"] == reference
+        outs.append(records[1]["text"])
+    assert outs[0] == outs[1]  # Spec-Bench "turns": the first turn is the prompt
+
+
+def test_json_record_fields_and_values():
+    proc = gen("Name a colour.", "--json")
+    record = json.loads(proc.stdout)
+    assert set(record) == RECORD_FIELDS
+    assert record["method"] == "plain" and record["target"] == SMOLLM2 and record["draft"] is None
+    assert record["n_tokens"] == 8 and record["target_calls"] == 8 and record["finish_reason"] == "length"
+    assert record["drafted"] == record["accepted"] == 0 and record["mean_accepted"] == 1.0
+    assert record["tokens_per_s"] > 0 and record["decode_s"] > 0
+
+
+def test_seeded_sampling_reproducible():
+    args = ("Tell me a story.", "--json", "-t", "0.9", "--top-k", "40", "--top-p", "0.95", "-n", "24")
+    a, b, c = (json.loads(gen(*args, "--seed", s).stdout)["text"] for s in ("3", "3", "4"))
+    assert a == b
+    assert a != c
+
+
+def test_no_chat_changes_the_prompt(reference):
+    proc = gen("Name a colour.", "--json", "--no-chat")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["text"] != reference
+
+
+def test_missing_model_file(tmp_path):
+    proc = specgen("generate", "-m", str(tmp_path / "nope.gguf"), "hi")
+    assert_one_line_error(proc, "model file not found")
+
+
+def test_file_that_is_not_gguf(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("hello, not a model")
+    proc = specgen("generate", "-m", str(bad), "hi")
+    assert_one_line_error(proc, "not a GGUF file")
+
+
+def test_unknown_model_name():
+    proc = specgen("generate", "-m", "no-such-model", "hi")
+    assert_one_line_error(proc, "unknown model 'no-such-model'")
+
+
+def test_empty_prompt():
+    assert_one_line_error(gen(""), "empty prompt")
+    assert_one_line_error(gen("-", input="  \n"), "empty prompt on stdin")
+
+
+def test_unknown_config_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("target: x\nmax_tokenz: 5\n")
+    proc = gen("hi", "-c", str(cfg))
+    assert_one_line_error(proc, "unknown key 'max_tokenz'")
+
+
+def test_config_values_apply_and_command_line_wins(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"target: {SMOLLM2}\nmax_tokens: 3\nmethod: plain\n")
+    proc = specgen("generate", "-c", str(cfg), "--json", "Name a colour.")
+    assert json.loads(proc.stdout)["n_tokens"] == 3
+    proc = specgen("generate", "-c", str(cfg), "-n", "5", "--json", "Name a colour.")
+    assert json.loads(proc.stdout)["n_tokens"] == 5
+
+
+def test_draft_with_other_vocabulary_is_rejected():
+    proc = specgen("generate", "-m", SMOLLM2, "-d", "gemma-3-270m-q4_k_m", "--method", "auto", "hi")
+    assert_one_line_error(proc, "does not match target")
+
+
+def test_models_list_and_path(smollm2_path):
+    proc = specgen("models", "list")
+    assert proc.returncode == 0
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(SMOLLM2 + " "))
+    assert row.split()[-1] == "yes"
+    proc = specgen("models", "path", SMOLLM2)
+    assert proc.stdout.strip() == str(smollm2_path)
