@@ -1,0 +1,36 @@
+from specgen import build
+
+
+def plan_for(monkeypatch, flags, system="Linux", machine="x86_64", nvcc=False, gpu=False, env=None):
+    monkeypatch.setattr(build.platform, "system", lambda: system)
+    monkeypatch.setattr(build.platform, "machine", lambda: machine)
+    monkeypatch.setattr(build, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/nvcc" if nvcc and name == "nvcc" else None)
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: gpu)
+    return build.plan_build(env or {})
+
+
+def test_x86_flags_follow_the_cpu_and_amx_stays_off(monkeypatch):
+    plan = plan_for(monkeypatch, {"avx", "avx2", "fma", "f16c", "amx_tile", "amx_int8"})
+    args = set(plan.cmake_args)
+    assert "-DGGML_NATIVE=OFF" in args
+    assert {"-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"} <= args
+    assert {"-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_BMI2=OFF"} <= args
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= args
+
+
+def test_cuda_only_with_nvcc_and_a_gpu(monkeypatch):
+    assert plan_for(monkeypatch, {"avx2"}, nvcc=True, gpu=True).cmake_args == ["-DGGML_CUDA=ON"]
+    assert "-DGGML_CUDA=ON" not in plan_for(monkeypatch, {"avx2"}, nvcc=True, gpu=False).cmake_args
+
+
+def test_macos_metal_and_override(monkeypatch):
+    assert plan_for(monkeypatch, set(), system="Darwin", machine="arm64").cmake_args == ["-DGGML_METAL=ON"]
+    plan = plan_for(monkeypatch, {"avx2"}, env={"SPECGEN_CMAKE_ARGS": "-DGGML_VULKAN=ON -DX=1"})
+    assert plan.cmake_args == ["-DGGML_VULKAN=ON", "-DX=1"]
+
+
+def test_cache_key_changes_with_flags(monkeypatch):
+    a = plan_for(monkeypatch, {"avx2"})
+    b = plan_for(monkeypatch, {"avx2", "avx512f"})
+    assert a.key != b.key and a.key == plan_for(monkeypatch, {"avx2"}).key

