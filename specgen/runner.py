@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from .config import DRAFT_METHODS, RunConfig
 from .engine import Event, GenerationRequest, generate_plain
