@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 from .errors import PromptError
+from .drafters import Drafter
 from .protocol import Batch, Context, Model
 from .sampling import Sampler, SamplingParams
 from .stats import RunStats
+from .tree import DraftTree
+from .verify import walk
 
 COMMITTED_SEQ = 0
 
@@ -110,5 +113,90 @@ def generate_plain(model: Model, ctx: Context, request: GenerationRequest, stats
         stats.decode_s += clock() - t0
         yield event  # time spent by the consumer (rendering) is not decode time
         t0 = clock()
+    stats.decode_s += clock() - t0
+    yield FinishEvent(reason, decoder.flush())
+
+
+def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> Batch:
+    """Node i at position n_past + depth(i) in every branch through it; logits for every node."""
+    batch = Batch()
+    for tok, depth, ids in zip(tree.tokens, tree.depths(), seq_ids):
+        batch.add(tok, n_past + depth, ids, True)
+    return batch
+
+
+def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
+    """Make sequence 0 hold exactly the committed text ending at `last_pos` on branch `seq`.
+
+    By sequence id, never by position alone: siblings share positions.
+    """
+    ctx.seq_rm(seq, last_pos + 1, -1)
+    if seq != COMMITTED_SEQ:
+        ctx.seq_keep(seq)
+        ctx.seq_cp(seq, COMMITTED_SEQ, -1, -1)
+    ctx.seq_keep(COMMITTED_SEQ)
+
+
+def generate_speculative(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
+                         drafter: Drafter) -> Iterator[Event]:
+    """Draft a tree, verify it in one target decode, commit the accepted path plus a bonus token."""
+    tokens = request.prompt_tokens
+    check_prompt_fits(len(tokens), ctx)
+    clock = time.perf_counter
+    t0 = clock()
+    prefill(ctx, tokens)
+    stats.prefill_s = clock() - t0
+
+    sampler = Sampler(request.sampling)
+    decoder = TextDecoder(model)
+    n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
+    reason = "length"
+    t0 = clock()
+    drafter.reset(list(tokens))
+    stats.draft_s += clock() - t0
+    while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
+        # Drafted tokens beyond what may still be emitted (or fit) would be wasted work.
+        room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1) - 1
+        t_draft = clock()
+        tree = drafter.propose(max(0, room))
+        stats.draft_s += clock() - t_draft
+
+        # One target decode for the whole tree; branch j is sequence j (branch 0 is sequence 0).
+        seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
+        n_branches = max(max(ids) for ids in seq_ids) + 1
+        if n_branches > ctx.n_seq_max:
+            raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
+        for seq in range(1, n_branches):
+            ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+        logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
+        verdict = walk(tree, logits, sampler.sample)
+        stats.target_calls += 1
+        stats.drafted += tree.n_drafted
+        stats.accepted += len(verdict.path)
+        stats.accepted_lengths[len(verdict.path)] += 1
+
+        last = verdict.last_node
+        keep_branch(ctx, seq_ids[last][0], n_past + len(verdict.path))
+        n_past += len(verdict.path) + 1
+
+        committed, events = [], []
+        for i, token in enumerate(verdict.tokens):
+            committed.append(token)
+            stats.n_committed += 1
+            if model.is_eog(token):
+                reason = "stop"
+                break
+            stats.n_tokens += 1
+            events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path)))
+            if stats.n_tokens >= request.max_tokens:
+                break
+        t_draft = clock()
+        drafter.observe(verdict, committed)
+        stats.draft_s += clock() - t_draft
+        stats.decode_s += clock() - t0
+        yield from events  # time spent by the consumer (rendering) is not decode time
+        t0 = clock()
+        if reason == "stop":
+            break
     stats.decode_s += clock() - t0
     yield FinishEvent(reason, decoder.flush())

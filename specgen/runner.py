@@ -6,14 +6,17 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .config import DRAFT_METHODS, RunConfig
-from .engine import Event, GenerationRequest, generate_plain
+from .drafters import LookupDrafter
+from .engine import Event, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
 from .prompts import Prompt
 from .protocol import Context, Model
 from .stats import RunStats
 from .vocab import check_compatible, sample_ids
 
-IMPLEMENTED_METHODS = ("auto", "plain")  # `auto` is plain decoding until the speculative engine lands
+# `auto` is plain decoding until the planner lands; chain/tree/staged come with the draft-model drafters.
+IMPLEMENTED_METHODS = ("auto", "plain", "lookup")
+MAX_BRANCHES = 8  # sequence ids a speculative context reserves for tree branches
 
 
 @dataclass
@@ -42,9 +45,10 @@ def load_models(cfg: RunConfig) -> LoadedModels:
                           f"(available: {', '.join(IMPLEMENTED_METHODS)})")
     target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
     n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
-    ctx = target.new_context(n_ctx, n_seq_max=1, n_threads=cfg.threads)
+    ctx = target.new_context(n_ctx, n_seq_max=1 if cfg.method == "plain" else MAX_BRANCHES,
+                             n_threads=cfg.threads)
     draft = None
-    if cfg.draft is not None and cfg.method != "plain":
+    if cfg.draft is not None and cfg.method not in ("plain", "lookup"):
         draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
         ids = sample_ids(min(target.n_vocab, draft.n_vocab))
         check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, cfg.draft)
@@ -79,6 +83,8 @@ class Runner:
     def stream(self, prompt: Prompt, stats: RunStats) -> Iterator[Event]:
         tokens = encode_prompt(self.m.target, prompt.text, self.chat)
         request = GenerationRequest(tokens, self.cfg.max_tokens, self.cfg.sampling)
+        if self.cfg.method == "lookup":
+            return generate_speculative(self.m.target, self.m.target_ctx, request, stats, LookupDrafter())
         return generate_plain(self.m.target, self.m.target_ctx, request, stats)
 
     def record(self, result: PromptResult) -> dict[str, Any]:
