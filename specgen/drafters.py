@@ -5,8 +5,14 @@ One interface (reset / propose / observe); "no proposal" is a tree with only the
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
+from .kv import keep_branch
+from .protocol import Batch, Context
+from .sampling import SamplingParams, distribution
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -61,13 +67,16 @@ class LookupDrafter:
             toks.append(tok)
 
     def lookup(self, k: int) -> list[int]:
-        toks = self.tokens
-        for n in range(min(self.max_n, len(toks)), 0, -1):
-            key = tuple(toks[-n:])
+        return self.continuation(self.tokens, k)
+
+    def continuation(self, context: list[int], k: int) -> list[int]:
+        """What followed the latest earlier occurrence of the longest indexed suffix of `context`."""
+        for n in range(min(self.max_n, len(context)), 0, -1):
+            key = tuple(context[-n:])
             start = self.index[n].get(key)
             if start is None or (n == 1 and self.counts.get(key, 0) < self.min_count_1):
                 continue
-            return toks[start:start + k]
+            return self.tokens[start:start + k]
         return []
 
     def propose(self, max_depth: int) -> DraftTree:
@@ -80,3 +89,224 @@ class LookupDrafter:
             full = len(verdict.path) == self._last_draft
             self.k = min(self.k_max, self.k + 2) if full else max(self.k_min, self.k - 1)
         self._extend(committed)
+
+
+class DraftCache:
+    """The draft model's KV cache, kept in step with the committed text in sequence 0.
+
+    Proposals evaluate drafted tokens in extra sequences (one per branch); after verification the
+    deepest accepted node that the draft evaluated is kept, everything else is removed by sequence
+    id, so the next step evaluates only the tokens the draft has not seen (usually the bonus token).
+    """
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.tokens: list[int] = []  # committed text
+        self.n_eval = 0  # committed tokens evaluated into sequence 0
+
+    def reset(self, tokens: list[int]) -> None:
+        self.ctx.clear()
+        self.tokens = list(tokens)
+        self.n_eval = 0
+
+    def catch_up(self) -> np.ndarray:
+        """Evaluate the committed tokens the draft has not seen; q-logits after the last one."""
+        todo = self.tokens[self.n_eval:]
+        last = None
+        for off in range(0, len(todo), self.ctx.n_batch):
+            batch = Batch()
+            chunk = todo[off:off + self.ctx.n_batch]
+            for j, tok in enumerate(chunk):
+                batch.add(tok, self.n_eval + off + j, (0,), off + j == len(todo) - 1)
+            out = self.ctx.decode(batch)
+            if len(out):
+                last = out[-1]
+        self.n_eval = len(self.tokens)
+        assert last is not None, "catch_up needs at least one unevaluated token (the root)"
+        return last
+
+    def commit(self, committed: list[int], kept_seq: int, kept_depth: int) -> None:
+        """Keep the branch `kept_seq` up to `kept_depth` tokens past the root; drop the rest."""
+        root_pos = len(self.tokens) - 1
+        keep_branch(self.ctx, kept_seq, root_pos + kept_depth)
+        self.tokens.extend(committed)
+        self.n_eval = root_pos + kept_depth + 1
+
+
+class ModelDrafter:
+    """The draft model grows a tree best-first by cumulative draft probability (q = draft).
+
+    Each level is one draft `llama_decode` for the whole frontier, every frontier node in the
+    sequence of its own branch. Children: the top `branching` tokens of q (greedy), or `branching`
+    draws from q without replacement when sampling (the tree then keeps q for rejection sampling).
+    Only nodes among the best `max_nodes` so far are expanded; the final tree is the best
+    `max_nodes` nodes, ancestor-closed because a child's cumulative probability never exceeds its
+    parent's. chain = branching 1 with `min_prob` (stop where the draft is unsure).
+
+    With `lookup` (the staged method, deterministic drafts only) a second stage drafts for the
+    draft: the lookup continuation of the best frontier node rides along in the same draft decode,
+    and each lookup token that equals the draft's own argmax joins the tree already evaluated, so
+    one draft call can advance several levels. The tree is the one the draft alone would grow.
+    """
+
+    def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
+                 max_depth: int = 8, min_prob: float = 0.0, lookup: LookupDrafter | None = None,
+                 lookup_len: int = 4):
+        self.cache = DraftCache(ctx)
+        self.params = params
+        self.sampling = not params.greedy
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
+        self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
+        self.min_prob = min_prob
+        self.lookup = lookup if not self.sampling else None
+        self.lookup_len = lookup_len
+        self.draft_calls = 0
+        self._grow: _Growth | None = None
+
+    def reset(self, tokens: list[int]) -> None:
+        self.cache.reset(tokens)
+        if self.lookup is not None:
+            self.lookup.reset(tokens)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        limit = min(self.max_depth, max_depth)
+        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1)
+        if limit <= 0 or self.max_nodes <= 0:
+            return g.tree
+        frontier = self._add_children(g, 0, self.cache.catch_up())
+        self.draft_calls += 1
+        while True:
+            best = set(g.best(self.max_nodes))
+            expand = [v for v in frontier if v in best and g.depth[v] < limit and g.tree.q[v] >= self.min_prob]
+            expand = expand[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
+            if not expand:
+                break
+            frontier = self._expand(g, expand, limit)
+        keep = [0] + g.best(self.max_nodes)
+        if self.min_prob > 0:  # a token the draft is unsure of is not worth verifying
+            keep = [v for v in keep if all(g.tree.q[u] >= self.min_prob for u in g.tree.path_to(v))]
+        tree, new_index = g.tree.subtree(keep)
+        g.reindex(new_index)
+        return tree
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        g = self._grow
+        node = 0
+        if g is not None:
+            for v in verdict.path:  # the deepest accepted node whose KV the draft already has
+                if v in g.seq_of:
+                    node = v
+        seq = g.seq_of.get(node, 0) if g is not None else 0
+        self.cache.commit(committed, seq, g.depth[node] if g is not None else 0)
+        if self.lookup is not None:
+            self.lookup.observe(verdict, committed)
+
+    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
+        q = distribution(logits, self.params) if self.sampling else _softmax(logits)
+        if self.sampling:
+            g.tree.q_rows[node] = q.astype(np.float32)
+            # Gumbel top-k: `branching` draws from q without replacement, in draw order.
+            with np.errstate(divide="ignore"):
+                keys = np.log(q) - np.log(-np.log(self.rng.random(q.shape[0])))
+            picks = [int(x) for x in np.argsort(-keys)[:self.branching] if q[x] > 0]
+        else:
+            picks = [int(x) for x in np.argsort(-q)[:self.branching]]
+        return [g.add(tok, node, float(q[tok])) for tok in picks]
+
+    def _expand(self, g: "_Growth", expand: list[int], limit: int) -> list[int]:
+        """One draft decode for `expand` (plus a lookup run after the best node); new children."""
+        batch = Batch()
+        rows: list[tuple[int, int]] = []
+        run: list[int] = []
+        for v in sorted(expand, key=lambda v: -g.cum[v]):
+            seq = g.take_seq(v, self.cache.ctx)
+            rows.append((v, len(batch)))
+            batch.add(g.tree.tokens[v], g.pos(v), (seq,), True)
+            if self.lookup is not None and len(rows) == 1:
+                room = min(self.lookup_len, limit - g.depth[v] - 1)
+                context = self.cache.tokens + [g.tree.tokens[u] for u in g.tree.path_to(v)]
+                run = self.lookup.continuation(context, room) if room > 0 else []
+                for j, tok in enumerate(run):
+                    batch.add(tok, g.pos(v) + 1 + j, (seq,), True)
+        out = self.cache.ctx.decode(batch)
+        self.draft_calls += 1
+        new: list[int] = []
+        for k, (v, b) in enumerate(rows):
+            kids = self._add_children(g, v, out[b])
+            if k == 0 and run:
+                kids = self._stage_two(g, v, b, out, run, kids)
+            new.extend(kids)
+        return new
+
+    def _stage_two(self, g: "_Growth", v: int, b: int, out: np.ndarray, run: list[int], kids: list[int]) -> list[int]:
+        """Lookup tokens the draft agrees with (argmax) are evaluated nodes; drop the rest's KV."""
+        node, seq, new = v, g.seq_of[v], list(kids)
+        for j, tok in enumerate(run):
+            row = out[b + j]
+            child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
+            if child is None or tok != int(np.argmax(row)):
+                self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
+                break
+            g.claim(node, child, seq)
+            new.remove(child)
+            node = child
+            new.extend(self._add_children(g, node, out[b + 1 + j]))
+        return new
+
+
+@dataclass
+class _Growth:
+    """One proposal's tree under construction and its draft-KV bookkeeping.
+
+    seq_of[v]: the draft sequence holding the path root..v for every node the draft evaluated.
+    A node's sequence is handed to its first evaluated child; later children get a copy of the
+    parent's path (positions up to the parent only) in a fresh sequence id.
+    """
+
+    tree: DraftTree
+    root_pos: int
+    cum: list[float] = field(default_factory=lambda: [1.0])
+    depth: list[int] = field(default_factory=lambda: [0])
+    seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
+    handed_down: set[int] = field(default_factory=set)
+    next_seq: int = 1
+
+    def add(self, token: int, parent: int, q: float) -> int:
+        v = self.tree.add(token, parent, q)
+        self.cum.append(self.cum[parent] * q)
+        self.depth.append(self.depth[parent] + 1)
+        return v
+
+    def pos(self, v: int) -> int:
+        return self.root_pos + self.depth[v]
+
+    def best(self, n: int) -> list[int]:
+        order = sorted(range(1, len(self.cum)), key=lambda v: (-self.cum[v], v))
+        return sorted(order[:n])
+
+    def claim(self, parent: int, child: int, seq: int) -> None:
+        self.handed_down.add(parent)
+        self.seq_of[child] = seq
+
+    def take_seq(self, v: int, ctx: Context) -> int:
+        parent = self.tree.parents[v]
+        if parent not in self.handed_down:
+            seq = self.seq_of[parent]
+        else:
+            seq = self.next_seq
+            self.next_seq += 1
+            ctx.seq_cp(self.seq_of[parent], seq, -1, self.pos(parent) + 1)
+        self.claim(parent, v, seq)
+        return seq
+
+    def reindex(self, new_index: dict[int, int]) -> None:
+        """Follow DraftTree.subtree's re-indexing; forget nodes that were pruned."""
+        depth = {new: self.depth[old] for old, new in new_index.items()}
+        self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
+        self.depth = [depth[i] for i in range(len(depth))]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = np.exp(x - x.max())
+    return x / x.sum()

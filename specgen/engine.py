@@ -17,13 +17,13 @@ from typing import Iterator, Union
 
 from .errors import PromptError
 from .drafters import Drafter
+from .kv import COMMITTED_SEQ, keep_branch
 from .protocol import Batch, Context, Model
 from .sampling import Sampler, SamplingParams
 from .stats import RunStats
 from .tree import DraftTree
-from .verify import walk
+from .verify import verify
 
-COMMITTED_SEQ = 0
 
 
 @dataclass(frozen=True)
@@ -125,18 +125,6 @@ def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> 
     return batch
 
 
-def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
-    """Make sequence 0 hold exactly the committed text ending at `last_pos` on branch `seq`.
-
-    By sequence id, never by position alone: siblings share positions.
-    """
-    ctx.seq_rm(seq, last_pos + 1, -1)
-    if seq != COMMITTED_SEQ:
-        ctx.seq_keep(seq)
-        ctx.seq_cp(seq, COMMITTED_SEQ, -1, -1)
-    ctx.seq_keep(COMMITTED_SEQ)
-
-
 def generate_speculative(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
                          drafter: Drafter) -> Iterator[Event]:
     """Draft a tree, verify it in one target decode, commit the accepted path plus a bonus token."""
@@ -169,7 +157,7 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
         for seq in range(1, n_branches):
             ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
         logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
-        verdict = walk(tree, logits, sampler.sample)
+        verdict = verify(tree, logits, sampler)
         stats.target_calls += 1
         stats.drafted += tree.n_drafted
         stats.accepted += len(verdict.path)

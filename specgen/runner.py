@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .config import DRAFT_METHODS, RunConfig
-from .drafters import LookupDrafter
+from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .engine import Event, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
 from .prompts import Prompt
@@ -14,9 +14,10 @@ from .protocol import Context, Model
 from .stats import RunStats
 from .vocab import check_compatible, sample_ids
 
-# `auto` is plain decoding until the planner lands; chain/tree/staged come with the draft-model drafters.
-IMPLEMENTED_METHODS = ("auto", "plain", "lookup")
-MAX_BRANCHES = 8  # sequence ids a speculative context reserves for tree branches
+# `auto` is plain decoding until the planner lands.
+IMPLEMENTED_METHODS = ("auto", "plain", "lookup", "chain", "tree", "staged")
+TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
+DRAFT_SEQS = 64  # the draft also needs one per branch it expands
 
 
 @dataclass
@@ -34,6 +35,7 @@ class LoadedModels:
     draft: Model | None
     target_label: str
     draft_label: str | None
+    draft_ctx: Context | None = None
 
 
 def load_models(cfg: RunConfig) -> LoadedModels:
@@ -45,17 +47,32 @@ def load_models(cfg: RunConfig) -> LoadedModels:
                           f"(available: {', '.join(IMPLEMENTED_METHODS)})")
     target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
     n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
-    ctx = target.new_context(n_ctx, n_seq_max=1 if cfg.method == "plain" else MAX_BRANCHES,
+    if cfg.method in DRAFT_METHODS and cfg.draft is None:
+        raise ConfigError(f"--method {cfg.method} needs a draft model (-d MODEL); "
+                          "--method lookup drafts without one")
+    ctx = target.new_context(n_ctx, n_seq_max=1 if cfg.method == "plain" else TARGET_SEQS,
                              n_threads=cfg.threads)
-    draft = None
+    draft, draft_ctx = None, None
     if cfg.draft is not None and cfg.method not in ("plain", "lookup"):
         draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
         ids = sample_ids(min(target.n_vocab, draft.n_vocab))
         check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, cfg.draft)
-    elif cfg.method in DRAFT_METHODS:
-        raise ConfigError(f"--method {cfg.method} needs a draft model (-d MODEL); "
-                          "--method lookup drafts without one")
-    return LoadedModels(target, ctx, draft, cfg.target, cfg.draft if draft is not None else None)
+        if cfg.method in DRAFT_METHODS:
+            draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
+    return LoadedModels(target, ctx, draft, cfg.target, cfg.draft if draft is not None else None, draft_ctx)
+
+
+def make_drafter(method: str, loaded: LoadedModels, cfg: RunConfig) -> Drafter | None:
+    """The drafter behind a method (None: plain decoding). Sizes are fixed defaults for now."""
+    if method == "lookup":
+        return LookupDrafter()
+    if method not in DRAFT_METHODS:
+        return None
+    assert loaded.draft_ctx is not None
+    if method == "chain":
+        return ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=1, max_nodes=6, min_prob=0.3)
+    lookup = LookupDrafter() if method == "staged" else None
+    return ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=2, max_nodes=8, max_depth=6, lookup=lookup)
 
 
 def use_chat(cfg: RunConfig, model: Model) -> bool:
@@ -83,9 +100,10 @@ class Runner:
     def stream(self, prompt: Prompt, stats: RunStats) -> Iterator[Event]:
         tokens = encode_prompt(self.m.target, prompt.text, self.chat)
         request = GenerationRequest(tokens, self.cfg.max_tokens, self.cfg.sampling)
-        if self.cfg.method == "lookup":
-            return generate_speculative(self.m.target, self.m.target_ctx, request, stats, LookupDrafter())
-        return generate_plain(self.m.target, self.m.target_ctx, request, stats)
+        drafter = make_drafter(self.cfg.method, self.m, self.cfg)
+        if drafter is None:
+            return generate_plain(self.m.target, self.m.target_ctx, request, stats)
+        return generate_speculative(self.m.target, self.m.target_ctx, request, stats, drafter)
 
     def record(self, result: PromptResult) -> dict[str, Any]:
         """The --json record (field names are a contract: scripts depend on them)."""

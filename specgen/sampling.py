@@ -63,7 +63,11 @@ class Sampler:
         return self.draw(distribution(logits, self.params))
 
     def draw(self, p: np.ndarray) -> int:
-        """One draw from p by inverse CDF: one uniform per token keeps seeded runs reproducible."""
-        cum = np.cumsum(p)
-        idx = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
-        return min(idx, len(p) - 1)
+        return draw(p, self.rng)
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from p by inverse CDF: one uniform per token keeps seeded runs reproducible."""
+    cum = np.cumsum(p)
+    idx = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    return min(idx, len(p) - 1)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class DraftTree:
     tokens: list[int]
     parents: list[int]
     q: list[float] = field(default_factory=list)  # draft probability of each node (root: 1.0)
+    # When children were *sampled* from the draft distribution q (temperature > 0), q at each
+    # expanded node, for recursive rejection sampling; empty for deterministic drafts.
+    q_rows: dict[int, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def root_only(cls, root: int) -> "DraftTree":
@@ -42,6 +47,10 @@ class DraftTree:
     def n_drafted(self) -> int:
         return len(self.tokens) - 1
 
+    @property
+    def sampled(self) -> bool:
+        return bool(self.q_rows)
+
     def depths(self) -> list[int]:
         depth = [0] * len(self)
         for i in range(1, len(self)):
@@ -67,6 +76,18 @@ class DraftTree:
                 ids[v].append(first_seq + j)
                 v = self.parents[v]
         return [tuple(sorted(x)) for x in ids]
+
+    def subtree(self, keep: list[int]) -> tuple["DraftTree", dict[int, int]]:
+        """The tree restricted to `keep` (ancestor-closed, root included), re-indexed parents-first.
+
+        Returns the new tree and the map old index -> new index.
+        """
+        new_index: dict[int, int] = {0: 0}
+        out = DraftTree.root_only(self.tokens[0])
+        for old in sorted(set(keep) - {0}):  # parents have smaller indices than their children
+            new_index[old] = out.add(self.tokens[old], new_index[self.parents[old]], self.q[old])
+        out.q_rows = {new_index[o]: row for o, row in self.q_rows.items() if o in new_index}
+        return out, new_index
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to `node` (the root itself excluded)."""
