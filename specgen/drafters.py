@@ -139,9 +139,10 @@ class ModelDrafter:
     Each level is one draft `llama_decode` for the whole frontier, every frontier node in the
     sequence of its own branch. Children: the top `branching` tokens of q (greedy), or `branching`
     draws from q without replacement when sampling (the tree then keeps q for rejection sampling).
-    Only nodes among the best `max_nodes` so far are expanded; the final tree is the best
-    `max_nodes` nodes, ancestor-closed because a child's cumulative probability never exceeds its
-    parent's. chain = branching 1 with `min_prob` (stop where the draft is unsure).
+    Greedy: only nodes among the best `max_nodes` so far are expanded, and the final tree is the
+    best `max_nodes` nodes, ancestor-closed because a child's cumulative probability never exceeds
+    its parent's. chain = branching 1 with `min_prob` (stop where the draft's top token is less
+    likely than that).
 
     With `lookup` (the staged method, deterministic drafts only) a second stage drafts for the
     draft: the lookup continuation of the best frontier node rides along in the same draft decode,
@@ -175,19 +176,31 @@ class ModelDrafter:
             return g.tree
         frontier = self._add_children(g, 0, self.cache.catch_up())
         self.draft_calls += 1
-        while True:
-            best = set(g.best(self.max_nodes))
-            expand = [v for v in frontier if v in best and g.depth[v] < limit and g.tree.q[v] >= self.min_prob]
-            expand = expand[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
-            if not expand:
-                break
+        while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)
+        if self.sampling:
+            return g.tree  # every drawn child stays: see _to_expand
         keep = [0] + g.best(self.max_nodes)
-        if self.min_prob > 0:  # a token the draft is unsure of is not worth verifying
-            keep = [v for v in keep if all(g.tree.q[u] >= self.min_prob for u in g.tree.path_to(v))]
         tree, new_index = g.tree.subtree(keep)
         g.reindex(new_index)
         return tree
+
+    def _to_expand(self, g: "_Growth", frontier: list[int], limit: int) -> list[int]:
+        """Frontier nodes worth a draft evaluation, best cumulative probability first.
+
+        Greedy: those among the best `max_nodes` so far; the final tree is pruned to those.
+        Sampling: rejection sampling needs each node's children to be exactly the first draws
+        from q, so nothing is pruned afterwards; instead a node is expanded only while its
+        `branching` children still fit in `max_nodes` (a rule that never looks at the draws).
+        """
+        open_ = sorted((v for v in frontier if g.depth[v] < limit), key=lambda v: (-g.cum[v], v))
+        if self.sampling:
+            room = (self.max_nodes - g.tree.n_drafted) // max(1, self.branching)
+            chosen = open_[:max(0, room)]
+        else:
+            best = set(g.best(self.max_nodes))
+            chosen = [v for v in open_ if v in best]
+        return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
         g = self._grow
@@ -203,6 +216,8 @@ class ModelDrafter:
 
     def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
         q = distribution(logits, self.params) if self.sampling else _softmax(logits)
+        if q.max() < self.min_prob:
+            return []  # the draft is unsure here: stop this branch (decided before any draw)
         if self.sampling:
             g.tree.q_rows[node] = q.astype(np.float32)
             # Gumbel top-k: `branching` draws from q without replacement, in draw order.

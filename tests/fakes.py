@@ -101,3 +101,16 @@ class FakeContext:
 
     def clear(self) -> None:
         self.kv = {}
+
+
+class NoisyDraft(FakeModel):
+    """A draft for `target`: the target's logits plus deterministic noise, so it agrees often."""
+
+    def __init__(self, target: FakeModel, noise: float = 1.0):
+        super().__init__(target.n_vocab, target.eos, target.bos, target.sharpness, target.script)
+        self.target, self.noise = target, noise
+
+    def logits_for(self, history: tuple[int, ...]) -> np.ndarray:
+        digest = hashlib.blake2b(b"draft" + repr(history).encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        return self.target.logits_for(history) + rng.normal(0.0, self.noise, self.n_vocab).astype(np.float32)

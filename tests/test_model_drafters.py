@@ -1,0 +1,124 @@
+"""chain / tree / staged drafting with a draft model on the fake backend: lossless against plain,
+KV caches that hold exactly the committed text, and the self-draft property."""
+
+import numpy as np
+import pytest
+
+from fakes import FakeContext, FakeModel, NoisyDraft
+from specgen.drafters import LookupDrafter, ModelDrafter
+from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.sampling import SamplingParams
+from specgen.stats import RunStats
+
+LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
+METHODS = {
+    "chain": dict(branching=1, max_nodes=5, min_prob=0.2),
+    "tree": dict(branching=3, max_nodes=8, max_depth=4),
+    "staged": dict(branching=2, max_nodes=8, max_depth=6, lookup=True),
+}
+
+
+def drafter(model, sampling, kw, n_seq_max=64):
+    kw = dict(kw)
+    lookup = LookupDrafter() if kw.pop("lookup", False) else None
+    ctx = FakeContext(model, n_ctx=512, n_seq_max=n_seq_max)
+    return ModelDrafter(ctx, sampling, lookup=lookup, **kw), ctx
+
+
+def run_plain(target, prompt, n, sampling):
+    ctx = FakeContext(target, n_ctx=512, n_seq_max=1)
+    events = generate_plain(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
+    return [e.token for e in events if isinstance(e, TokenEvent)]
+
+
+def run_spec(target, draft_model, prompt, n, sampling, kw):
+    d, dctx = drafter(draft_model, sampling, kw)
+    ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
+    stats = RunStats()
+    events = list(generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, d))
+    return [e for e in events if isinstance(e, TokenEvent)], stats, ctx, dctx, d
+
+
+def committed_kv(ctx):
+    assert set(ctx.kv) <= {0}, f"stale sequences left: {sorted(ctx.kv)}"
+    kv = ctx.kv.get(0, {})
+    assert sorted(kv) == list(range(len(kv))), "holes in the committed sequence"
+    return [kv[p] for p in sorted(kv)]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("prompt", [[0, 3, 4, 5, 6, 3], [0, 9, 8, 7, 10], [0, 2]])
+def test_greedy_equals_plain_and_caches_hold_committed_text(method, prompt):
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    draft = NoisyDraft(target, noise=1.5)
+    spec, stats, ctx, dctx, d = run_spec(target, draft, prompt, 40, SamplingParams(), METHODS[method])
+    tokens = [e.token for e in spec]
+    assert tokens == run_plain(target, prompt, 40, SamplingParams())
+    text = prompt + tokens
+    assert committed_kv(ctx) == text[:len(committed_kv(ctx))]
+    assert committed_kv(dctx) == text[:len(committed_kv(dctx))]
+    assert stats.drafted > 0 and 0 < stats.accepted <= stats.drafted
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_self_draft_accepts_every_drafted_token(method):
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    spec, stats, *_ = run_spec(target, target, [0, 5, 6], 30, SamplingParams(), METHODS[method])
+    # Each step accepts its deepest branch fully: the accepted path length is the tree depth.
+    assert stats.accepted == sum(k * c for k, c in stats.accepted_lengths.items())
+    chain_steps = [e.from_draft for e in spec]
+    assert chain_steps.count(False) == stats.target_calls or len(spec) == 30
+    if method == "chain":
+        assert stats.accepted == stats.drafted
+
+
+def test_tree_keeps_best_nodes_by_cumulative_probability():
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    d, _ = drafter(target, SamplingParams(), dict(branching=3, max_nodes=7, max_depth=3))
+    d.reset([0, 4, 5])
+    tree = d.propose(max_depth=3)
+    assert len(tree) == 8 and max(tree.depths()) <= 3
+    cum = [1.0]
+    for i in range(1, len(tree)):
+        cum.append(cum[tree.parents[i]] * tree.q[i])
+        assert cum[i] <= cum[tree.parents[i]] + 1e-12
+
+
+def test_staged_makes_fewer_draft_calls_for_the_same_tree():
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    prompt = [0, 3, 4, 5, 6, 3, 4, 5, 6, 3]
+    kw = dict(branching=1, max_nodes=6, max_depth=6)
+    trees, calls = [], []
+    for lookup in (False, True):
+        d, _ = drafter(target, SamplingParams(), {**kw, "lookup": lookup})
+        d.reset(prompt)
+        trees.append(d.propose(max_depth=6).tokens)
+        calls.append(d.draft_calls)
+    assert trees[0] == trees[1]
+    assert calls[1] < calls[0]
+
+
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_sampled_drafts_match_plain_distribution(method):
+    """Rejection sampling over children drawn from q: per-position token frequencies match plain
+    sampling (two-sample chi-square), with independent seeds."""
+    target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3})
+    draft = NoisyDraft(target, noise=1.0)
+    sampling = lambda seed: SamplingParams(1.0, seed=seed)
+    n, runs, prompt = 3, 400, [0, 2, 3]
+    plain = np.zeros((n, 6))
+    spec = np.zeros((n, 6))
+    accepted = 0
+    for seed in range(runs):
+        for pos, tok in enumerate(run_plain(target, prompt, n, sampling(seed))):
+            plain[pos, tok] += 1
+        events, stats, *_ = run_spec(target, draft, prompt, n, sampling(50_000 + seed), METHODS[method])
+        accepted += stats.accepted
+        for pos, e in enumerate(events):
+            spec[pos, e.token] += 1
+    assert accepted > runs  # drafts really were accepted, so the test exercises rejection sampling
+    for pos in range(n):
+        a, b = plain[pos], spec[pos]
+        keep = (a + b) > 0
+        chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()
+        assert chi2 < 20.5, f"position {pos}: {a} vs {b}"  # df <= 5, p = 0.001
