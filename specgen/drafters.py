@@ -223,9 +223,9 @@ class ModelDrafter:
             # Gumbel top-k: `branching` draws from q without replacement, in draw order.
             with np.errstate(divide="ignore"):
                 keys = np.log(q) - np.log(-np.log(self.rng.random(q.shape[0])))
-            picks = [int(x) for x in np.argsort(-keys)[:self.branching] if q[x] > 0]
+            picks = [x for x in _top_k(keys, self.branching) if q[x] > 0]
         else:
-            picks = [int(x) for x in np.argsort(-q)[:self.branching]]
+            picks = _top_k(q, self.branching)
         return [g.add(tok, node, float(q[tok])) for tok in picks]
 
     def _expand(self, g: "_Growth", expand: list[int], limit: int) -> list[int]:
@@ -319,6 +319,13 @@ class _Growth:
         depth = {new: self.depth[old] for old, new in new_index.items()}
         self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
         self.depth = [depth[i] for i in range(len(depth))]
+
+
+def _top_k(values: np.ndarray, k: int) -> list[int]:
+    """Indices of the k largest values, largest first (argpartition: a full sort costs ms)."""
+    k = min(k, values.shape[0])
+    idx = np.argpartition(-values, k - 1)[:k]
+    return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
