@@ -72,7 +72,7 @@ def make_drafter(method: str, loaded: LoadedModels, cfg: RunConfig) -> Drafter |
     if method == "chain":
         return ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=1, max_nodes=6, min_prob=0.3)
     lookup = LookupDrafter() if method == "staged" else None
-    return ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=2, max_nodes=8, max_depth=6, lookup=lookup)
+    return ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=2, max_nodes=6, max_depth=4, lookup=lookup)
 
 
 def use_chat(cfg: RunConfig, model: Model) -> bool:
