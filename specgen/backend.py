@@ -197,7 +197,12 @@ class LlamaContext:
         self._batch = L.llama_batch_init(n_batch, 0, n_seq_max)
 
     def decode(self, batch: Batch) -> np.ndarray:
-        """One `llama_decode`; returns logits rows (float32 copies) for tokens with logits=True."""
+        """One `llama_decode`; returns the logits rows of the tokens with logits=True, in order.
+
+        The rows are a read-only view of llama.cpp's output buffer (copying 1 MB per row of a
+        262k vocabulary costs more than the work done with it): valid until the next decode on
+        this context; copy what you keep.
+        """
         n = len(batch)
         if n == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -219,13 +224,10 @@ class LlamaContext:
             raise SpecgenError(f"the context is full ({self.n_ctx} tokens): use a larger --ctx")
         if rc != 0:
             raise SpecgenError(f"llama_decode failed with code {rc}: {_last_error()}")
-        out = np.empty((batch.n_outputs, self.n_vocab), dtype=np.float32)
-        row_i = 0
-        for i in range(n):
-            if batch.logits[i]:
-                ptr = L.llama_get_logits_ith(self._ctx, i)
-                out[row_i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-                row_i += 1
+        # llama_get_logits: the requested rows, contiguous, in batch order.
+        ptr = L.llama_get_logits(self._ctx)
+        out = np.ctypeslib.as_array(ptr, shape=(batch.n_outputs, self.n_vocab))
+        out.flags.writeable = False
         return out
 
     def prefill(self, tokens: Sequence[int], start_pos: int = 0, seq_id: int = 0) -> np.ndarray:
@@ -238,7 +240,7 @@ class LlamaContext:
                 batch.add(tok, start_pos + off + j, (seq_id,), off + j == len(tokens) - 1)
             out = self.decode(batch)
             if len(out):
-                last = out[-1]
+                last = out[-1].copy()
         return last
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:

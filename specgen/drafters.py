@@ -39,13 +39,17 @@ class LookupDrafter:
     draft, -1 otherwise.
     """
 
+    KEEP = 4  # occurrences remembered per n-gram (alternative continuations for a lookup tree)
+
     def __init__(self, max_n: int = 4, min_count_1: int = 2, k_init: int = 4, k_min: int = 1, k_max: int = 12):
         self.max_n, self.min_count_1 = max_n, min_count_1
         self.k, self.k_min, self.k_max = k_init, k_min, k_max
         self.tokens: list[int] = []
-        self.index: list[dict[tuple[int, ...], int]] = []  # per n: n-gram -> latest continuation start
+        # per n: n-gram -> continuation starts of its latest occurrences, newest last
+        self.index: list[dict[tuple[int, ...], list[int]]] = []
         self.counts: dict[tuple[int, ...], int] = {}  # single-token n-gram occurrences
         self._last_draft = 0
+        self.last_choice = "lookup"
 
     def reset(self, tokens: list[int]) -> None:
         self.tokens = []
@@ -61,7 +65,10 @@ class LookupDrafter:
                 if i - n < 0:
                     break
                 key = tuple(toks[i - n:i])
-                self.index[n][key] = i
+                starts = self.index[n].setdefault(key, [])
+                starts.append(i)
+                if len(starts) > self.KEEP:
+                    del starts[0]
                 if n == 1:
                     self.counts[key] = self.counts.get(key, 0) + 1
             toks.append(tok)
@@ -71,13 +78,44 @@ class LookupDrafter:
 
     def continuation(self, context: list[int], k: int) -> list[int]:
         """What followed the latest earlier occurrence of the longest indexed suffix of `context`."""
-        for n in range(min(self.max_n, len(context)), 0, -1):
-            key = tuple(context[-n:])
-            start = self.index[n].get(key)
-            if start is None or (n == 1 and self.counts.get(key, 0) < self.min_count_1):
-                continue
+        for n, start in self.matches(context, 1):
             return self.tokens[start:start + k]
         return []
+
+    def matches(self, context: list[int], limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` (match length n, continuation start), longest match first, then newest."""
+        found: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for n in range(min(self.max_n, len(context)), 0, -1):
+            key = tuple(context[-n:])
+            starts = self.index[n].get(key)
+            if not starts or (n == 1 and self.counts.get(key, 0) < self.min_count_1):
+                continue
+            for start in reversed(starts):
+                if start not in seen:
+                    seen.add(start)
+                    found.append((n, start))
+                    if len(found) == limit:
+                        return found
+        return found
+
+    def candidates(self, max_depth: int, limit: int = 4) -> tuple[DraftTree, list[int]]:
+        """A trie of the continuations of up to `limit` earlier occurrences, and for each node the
+        longest match length that proposed it (the acceptance model's key)."""
+        tree = DraftTree.root_only(self.tokens[-1])
+        match_n = [0]
+        kids: list[dict[int, int]] = [{}]
+        for n, start in self.matches(self.tokens, limit):
+            node = 0
+            for tok in self.tokens[start:start + max_depth]:
+                child = kids[node].get(tok)
+                if child is None:
+                    child = tree.add(tok, node)
+                    kids[node][tok] = child
+                    kids.append({})
+                    match_n.append(n)
+                node = child
+        return tree, match_n
 
     def propose(self, max_depth: int) -> DraftTree:
         draft = self.lookup(min(self.k, max_depth)) if max_depth > 0 else []
@@ -103,11 +141,26 @@ class DraftCache:
         self.ctx = ctx
         self.tokens: list[int] = []  # committed text
         self.n_eval = 0  # committed tokens evaluated into sequence 0
+        self.caught_up = False  # whether this step evaluated the root (the last committed token)
 
     def reset(self, tokens: list[int]) -> None:
+        """Prefill the prompt but its last token (the first root), as the target does."""
         self.ctx.clear()
         self.tokens = list(tokens)
         self.n_eval = 0
+        self.caught_up = False
+        head = self.tokens[:-1]
+        for off in range(0, len(head), self.ctx.n_batch):
+            batch = Batch()
+            for j, tok in enumerate(head[off:off + self.ctx.n_batch]):
+                batch.add(tok, off + j, (0,), False)
+            self.ctx.decode(batch)
+        self.n_eval = len(head)
+
+    @property
+    def behind(self) -> int:
+        """Committed tokens the draft has not evaluated yet (the root included)."""
+        return len(self.tokens) - self.n_eval
 
     def catch_up(self) -> np.ndarray:
         """Evaluate the committed tokens the draft has not seen; q-logits after the last one."""
@@ -122,15 +175,21 @@ class DraftCache:
             if len(out):
                 last = out[-1]
         self.n_eval = len(self.tokens)
+        self.caught_up = True
         assert last is not None, "catch_up needs at least one unevaluated token (the root)"
         return last
 
     def commit(self, committed: list[int], kept_seq: int, kept_depth: int) -> None:
-        """Keep the branch `kept_seq` up to `kept_depth` tokens past the root; drop the rest."""
+        """Keep the branch `kept_seq` up to `kept_depth` tokens past the root; drop the rest.
+
+        A step that did not use the draft only appends: the next catch-up evaluates the backlog.
+        """
         root_pos = len(self.tokens) - 1
-        keep_branch(self.ctx, kept_seq, root_pos + kept_depth)
+        if self.caught_up:
+            keep_branch(self.ctx, kept_seq, root_pos + kept_depth)
+            self.n_eval = root_pos + kept_depth + 1
         self.tokens.extend(committed)
-        self.n_eval = root_pos + kept_depth + 1
+        self.caught_up = False
 
 
 class ModelDrafter:
@@ -163,6 +222,7 @@ class ModelDrafter:
         self.lookup_len = lookup_len
         self.draft_calls = 0
         self._grow: _Growth | None = None
+        self.last_choice = "staged" if self.lookup is not None else "draft"
 
     def reset(self, tokens: list[int]) -> None:
         self.cache.reset(tokens)
@@ -202,8 +262,17 @@ class ModelDrafter:
             chosen = [v for v in open_ if v in best]
         return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
 
+    def reindex(self, new_index: dict[int, int]) -> None:
+        """Follow a caller's further pruning of the last proposed tree (see DraftTree.subtree)."""
+        if self._grow is not None:
+            self._grow.reindex(new_index)
+
+    def skip(self) -> None:
+        """This step drafts without the model (its observe() will only append the text)."""
+        self._grow = None
+
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
-        g = self._grow
+        g, self._grow = self._grow, None
         node = 0
         if g is not None:
             for v in verdict.path:  # the deepest accepted node whose KV the draft already has
@@ -322,13 +391,23 @@ class _Growth:
 
 
 def _top_k(values: np.ndarray, k: int) -> list[int]:
-    """Indices of the k largest values, largest first (argpartition: a full sort costs ms)."""
+    """Indices of the k largest values, largest first (a full sort of 262k costs ms)."""
     k = min(k, values.shape[0])
+    if k <= 4:  # a few argmax passes beat argpartition over a large vocabulary
+        picks: list[int] = []
+        masked = values
+        for _ in range(k):
+            i = int(np.argmax(masked))
+            picks.append(i)
+            if len(picks) < k:
+                masked = masked.copy() if masked is values else masked
+                masked[i] = -np.inf
+        return picks
     idx = np.argpartition(-values, k - 1)[:k]
     return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = np.exp(x - x.max())
-    return x / x.sum()
+    x = np.exp(logits - logits.max(), dtype=np.float32)
+    x /= x.sum(dtype=np.float64)
+    return x

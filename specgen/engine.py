@@ -133,6 +133,7 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
     clock = time.perf_counter
     t0 = clock()
     prefill(ctx, tokens)
+    drafter.reset(list(tokens))  # a draft model prefills the prompt too
     stats.prefill_s = clock() - t0
 
     sampler = Sampler(request.sampling)
@@ -140,14 +141,13 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
     n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
     reason = "length"
     t0 = clock()
-    drafter.reset(list(tokens))
-    stats.draft_s += clock() - t0
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
         # Drafted tokens beyond what may still be emitted (or fit) would be wasted work.
         room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1) - 1
         t_draft = clock()
         tree = drafter.propose(max(0, room))
         stats.draft_s += clock() - t_draft
+        stats.choices[getattr(drafter, "last_choice", "draft")] += 1
 
         # One target decode for the whole tree; branch j is sequence j (branch 0 is sequence 0).
         seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)

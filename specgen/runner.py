@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .config import DRAFT_METHODS, RunConfig
+from .auto import AutoDrafter
+from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, save_cached
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .engine import Event, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
@@ -14,7 +16,6 @@ from .protocol import Context, Model
 from .stats import RunStats
 from .vocab import check_compatible, sample_ids
 
-# `auto` is plain decoding until the planner lands.
 IMPLEMENTED_METHODS = ("auto", "plain", "lookup", "chain", "tree", "staged")
 TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
 DRAFT_SEQS = 64  # the draft also needs one per branch it expands
@@ -36,6 +37,8 @@ class LoadedModels:
     target_label: str
     draft_label: str | None
     draft_ctx: Context | None = None
+    costs: CostCurve | None = None  # c_target(B), measured for `auto`
+    draft_costs: CostCurve | None = None
 
 
 def load_models(cfg: RunConfig) -> LoadedModels:
@@ -57,13 +60,29 @@ def load_models(cfg: RunConfig) -> LoadedModels:
         draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
         ids = sample_ids(min(target.n_vocab, draft.n_vocab))
         check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, cfg.draft)
-        if cfg.method in DRAFT_METHODS:
+        if cfg.method in DRAFT_METHODS or cfg.method == "auto":
             draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
     return LoadedModels(target, ctx, draft, cfg.target, cfg.draft if draft is not None else None, draft_ctx)
 
 
+def cost_curve(model: Model, ctx: Context, n_threads: int | None) -> CostCurve:
+    """c(B) for a model on this machine: from the calibration cache, else measured (< 1 s) and cached."""
+    from . import backend, models
+
+    build = backend.build_info().system_info
+    key = cache_key(model.path, build, getattr(ctx, "n_threads", n_threads or 0), ctx.n_ctx)
+    path = models.specgen_home() / "calibration" / f"{key}.json"
+    curve = load_cached(path)
+    if curve is None:
+        ctx.clear()
+        curve = measure(ctx, 0, model.tokenize("The", add_special=False)[0])
+        ctx.clear()
+        save_cached(path, curve)
+    return curve
+
+
 def make_drafter(method: str, loaded: LoadedModels, cfg: RunConfig) -> Drafter | None:
-    """The drafter behind a method (None: plain decoding). Sizes are fixed defaults for now."""
+    """The drafter behind a method (None: plain decoding)."""
     if method == "lookup":
         return LookupDrafter()
     if method not in DRAFT_METHODS:
@@ -91,16 +110,40 @@ def encode_prompt(model: Model, text: str, chat: bool) -> list[int]:
     return tokens
 
 
+def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
+    """The planner, with measured cost curves; live decodes keep refining them."""
+    if loaded.costs is None:
+        loaded.costs = cost_curve(loaded.target, loaded.target_ctx, cfg.threads)
+        loaded.target_ctx = TimedContext(loaded.target_ctx, loaded.costs)
+        if loaded.draft_ctx is not None:
+            loaded.draft_costs = cost_curve(loaded.draft, loaded.draft_ctx, cfg.threads)
+            loaded.draft_ctx = TimedContext(loaded.draft_ctx, loaded.draft_costs)
+    lookup = LookupDrafter()
+    model = None
+    if loaded.draft_ctx is not None:
+        # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
+        # where the lookup stage hits); the planner sets its length each step.
+        model = ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=1, max_nodes=8, max_depth=16, lookup=lookup)
+    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs)
+
+
 class Runner:
     def __init__(self, cfg: RunConfig, loaded: LoadedModels):
         self.cfg = cfg
         self.m = loaded
         self.chat = use_chat(cfg, loaded.target)
+        self._auto: AutoDrafter | None = None
 
     def stream(self, prompt: Prompt, stats: RunStats) -> Iterator[Event]:
         tokens = encode_prompt(self.m.target, prompt.text, self.chat)
         request = GenerationRequest(tokens, self.cfg.max_tokens, self.cfg.sampling)
-        drafter = make_drafter(self.cfg.method, self.m, self.cfg)
+        if self.cfg.method == "auto":
+            # One planner for the whole run: what it learns about acceptance carries over prompts.
+            if self._auto is None:
+                self._auto = make_auto(self.m, self.cfg)  # wraps the contexts: before using them
+            drafter: Drafter | None = self._auto
+        else:
+            drafter = make_drafter(self.cfg.method, self.m, self.cfg)
         if drafter is None:
             return generate_plain(self.m.target, self.m.target_ctx, request, stats)
         return generate_speculative(self.m.target, self.m.target_ctx, request, stats, drafter)

@@ -17,6 +17,7 @@ class RunStats:
     decode_s: float = 0.0
     draft_s: float = 0.0
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step
+    choices: Counter = field(default_factory=Counter)  # steps per drafter choice (auto: plain/lookup/...)
 
     @property
     def acceptance_rate(self) -> float:
@@ -42,5 +43,10 @@ class RunStats:
         if self.drafted:
             parts.append(f"accepted {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
             parts.append(f"draft {self.draft_share:.0%} of time")
+        if len(self.choices) > 1:
+            total = sum(self.choices.values())
+            shares = ", ".join(f"{k} {v / total:.0%}" for k, v in self.choices.most_common())
+            parts.append(f"steps: {shares}")
+            parts.append(f"mean tree {self.drafted / max(1, self.target_calls):.1f}")
         parts.append(f"prefill {self.prefill_s:.2f} s")
         return " · ".join(parts)

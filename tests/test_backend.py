@@ -62,10 +62,10 @@ def fresh_logits(model: LlamaModel, committed: list[int], path: list[int], pad_t
         batch.add(tok, n_past + k, (0,), True)
     for k in range(pad_to - len(path)):
         batch.add(path[0], n_past + k, (1,), True)
-    out = ctx.decode(batch)[len(path) - 1]
+    out = ctx.decode(batch)[len(path) - 1].copy()  # rows are views into ctx, freed on return
     if then is None:
         return out
-    return ctx.decode(Batch([then], [n_past + len(path)], [(0,)], [True]))[0]
+    return ctx.decode(Batch([then], [n_past + len(path)], [(0,)], [True]))[0].copy()
 
 
 # F32 weights: llama.cpp's logits for a row do not depend on the rest of the batch, so the tree
@@ -89,7 +89,7 @@ def test_tree_batch_logits_equal_per_path_logits_and_kv_keep(name, tol, request)
     for i, tok in enumerate(tree):
         batch.add(tok, n_past + depth[i], node_seqs(i), True)
     assert batch.seq_ids[0] == (1, 2, 3) and batch.seq_ids[1] == (1, 2)
-    logits = ctx.decode(batch)
+    logits = ctx.decode(batch).copy()
 
     for i in range(len(tree)):
         ref = fresh_logits(model, committed, [tree[j] for j in path_to(i)], len(tree))

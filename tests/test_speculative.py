@@ -7,8 +7,8 @@ import pytest
 
 from fakes import FakeContext, FakeModel
 from specgen.drafters import LookupDrafter
-from specgen.engine import FinishEvent, GenerationRequest, TokenEvent, generate_plain, generate_speculative
-from specgen.sampling import Sampler, SamplingParams
+from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
 from specgen.tree import DraftTree
 from specgen.verify import walk

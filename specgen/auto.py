@@ -1,0 +1,132 @@
+"""`--method auto`: per step, draft what maximises expected tokens per second, or nothing.
+
+Each step compares, by expected tokens / expected seconds (planner.py):
+  - plain decoding: 1 token for c_target(1);
+  - the lookup trie (free to draft), pruned to its best prefix by acceptance estimates;
+  - the draft model (staged: its tree, with lookup drafting for it), when one is loaded and its
+    learned acceptance makes a draft chain worth its cost; its tree is then pruned the same way.
+A guard backs off to plain decoding when the realised speed of speculation falls behind plain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from .costs import CostCurve
+from .drafters import LookupDrafter, ModelDrafter
+from .planner import AcceptanceModel, Guard, best_chain_length, best_subtree
+from .tree import DraftTree
+from .verify import Verdict
+
+ALPHA_EMA = 0.1
+
+
+class AutoDrafter:
+    def __init__(self, c_target: CostCurve, lookup: LookupDrafter, model: ModelDrafter | None = None,
+                 c_draft: CostCurve | None = None, max_nodes: int = 24, max_depth: int = 16,
+                 lookup_matches: int = 4):
+        self.c_target, self.c_draft = c_target, c_draft
+        self.lookup, self.model = lookup, model
+        self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
+        self.acceptance = AcceptanceModel()
+        self.guard = Guard()
+        self.alpha_draft = 0.6  # acceptance of the draft's top-1 token, learned online
+        self.choices: Counter[str] = Counter()
+        self.last_choice = "plain"
+        self._kinds: list[str] = []
+        self._keys: list[object] = []
+        self._tree: DraftTree | None = None
+        self._t_start = 0.0
+        # The staged model drafter may share our lookup index; then it keeps the index updated.
+        self._model_owns_lookup = model is not None and model.lookup is lookup
+
+    def reset(self, tokens: list[int]) -> None:
+        if self.model is not None:
+            self.model.reset(tokens)
+        if not self._model_owns_lookup:
+            self.lookup.reset(tokens)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def propose(self, max_depth: int) -> DraftTree:
+        self._t_start = time.perf_counter()
+        root = self.lookup.tokens[-1]
+        depth = min(self.max_depth, max_depth)
+        if self.model is not None:
+            self.model.skip()
+        if depth <= 0 or not self.guard.allow_speculation():
+            return self._choose("plain", DraftTree.root_only(root), ["root"], [None])
+
+        tree, match_n = self.lookup.candidates(depth, self.lookup_matches)
+        tdepth = tree.depths()
+        accept = [1.0] + [self.acceptance.lookup_p(match_n[v], tdepth[v]) for v in range(1, len(tree))]
+        accept = _cap_siblings(tree, accept)
+        plan = best_subtree(tree.parents, accept, self.c_target, 0.0, self.max_nodes)
+        choice = "lookup" if plan.nodes else "plain"
+
+        if self.model is not None and self.c_draft is not None:
+            step = self.c_draft(1)
+            catch_up = self.c_draft(self.model.cache.behind) - step  # tokens the draft has not seen
+            k, draft_rate = best_chain_length(self.alpha_draft, self.c_target, step, depth, catch_up)
+            if k > 0 and draft_rate > plan.rate:
+                return self._propose_with_model(root, depth, k)
+
+        kinds = ["root"] + ["lookup"] * (len(tree) - 1)
+        keys = [None] + [self.acceptance.lookup_bin(match_n[v], tdepth[v]) for v in range(1, len(tree))]
+        return self._choose(choice, *self._prune(tree, plan.nodes, kinds, keys))
+
+    def _propose_with_model(self, root: int, depth: int, k: int) -> DraftTree:
+        assert self.model is not None
+        self.model.max_nodes = k
+        tree = self.model.propose(min(depth, k))
+        accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
+        accept = _cap_siblings(tree, accept)
+        # The draft's time is spent: prune by target cost alone.
+        plan = best_subtree(tree.parents, accept, self.c_target, 0.0, self.max_nodes)
+        kinds = ["root"] + ["draft"] * (len(tree) - 1)
+        keys = [None] + [self.acceptance.q_bin(q) for q in tree.q[1:]]
+        if len(plan.nodes) < tree.n_drafted and not tree.sampled:
+            pruned, new_index = tree.subtree([0, *plan.nodes])
+            self.model.reindex(new_index)
+            kinds = [kinds[o] for o in sorted(new_index)]
+            keys = [keys[o] for o in sorted(new_index)]
+            tree = pruned
+        return self._choose(self.model.last_choice, tree, kinds, keys)
+
+    def _prune(self, tree: DraftTree, nodes: list[int], kinds: list[str], keys: list[object]):
+        pruned, new_index = tree.subtree([0, *nodes])
+        order = sorted(new_index, key=new_index.get)
+        return pruned, [kinds[o] for o in order], [keys[o] for o in order]
+
+    def _choose(self, choice: str, tree: DraftTree, kinds: list[str], keys: list[object]) -> DraftTree:
+        self.last_choice = choice
+        self.choices[choice] += 1
+        self._tree, self._kinds, self._keys = tree, kinds, keys
+        return tree
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        tree = self._tree
+        if tree is not None and tree.n_drafted:
+            self.acceptance.observe(tree, self._kinds, self._keys, verdict.path)
+            if self._kinds[1] == "draft":
+                first_tested = [v for v in range(1, len(tree)) if tree.parents[v] == 0]
+                hit = any(v in verdict.path for v in first_tested)
+                self.alpha_draft = (1 - ALPHA_EMA) * self.alpha_draft + ALPHA_EMA * hit
+            seconds = time.perf_counter() - self._t_start
+            self.guard.record(len(committed), seconds, 1.0 / self.c_target(1))
+        if self.model is not None:
+            self.model.observe(verdict, committed)
+        if not self._model_owns_lookup:
+            self.lookup.observe(verdict, committed)
+
+
+def _cap_siblings(tree: DraftTree, accept: list[float]) -> list[float]:
+    """Siblings are exclusive: scale their acceptance estimates so they sum to at most 0.95."""
+    out = list(accept)
+    for kids in tree.children():
+        total = sum(out[c] for c in kids)
+        if total > 0.95:
+            for c in kids:
+                out[c] *= 0.95 / total
+    return out

@@ -1,0 +1,125 @@
+"""Measured decode costs c(B): seconds for one llama_decode of B tokens, per model and machine.
+
+Measured at start-up in a spare sequence id (then removed), cached per (model file, llama.cpp
+build, threads, context size) under $SPECGEN_HOME/calibration, and refined online from every
+real decode, so the curve follows the context as it grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .protocol import Batch, Context
+
+BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+EMA = 0.1  # weight of one live measurement in the running estimate
+
+
+@dataclass
+class CostCurve:
+    """c(B) at the measured batch sizes, linearly interpolated (and extrapolated) in between."""
+
+    sizes: list[int]
+    seconds: list[float]
+    source: str = "measured"
+    live: dict[int, float] = field(default_factory=dict)  # EMA of real decodes by batch size
+
+    def __call__(self, b: int) -> float:
+        if b <= 0:
+            return 0.0
+        if b in self.live:
+            return self.live[b]
+        xs, ys = self.sizes, self.seconds
+        if b >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
+            return ys[-1] + slope * (b - xs[-1])
+        return float(np.interp(b, xs, ys))
+
+    def observe(self, b: int, seconds: float) -> None:
+        """Fold a real decode into the curve (contexts grow, machines get busy)."""
+        prior = self.live.get(b, self(b))
+        self.live[b] = (1 - EMA) * prior + EMA * seconds
+        if b in self.sizes:
+            i = self.sizes.index(b)
+            self.seconds[i] = (1 - EMA) * self.seconds[i] + EMA * seconds
+
+    def relative(self) -> list[float]:
+        return [s / self.seconds[0] for s in self.seconds]
+
+    def to_json(self) -> dict:
+        return {"sizes": self.sizes, "seconds": self.seconds}
+
+
+def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
+            repeats: int = 2, budget_s: float = 0.8) -> CostCurve:
+    """Time decodes of B copies of `token` after `n_past` committed tokens, in the last sequence id.
+
+    Sequence 0's KV is copied into the spare sequence first so attention spans a realistic
+    context; the spare sequence is removed afterwards. Sizes whose decodes would blow the time
+    budget are skipped (their cost is extrapolated).
+    """
+    spare = ctx.n_seq_max - 1
+    sizes = tuple(b for b in sizes if b <= ctx.n_batch and n_past + b < ctx.n_ctx)
+    measured_sizes, seconds = [], []
+    started = time.perf_counter()
+    for b in sizes:
+        best = float("inf")
+        for _ in range(repeats):
+            if spare != 0:
+                ctx.seq_cp(0, spare, -1, -1)
+            batch = Batch()
+            for j in range(b):
+                batch.add(token, n_past + j, (spare,), j == b - 1)
+            t0 = time.perf_counter()
+            ctx.decode(batch)
+            best = min(best, time.perf_counter() - t0)
+            ctx.seq_rm(spare, n_past if spare == 0 else -1, -1)
+        measured_sizes.append(b)
+        seconds.append(best)
+        if time.perf_counter() - started > budget_s and len(measured_sizes) >= 2:
+            break
+    return CostCurve(measured_sizes, seconds)
+
+
+def cache_key(model_path: str, build: str, threads: int, n_ctx: int) -> str:
+    st = os.stat(model_path)
+    blob = json.dumps([os.path.abspath(model_path), st.st_size, int(st.st_mtime), build, threads, n_ctx])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_cached(path: Path) -> CostCurve | None:
+    try:
+        data = json.loads(path.read_text())
+        return CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached")
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save_cached(path: Path, curve: CostCurve) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_json()))
+    os.replace(tmp, path)
+
+
+class TimedContext:
+    """A Context that feeds the duration of every decode into a cost curve (delegates the rest)."""
+
+    def __init__(self, ctx: Context, curve: CostCurve):
+        self._ctx, self.curve = ctx, curve
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._ctx.decode(batch)
+        self.curve.observe(len(batch), time.perf_counter() - t0)
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._ctx, name)

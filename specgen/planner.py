@@ -1,0 +1,177 @@
+"""Choosing what to draft from measured costs and learned acceptance (the `auto` method).
+
+Pure functions and small classes over numbers: the value of a draft tree is the expected number of
+tokens a step commits, E = 1 + sum over drafted nodes of P(node accepted); its cost is the draft
+work plus c_target(tree size). A node is worth verifying only while it raises E / cost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .tree import DraftTree
+
+Cost = Callable[[int], float]
+
+
+# --- value of a tree -----------------------------------------------------------------------------
+
+
+def reach_probabilities(parents: Sequence[int], accept: Sequence[float]) -> list[float]:
+    """P(node accepted) = P(parent accepted) * P(node accepted | parent accepted); root = 1."""
+    reach = [1.0] * len(parents)
+    for i in range(1, len(parents)):
+        reach[i] = reach[parents[i]] * accept[i]
+    return reach
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: list[int]  # drafted nodes to verify (ancestor-closed, parents first)
+    expected_tokens: float  # E[tokens committed by the step], bonus included
+    seconds: float  # expected step time: draft cost + c_target(len(nodes) + 1)
+
+    @property
+    def rate(self) -> float:
+        return self.expected_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def best_subtree(parents: Sequence[int], accept: Sequence[float], c_target: Cost,
+                 draft_seconds: float = 0.0, max_nodes: int = 64) -> Plan:
+    """The prefix of nodes (by reach probability, which keeps it ancestor-closed) that maximises
+    expected tokens per second. Plain decoding is the empty prefix: E = 1, cost c_target(1)."""
+    reach = reach_probabilities(parents, accept)
+    order = sorted(range(1, len(parents)), key=lambda v: (-reach[v], v))[:max_nodes]
+    best = Plan([], 1.0, draft_seconds + c_target(1))
+    expected = 1.0
+    for k, v in enumerate(order, 1):
+        expected += reach[v]
+        plan_s = draft_seconds + c_target(k + 1)
+        if expected / plan_s > best.rate:
+            best = Plan(sorted(order[:k]), expected, plan_s)
+    return best
+
+
+def best_chain_length(alpha: float, c_target: Cost, c_draft_step: float, max_len: int,
+                      c_draft_fixed: float = 0.0) -> tuple[int, float]:
+    """For a draft chain whose tokens are accepted with probability alpha each (given the one
+    before), the length k maximising E[tokens]/cost and that rate; k = 0 is plain decoding.
+    E = 1 + alpha + ... + alpha^k; cost = fixed draft cost (catching the draft's cache up) +
+    k draft steps + c_target(k + 1)."""
+    best_k, best_rate = 0, 1.0 / c_target(1)
+    expected, p = 1.0, 1.0
+    for k in range(1, max_len + 1):
+        p *= alpha
+        expected += p
+        rate = expected / (c_draft_fixed + k * c_draft_step + c_target(k + 1))
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k, best_rate
+
+
+# --- acceptance model ----------------------------------------------------------------------------
+
+
+@dataclass
+class BetaBins:
+    """P(accept | bin) as Beta posteriors; the prior mean per bin and its weight in pseudo-counts."""
+
+    prior: np.ndarray
+    weight: float = 4.0
+    hits: np.ndarray = field(init=False)
+    trials: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hits = np.zeros_like(self.prior, dtype=np.float64)
+        self.trials = np.zeros_like(self.prior, dtype=np.float64)
+
+    def mean(self, b: int) -> float:
+        return float((self.prior[b] * self.weight + self.hits[b]) / (self.weight + self.trials[b]))
+
+    def update(self, b: int, accepted: bool) -> None:
+        self.hits[b] += accepted
+        self.trials[b] += 1
+
+
+Q_BINS = 10
+MAX_DEPTH_BIN = 8
+
+
+class AcceptanceModel:
+    """How likely a drafted node is accepted given its parent was, learned online.
+
+    Draft-model nodes: by the draft probability q of the node (10 bins; prior = q, a calibrated
+    draft accepts about q of the time). Lookup nodes: by n-gram match length (1-4) and depth
+    (1-8+); prior 0.6 for long matches, lower for short and deep ones.
+    """
+
+    def __init__(self) -> None:
+        self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
+        prior = np.array([[max(0.15, (0.3 + 0.1 * n) * 0.93 ** d) for d in range(MAX_DEPTH_BIN)]
+                          for n in range(5)])
+        self.lookup = BetaBins(prior)
+
+    @staticmethod
+    def q_bin(q: float) -> int:
+        return min(Q_BINS - 1, int(q * Q_BINS))
+
+    @staticmethod
+    def lookup_bin(n: int, depth: int) -> tuple[int, int]:
+        return min(n, 4), min(depth, MAX_DEPTH_BIN) - 1
+
+    def draft_p(self, q: float) -> float:
+        return self.draft.mean(self.q_bin(q))
+
+    def lookup_p(self, n: int, depth: int) -> float:
+        return self.lookup.mean(self.lookup_bin(n, depth))
+
+    def observe(self, tree: DraftTree, kinds: Sequence[str], keys: Sequence[object], path: Sequence[int]) -> None:
+        """Each node whose parent was accepted was tested: accepted iff it is on the path."""
+        on_path = {0, *path}
+        for v in range(1, len(tree)):
+            if tree.parents[v] not in on_path:
+                continue
+            bins = self.draft if kinds[v] == "draft" else self.lookup
+            bins.update(keys[v], v in on_path)
+
+
+# --- no-regret guard -----------------------------------------------------------------------------
+
+
+class Guard:
+    """Back off to plain decoding when speculation is realised slower than plain; probe later.
+
+    Keeps the realised tokens/second of the last `window` speculative steps and compares it with
+    plain decoding's measured speed; after a loss, plain for `backoff` steps (doubling on repeated
+    losses, reset after a win), then speculation gets another chance.
+    """
+
+    def __init__(self, window: int = 12, margin: float = 0.97, backoff: int = 16, max_backoff: int = 256):
+        self.window, self.margin = window, margin
+        self.base_backoff, self.backoff, self.max_backoff = backoff, backoff, max_backoff
+        self.steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self.plain_left = 0
+        self.backoffs = 0
+
+    def allow_speculation(self) -> bool:
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            return False
+        return True
+
+    def record(self, tokens: int, seconds: float, plain_rate: float) -> None:
+        self.steps.append((tokens, seconds))
+        if len(self.steps) < self.window:
+            return
+        rate = sum(t for t, _ in self.steps) / max(1e-9, sum(s for _, s in self.steps))
+        if rate < self.margin * plain_rate:
+            self.plain_left = self.backoff
+            self.backoff = min(self.max_backoff, self.backoff * 2)
+            self.backoffs += 1
+            self.steps.clear()
+        elif rate > plain_rate:
+            self.backoff = self.base_backoff
