@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,31 +24,28 @@ EMA = 0.1  # weight of one live measurement in the running estimate
 
 @dataclass
 class CostCurve:
-    """c(B) at the measured batch sizes, linearly interpolated (and extrapolated) in between."""
+    """c(B): the calibrated shape (linear in between and beyond the measured sizes) times a scale
+    that live decodes keep current. Only the scale moves online: a plain run observes B = 1 alone,
+    and must not make c(1) cheaper than a stale c(2) (that would make speculation look costly)."""
 
     sizes: list[int]
     seconds: list[float]
     source: str = "measured"
-    live: dict[int, float] = field(default_factory=dict)  # EMA of real decodes by batch size
+    scale: float = 1.0
 
-    def __call__(self, b: int) -> float:
-        if b <= 0:
-            return 0.0
-        if b in self.live:
-            return self.live[b]
+    def base(self, b: int) -> float:
         xs, ys = self.sizes, self.seconds
         if b >= xs[-1]:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
             return ys[-1] + slope * (b - xs[-1])
         return float(np.interp(b, xs, ys))
 
+    def __call__(self, b: int) -> float:
+        return self.scale * self.base(b) if b > 0 else 0.0
+
     def observe(self, b: int, seconds: float) -> None:
-        """Fold a real decode into the curve (contexts grow, machines get busy)."""
-        prior = self.live.get(b, self(b))
-        self.live[b] = (1 - EMA) * prior + EMA * seconds
-        if b in self.sizes:
-            i = self.sizes.index(b)
-            self.seconds[i] = (1 - EMA) * self.seconds[i] + EMA * seconds
+        """Fold a real decode into the scale (contexts grow, machines get busy)."""
+        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.base(b)
 
     def relative(self) -> list[float]:
         return [s / self.seconds[0] for s in self.seconds]
@@ -68,24 +65,28 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
     spare = ctx.n_seq_max - 1
     sizes = tuple(b for b in sizes if b <= ctx.n_batch and n_past + b < ctx.n_ctx)
     measured_sizes, seconds = [], []
+    _timed_decode(ctx, spare, n_past, token, sizes[-1])  # warm-up: page in weights, start threads
     started = time.perf_counter()
     for b in sizes:
-        best = float("inf")
-        for _ in range(repeats):
-            if spare != 0:
-                ctx.seq_cp(0, spare, -1, -1)
-            batch = Batch()
-            for j in range(b):
-                batch.add(token, n_past + j, (spare,), j == b - 1)
-            t0 = time.perf_counter()
-            ctx.decode(batch)
-            best = min(best, time.perf_counter() - t0)
-            ctx.seq_rm(spare, n_past if spare == 0 else -1, -1)
+        best = min(_timed_decode(ctx, spare, n_past, token, b) for _ in range(repeats))
         measured_sizes.append(b)
         seconds.append(best)
         if time.perf_counter() - started > budget_s and len(measured_sizes) >= 2:
             break
     return CostCurve(measured_sizes, seconds)
+
+
+def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int) -> float:
+    if spare != 0:
+        ctx.seq_cp(0, spare, -1, -1)
+    batch = Batch()
+    for j in range(b):
+        batch.add(token, n_past + j, (spare,), j == b - 1)
+    t0 = time.perf_counter()
+    ctx.decode(batch)
+    seconds = time.perf_counter() - t0
+    ctx.seq_rm(spare, n_past if spare == 0 else -1, -1)
+    return seconds
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int) -> str:

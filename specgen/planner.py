@@ -106,13 +106,16 @@ class AcceptanceModel:
 
     Draft-model nodes: by the draft probability q of the node (10 bins; prior = q, a calibrated
     draft accepts about q of the time). Lookup nodes: by n-gram match length (1-4) and depth
-    (1-8+); prior 0.6 for long matches, lower for short and deep ones.
+    (1-8+). The lookup prior follows what was measured on gemma-3-270m over Spec-Bench prompts:
+    a 4-token match continues correctly ~95% of the time at every depth, 3-token ~40-75%,
+    2-token ~30-55%, single tokens ~20-30%.
     """
+
+    LOOKUP_PRIOR = (0.2, 0.25, 0.4, 0.6, 0.85)  # by match length n = 0..4
 
     def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
-        prior = np.array([[max(0.15, (0.3 + 0.1 * n) * 0.93 ** d) for d in range(MAX_DEPTH_BIN)]
-                          for n in range(5)])
+        prior = np.array([[p * 0.97 ** d for d in range(MAX_DEPTH_BIN)] for p in self.LOOKUP_PRIOR])
         self.lookup = BetaBins(prior)
 
     @staticmethod
