@@ -25,13 +25,16 @@ ALPHA_EMA = 0.1
 class AutoDrafter:
     def __init__(self, c_target: CostCurve, lookup: LookupDrafter, model: ModelDrafter | None = None,
                  c_draft: CostCurve | None = None, max_nodes: int = 24, max_depth: int = 16,
-                 lookup_matches: int = 4):
+                 lookup_matches: int = 4, sampling: bool = False):
         self.c_target, self.c_draft = c_target, c_draft
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel(sampling)
         self.guard = Guard()
-        self.alpha_draft = 0.6  # acceptance of the draft's top-1 token, learned online
+        # Acceptance of the draft's first token, learned online. Optimistic on purpose: an option
+        # the planner never tries is never learned; a wrong guess costs a few steps.
+        self.alpha_draft = 0.7
+        self.draft_step_s = 0.0  # measured seconds per draft call, Python work included
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._kinds: list[str] = []
@@ -55,8 +58,10 @@ class AutoDrafter:
         depth = min(self.max_depth, max_depth)
         if self.model is not None:
             self.model.skip()
-        if depth <= 0 or not self.guard.allow_speculation():
+        if depth <= 0:
             return self._choose("plain", DraftTree.root_only(root), ["root"], [None])
+        if not self.guard.allow_speculation():  # speculation was losing: plain for a while
+            return self._choose("guard", DraftTree.root_only(root), ["root"], [None])
 
         tree, match_n = self.lookup.candidates(depth, self.lookup_matches)
         tdepth = tree.depths()
@@ -66,7 +71,9 @@ class AutoDrafter:
         choice = "lookup" if plan.nodes else "plain"
 
         if self.model is not None and self.c_draft is not None:
-            step = self.c_draft(1)
+            # A draft step costs its decode plus Python work on a vocabulary-sized row: planned
+            # with what draft steps really took, once there is a measurement.
+            step = max(self.c_draft(1), self.draft_step_s)
             catch_up = self.c_draft(self.model.cache.behind) - step  # tokens the draft has not seen
             k, draft_rate = best_chain_length(self.alpha_draft, self.c_target, step, depth, catch_up)
             if k > 0 and draft_rate > plan.rate:
@@ -79,7 +86,10 @@ class AutoDrafter:
     def _propose_with_model(self, root: int, depth: int, k: int) -> DraftTree:
         assert self.model is not None
         self.model.max_nodes = k
+        calls, t0 = self.model.draft_calls, time.perf_counter()
         tree = self.model.propose(min(depth, k))
+        spent = (time.perf_counter() - t0) / max(1, self.model.draft_calls - calls)
+        self.draft_step_s = spent if self.draft_step_s == 0 else 0.8 * self.draft_step_s + 0.2 * spent
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         accept = _cap_siblings(tree, accept)
         # The draft's time is spent: prune by target cost alone.

@@ -12,7 +12,7 @@ import numpy as np
 
 from .kv import keep_branch
 from .protocol import Batch, Context
-from .sampling import SamplingParams, distribution
+from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -288,11 +288,8 @@ class ModelDrafter:
         if q.max() < self.min_prob:
             return []  # the draft is unsure here: stop this branch (decided before any draw)
         if self.sampling:
-            g.tree.q_rows[node] = q.astype(np.float32)
-            # Gumbel top-k: `branching` draws from q without replacement, in draw order.
-            with np.errstate(divide="ignore"):
-                keys = np.log(q) - np.log(-np.log(self.rng.random(q.shape[0])))
-            picks = [x for x in _top_k(keys, self.branching) if q[x] > 0]
+            g.tree.q_rows[node] = q
+            picks = _draw_without_replacement(q, self.branching, self.rng)
         else:
             picks = _top_k(q, self.branching)
         return [g.add(tok, node, float(q[tok])) for tok in picks]
@@ -388,6 +385,22 @@ class _Growth:
         depth = {new: self.depth[old] for old, new in new_index.items()}
         self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
         self.depth = [depth[i] for i in range(len(depth))]
+
+
+def _draw_without_replacement(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
+    """k draws from q without replacement, in draw order (inverse CDF: one uniform per draw)."""
+    picks: list[int] = []
+    rest = q
+    for _ in range(k):
+        total = float(rest.sum())
+        if total <= 0:
+            break
+        x = draw(rest / total, rng)
+        picks.append(x)
+        if len(picks) < k:
+            rest = rest.copy() if rest is q else rest
+            rest[x] = 0.0
+    return picks
 
 
 def _top_k(values: np.ndarray, k: int) -> list[int]:

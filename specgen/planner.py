@@ -112,10 +112,15 @@ class AcceptanceModel:
     """
 
     LOOKUP_PRIOR = (0.2, 0.25, 0.4, 0.6, 0.85)  # by match length n = 0..4
+    # When sampling, a lookup token survives only if the target happens to draw it (about half as
+    # often at temperature 0.8). Sampled draft children go through rejection sampling, which
+    # accepts with the overlap of p and q: no such discount.
+    SAMPLING_FACTOR = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, sampling: bool = False) -> None:
+        factor = self.SAMPLING_FACTOR if sampling else 1.0
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
-        prior = np.array([[p * 0.97 ** d for d in range(MAX_DEPTH_BIN)] for p in self.LOOKUP_PRIOR])
+        prior = np.array([[p * factor * 0.97 ** d for d in range(MAX_DEPTH_BIN)] for p in self.LOOKUP_PRIOR])
         self.lookup = BetaBins(prior)
 
     @staticmethod
@@ -153,7 +158,7 @@ class Guard:
     losses, reset after a win), then speculation gets another chance.
     """
 
-    def __init__(self, window: int = 12, margin: float = 0.97, backoff: int = 16, max_backoff: int = 256):
+    def __init__(self, window: int = 32, margin: float = 0.9, backoff: int = 16, max_backoff: int = 256):
         self.window, self.margin = window, margin
         self.base_backoff, self.backoff, self.max_backoff = backoff, backoff, max_backoff
         self.steps: deque[tuple[int, float]] = deque(maxlen=window)

@@ -124,7 +124,7 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
         # where the lookup stage hits); the planner sets its length each step.
         model = ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=1, max_nodes=8, max_depth=16, lookup=lookup)
-    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs)
+    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, sampling=not cfg.sampling.greedy)
 
 
 class Runner:
