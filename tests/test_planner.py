@@ -1,0 +1,164 @@
+"""The planner over synthetic numbers: cost curves decide tree sizes, acceptance decides whether to
+draft at all, the guard backs off when speculation loses; and `auto` stays lossless."""
+
+import numpy as np
+import pytest
+
+from fakes import FakeContext, FakeModel, NoisyDraft
+from specgen.auto import AutoDrafter
+from specgen.costs import CostCurve
+from specgen.drafters import LookupDrafter, ModelDrafter
+from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.planner import AcceptanceModel, Guard, best_chain_length, best_subtree, reach_probabilities
+from specgen.sampling import SamplingParams
+from specgen.stats import RunStats
+from specgen.tree import DraftTree
+
+FLAT = CostCurve([1, 32], [0.010, 0.012])  # memory-bound: a batch of 32 costs 1.2x one token
+STEEP = CostCurve([1, 2, 4, 8], [0.010, 0.018, 0.034, 0.066])  # compute-bound: ~linear
+
+
+def chain(n, p):
+    return list(range(-1, n)), [1.0] + [p] * n
+
+
+def test_reach_probability_is_product_along_the_path():
+    assert reach_probabilities([-1, 0, 1, 0], [1.0, 0.5, 0.5, 0.2]) == [1.0, 0.5, 0.25, 0.2]
+
+
+def test_flat_costs_grow_bigger_trees_than_steep_costs():
+    parents, accept = chain(12, 0.8)
+    flat = best_subtree(parents, accept, FLAT)
+    steep = best_subtree(parents, accept, STEEP)
+    assert len(flat.nodes) == 12
+    assert 0 < len(steep.nodes) < 4
+    assert flat.rate > 1 / FLAT(1) and steep.rate > 1 / STEEP(1)
+
+
+def test_zero_acceptance_means_plain_decoding():
+    parents, accept = chain(8, 0.0)
+    for curve in (FLAT, STEEP):
+        plan = best_subtree(parents, accept, curve)
+        assert plan.nodes == [] and plan.expected_tokens == 1.0
+
+
+def test_steep_costs_and_weak_drafts_mean_plain():
+    parents, accept = chain(8, 0.3)
+    assert best_subtree(parents, accept, STEEP).nodes == []
+
+
+def test_subtree_is_ancestor_closed_and_prefers_likely_branches():
+    # root -> a (0.9) -> b (0.9); root -> c (0.05)
+    plan = best_subtree([-1, 0, 1, 0], [1.0, 0.9, 0.9, 0.05], CostCurve([1, 4], [0.010, 0.0125]))
+    assert plan.nodes == [1, 2]
+
+
+def test_draft_chain_length_follows_costs_and_acceptance():
+    assert best_chain_length(0.0, FLAT, 0.004, 8)[0] == 0
+    assert best_chain_length(0.9, FLAT, 0.001, 8)[0] == 8
+    k_costly, _ = best_chain_length(0.9, FLAT, 0.008, 8)
+    assert 0 < k_costly < 8
+    assert best_chain_length(0.9, FLAT, 0.001, 8, c_draft_fixed=1.0)[0] == 0  # backlog too big
+
+
+def test_cost_curve_interpolates_extrapolates_and_tracks_scale():
+    c = CostCurve([1, 4, 8], [1.0, 2.0, 4.0])
+    assert c(2) == pytest.approx(4 / 3) and c(16) == pytest.approx(8.0) and c(0) == 0.0
+    for _ in range(200):
+        c.observe(1, 0.5)  # the machine got twice as fast
+    assert c(1) == pytest.approx(0.5, rel=1e-3) and c(8) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_acceptance_model_learns_from_tested_nodes_only():
+    model = AcceptanceModel()
+    before = model.lookup_p(4, 1)
+    tree = DraftTree.chain(9, [1, 2, 3])
+    kinds = ["root"] + ["lookup"] * 3
+    keys = [None] + [model.lookup_bin(4, d) for d in (1, 2, 3)]
+    for _ in range(30):
+        model.observe(tree, kinds, keys, path=[])  # first token rejected: depths 2-3 untested
+    assert model.lookup_p(4, 1) < 0.2 < before
+    assert model.lookup_p(4, 2) == pytest.approx(AcceptanceModel().lookup_p(4, 2))
+
+
+def test_guard_backs_off_when_losing_and_probes_again():
+    guard = Guard(window=4, margin=0.97, backoff=3)
+    for _ in range(4):
+        assert guard.allow_speculation()
+        guard.record(tokens=1, seconds=0.02, plain_rate=100.0)  # 50 tok/s vs plain 100
+    assert [guard.allow_speculation() for _ in range(4)] == [False, False, False, True]
+    for _ in range(4):
+        guard.record(tokens=1, seconds=0.02, plain_rate=100.0)
+    assert [guard.allow_speculation() for _ in range(7)] == [False] * 6 + [True]  # doubled
+
+
+def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None):
+    """`auto` on fakes with fixed synthetic cost curves (fake decodes take microseconds; timing
+    them would make the curves meaningless)."""
+    ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
+    lookup = LookupDrafter()
+    model = None
+    if draft is not None:
+        dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
+        model = ModelDrafter(dctx, sampling, branching=1, max_nodes=8, max_depth=16,
+                             lookup=None if not sampling.greedy else lookup)
+    auto = AutoDrafter(curve, lookup, model, draft_curve, sampling=not sampling.greedy)
+    stats = RunStats()
+    events = generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
+    return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
+
+
+def plain_tokens(target, prompt, n, sampling):
+    ctx = FakeContext(target, n_ctx=512, n_seq_max=1)
+    return [e.token for e in generate_plain(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
+            if isinstance(e, TokenEvent)]
+
+
+LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
+
+
+def test_auto_greedy_lookup_is_lossless_and_drafts_on_flat_costs():
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    prompt = [0, 3, 4, 5, 6, 3, 4]
+    tokens, stats, auto = auto_run(target, None, prompt, 48, SamplingParams(), FLAT)
+    assert tokens == plain_tokens(target, prompt, 48, SamplingParams())
+    assert stats.accepted > 0 and stats.target_calls < 24 and auto.choices["lookup"] > 0
+
+
+def test_auto_uses_a_good_cheap_draft_where_lookup_has_nothing():
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    draft = NoisyDraft(target, noise=0.3)  # agrees with the target nearly always
+    prompt = [0, 9, 8, 7]
+    tokens, stats, auto = auto_run(target, draft, prompt, 48, SamplingParams(), FLAT,
+                                   CostCurve([1, 8], [0.002, 0.003]))
+    assert tokens == plain_tokens(target, prompt, 48, SamplingParams())
+    assert auto.choices["staged"] > auto.choices["plain"]
+    assert stats.mean_accepted > 2
+
+
+def test_auto_stays_plain_when_nothing_is_accepted_and_costs_are_steep():
+    target = FakeModel(n_vocab=16, sharpness=2.0)  # no repetition: lookup never matches usefully
+    prompt = [0, 3, 4, 5, 6, 3, 4]
+    tokens, stats, auto = auto_run(target, None, prompt, 60, SamplingParams(), STEEP)
+    assert tokens == plain_tokens(target, prompt, 60, SamplingParams())
+    assert auto.choices["plain"] + auto.choices["guard"] >= 50
+
+
+def test_auto_sampled_distribution_matches_plain():
+    target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3, (3,): 2})
+    draft = NoisyDraft(target, noise=1.0)
+    prompt, n, runs = [0, 2, 3, 2, 3], 3, 300
+    plain = np.zeros((n, 6))
+    spec = np.zeros((n, 6))
+    for seed in range(runs):
+        for pos, tok in enumerate(plain_tokens(target, prompt, n, SamplingParams(1.0, seed=seed))):
+            plain[pos, tok] += 1
+        tokens, *_ = auto_run(target, draft, prompt, n, SamplingParams(1.0, seed=90_000 + seed),
+                              FLAT, CostCurve([1, 8], [0.002, 0.003]))
+        for pos, tok in enumerate(tokens):
+            spec[pos, tok] += 1
+    for pos in range(n):
+        a, b = plain[pos], spec[pos]
+        keep = (a + b) > 0
+        chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()
+        assert chi2 < 20.5, f"position {pos}: {a} vs {b}"
