@@ -87,6 +87,39 @@ def generate(
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
+@app.command()
+def calibrate(
+    model: str = typer.Argument(..., help="GGUF path or models.txt name."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    ctx: int = typer.Option(4096, "--ctx", help="Context size the curve is for."),
+    gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to the GPU."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of using the cache."),
+) -> None:
+    """Measure (or show the cached) cost of one decode of B tokens, the curve `auto` plans with.
+
+    \b
+    Example:
+      specgen calibrate gemma-3-270m-f32
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import backend, models
+    from .runner import TARGET_SEQS, cost_curve
+
+    if threads is not None and threads < 1:
+        raise SpecgenError(f"--threads must be at least 1, found {threads}")
+    llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
+    context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads)
+    curve = cost_curve(llm, context, threads, refresh=refresh)
+    table = Table(title=f"{Path(llm.path).name}: one decode of B tokens ({curve.source})", box=None)
+    for col in ("B", "ms", "x B=1", "ms per token"):
+        table.add_column(col, justify="right")
+    for b, sec in zip(curve.sizes, curve.seconds):
+        table.add_row(str(b), f"{sec * 1000:.1f}", f"{sec / curve.seconds[0]:.2f}", f"{sec * 1000 / b:.2f}")
+    Console(soft_wrap=True).print(table)
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Models in models.txt: name, source, size, and whether the file is present."""

@@ -65,14 +65,14 @@ def load_models(cfg: RunConfig) -> LoadedModels:
     return LoadedModels(target, ctx, draft, cfg.target, cfg.draft if draft is not None else None, draft_ctx)
 
 
-def cost_curve(model: Model, ctx: Context, n_threads: int | None) -> CostCurve:
+def cost_curve(model: Model, ctx: Context, n_threads: int | None, refresh: bool = False) -> CostCurve:
     """c(B) for a model on this machine: from the calibration cache, else measured (< 1 s) and cached."""
     from . import backend, models
 
     build = backend.build_info().system_info
     key = cache_key(model.path, build, getattr(ctx, "n_threads", n_threads or 0), ctx.n_ctx)
     path = models.specgen_home() / "calibration" / f"{key}.json"
-    curve = load_cached(path)
+    curve = None if refresh else load_cached(path)
     if curve is None:
         ctx.clear()
         curve = measure(ctx, 0, model.tokenize("The", add_special=False)[0])

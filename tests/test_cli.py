@@ -147,3 +147,20 @@ def test_models_list_and_path(smollm2_path):
     assert row.split()[-1] == "yes"
     proc = specgen("models", "path", SMOLLM2)
     assert proc.stdout.strip() == str(smollm2_path)
+
+
+def test_calibrate_shows_the_cost_curve(isolated_home, smollm2_path):
+    proc = specgen("calibrate", str(smollm2_path), env={"SPECGEN_HOME": str(isolated_home)})
+    assert proc.returncode == 0, proc.stderr
+    assert "(measured)" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows][:4] == [1, 2, 3, 4] and float(rows[0][2]) == 1.0
+    again = specgen("calibrate", str(smollm2_path), env={"SPECGEN_HOME": str(isolated_home)})
+    assert "(cached)" in again.stdout
+
+
+def test_auto_stats_line_reports_its_choices():
+    proc = specgen("generate", "-m", SMOLLM2, "--method", "auto", "-n", "24", "--no-chat",
+                   "one two three four one two three four one two three")
+    assert proc.returncode == 0, proc.stderr
+    assert "steps:" in proc.stderr or "τ 1.00" in proc.stderr
