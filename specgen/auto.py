@@ -77,13 +77,14 @@ class AutoDrafter:
             catch_up = self.c_draft(self.model.cache.behind) - step  # tokens the draft has not seen
             k, draft_rate = best_chain_length(self.alpha_draft, self.c_target, step, depth, catch_up)
             if k > 0 and draft_rate > plan.rate:
-                return self._propose_with_model(root, depth, k)
+                return self._propose_with_model(depth, k)
 
         kinds = ["root"] + ["lookup"] * (len(tree) - 1)
         keys = [None] + [self.acceptance.lookup_bin(match_n[v], tdepth[v]) for v in range(1, len(tree))]
-        return self._choose(choice, *self._prune(tree, plan.nodes, kinds, keys))
+        tree, kinds, keys, _ = self._prune(tree, plan.nodes, kinds, keys)
+        return self._choose(choice, tree, kinds, keys)
 
-    def _propose_with_model(self, root: int, depth: int, k: int) -> DraftTree:
+    def _propose_with_model(self, depth: int, k: int) -> DraftTree:
         assert self.model is not None
         self.model.max_nodes = k
         calls, t0 = self.model.draft_calls, time.perf_counter()
@@ -96,18 +97,17 @@ class AutoDrafter:
         plan = best_subtree(tree.parents, accept, self.c_target, 0.0, self.max_nodes)
         kinds = ["root"] + ["draft"] * (len(tree) - 1)
         keys = [None] + [self.acceptance.q_bin(q) for q in tree.q[1:]]
-        if len(plan.nodes) < tree.n_drafted and not tree.sampled:
-            pruned, new_index = tree.subtree([0, *plan.nodes])
+        if len(plan.nodes) < tree.n_drafted and not tree.sampled:  # sampled children must all stay
+            tree, kinds, keys, new_index = self._prune(tree, plan.nodes, kinds, keys)
             self.model.reindex(new_index)
-            kinds = [kinds[o] for o in sorted(new_index)]
-            keys = [keys[o] for o in sorted(new_index)]
-            tree = pruned
         return self._choose(self.model.last_choice, tree, kinds, keys)
 
-    def _prune(self, tree: DraftTree, nodes: list[int], kinds: list[str], keys: list[object]):
+    @staticmethod
+    def _prune(tree: DraftTree, nodes: list[int], kinds: list[str], keys: list[object]):
+        """The tree restricted to `nodes`, with per-node kinds/keys following the new indices."""
         pruned, new_index = tree.subtree([0, *nodes])
         order = sorted(new_index, key=new_index.get)
-        return pruned, [kinds[o] for o in order], [keys[o] for o in order]
+        return pruned, [kinds[o] for o in order], [keys[o] for o in order], new_index
 
     def _choose(self, choice: str, tree: DraftTree, kinds: list[str], keys: list[object]) -> DraftTree:
         self.last_choice = choice
