@@ -63,7 +63,9 @@ class AutoDrafter:
         if not self.guard.allow_speculation():  # speculation was losing: plain for a while
             return self._choose("guard", DraftTree.root_only(root), ["root"], [None])
 
-        tree, match_n = self.lookup.candidates(depth, self.lookup_matches)
+        tree, match_n = self.lookup.candidates(min(depth, self._useful_depth()), self.lookup_matches)
+        if tree.n_drafted == 0 and self.model is None:
+            return self._choose("plain", tree, ["root"], [None])  # no match: nothing to plan
         tdepth = tree.depths()
         accept = [1.0] + [self.acceptance.lookup_p(match_n[v], tdepth[v]) for v in range(1, len(tree))]
         accept = _cap_siblings(tree, accept)
@@ -83,6 +85,13 @@ class AutoDrafter:
         keys = [None] + [self.acceptance.lookup_bin(match_n[v], tdepth[v]) for v in range(1, len(tree))]
         tree, kinds, keys, _ = self._prune(tree, plan.nodes, kinds, keys)
         return self._choose(choice, tree, kinds, keys)
+
+    def _useful_depth(self) -> int:
+        """How deep a lookup chain could pay even at the best acceptance seen: on a steep cost
+        curve a handful of tokens, on a flat one the whole `max_depth` (keeps the trie small)."""
+        best = max(self.acceptance.lookup_p(4, 1), self.acceptance.lookup_p(3, 1))
+        k, _ = best_chain_length(min(best, 0.97), self.c_target, 0.0, self.max_depth)
+        return max(1, k)
 
     def _propose_with_model(self, depth: int, k: int) -> DraftTree:
         assert self.model is not None

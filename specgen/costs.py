@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +32,17 @@ class CostCurve:
     seconds: list[float]
     source: str = "measured"
     scale: float = 1.0
+    _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
+
+    TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
+
+    def __post_init__(self) -> None:
+        self._table = [0.0] + [self._interpolate(b) for b in range(1, self.TABLE)]
 
     def base(self, b: int) -> float:
+        return self._table[b] if b < self.TABLE else self._interpolate(b)
+
+    def _interpolate(self, b: int) -> float:
         xs, ys = self.sizes, self.seconds
         if b >= xs[-1]:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]

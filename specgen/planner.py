@@ -78,10 +78,15 @@ def best_chain_length(alpha: float, c_target: Cost, c_draft_step: float, max_len
 
 @dataclass
 class BetaBins:
-    """P(accept | bin) as Beta posteriors; the prior mean per bin and its weight in pseudo-counts."""
+    """P(accept | bin) as Beta posteriors; the prior mean per bin and its weight in pseudo-counts.
+
+    Old evidence fades (`decay` per update of a bin), so the estimate follows the text at hand: a
+    prompt full of copied passages and a page of arithmetic accept lookup drafts very differently.
+    """
 
     prior: np.ndarray
-    weight: float = 4.0
+    weight: float = 3.0
+    decay: float = 0.97
     hits: np.ndarray = field(init=False)
     trials: np.ndarray = field(init=False)
 
@@ -92,9 +97,9 @@ class BetaBins:
     def mean(self, b: int) -> float:
         return float((self.prior[b] * self.weight + self.hits[b]) / (self.weight + self.trials[b]))
 
-    def update(self, b: int, accepted: bool) -> None:
-        self.hits[b] += accepted
-        self.trials[b] += 1
+    def update(self, b, accepted: bool) -> None:
+        self.hits[b] = self.hits[b] * self.decay + accepted
+        self.trials[b] = self.trials[b] * self.decay + 1
 
 
 Q_BINS = 10
@@ -158,7 +163,7 @@ class Guard:
     losses, reset after a win), then speculation gets another chance.
     """
 
-    def __init__(self, window: int = 32, margin: float = 0.9, backoff: int = 16, max_backoff: int = 256):
+    def __init__(self, window: int = 32, margin: float = 0.95, backoff: int = 16, max_backoff: int = 256):
         self.window, self.margin = window, margin
         self.base_backoff, self.backoff, self.max_backoff = backoff, backoff, max_backoff
         self.steps: deque[tuple[int, float]] = deque(maxlen=window)

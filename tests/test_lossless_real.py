@@ -25,7 +25,7 @@ PROMPTS = [
     "def fibonacci(n):",
     "Translate to French: The cat sleeps on the warm windowsill.",
 ]
-METHODS = ["lookup", "chain", "tree", "staged"]
+METHODS = ["lookup", "chain", "tree", "staged", "auto"]
 
 
 @functools.lru_cache(maxsize=None)
