@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .kv import keep_branch
+from .kv import keep_branch, prefill
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
@@ -145,17 +145,10 @@ class DraftCache:
 
     def reset(self, tokens: list[int]) -> None:
         """Prefill the prompt but its last token (the first root), as the target does."""
-        self.ctx.clear()
+        prefill(self.ctx, tokens)
         self.tokens = list(tokens)
-        self.n_eval = 0
+        self.n_eval = len(tokens) - 1
         self.caught_up = False
-        head = self.tokens[:-1]
-        for off in range(0, len(head), self.ctx.n_batch):
-            batch = Batch()
-            for j, tok in enumerate(head[off:off + self.ctx.n_batch]):
-                batch.add(tok, off + j, (0,), False)
-            self.ctx.decode(batch)
-        self.n_eval = len(head)
 
     @property
     def behind(self) -> int:

@@ -17,7 +17,7 @@ from typing import Iterator, Union
 
 from .errors import PromptError
 from .drafters import Drafter
-from .kv import COMMITTED_SEQ, keep_branch
+from .kv import COMMITTED_SEQ, keep_branch, prefill
 from .protocol import Batch, Context, Model
 from .sampling import Sampler, SamplingParams
 from .stats import RunStats
@@ -69,17 +69,6 @@ def check_prompt_fits(n_prompt: int, ctx: Context) -> None:
     if n_prompt >= ctx.n_ctx:
         raise PromptError(f"prompt is {n_prompt} tokens but the context holds {ctx.n_ctx}: "
                           f"use --ctx {n_prompt + 256} or more")
-
-
-def prefill(ctx: Context, tokens: list[int]) -> None:
-    """Put every prompt token but the last in sequence 0; the last one is the first step's root."""
-    ctx.clear()
-    head = tokens[:-1]
-    for off in range(0, len(head), ctx.n_batch):
-        batch = Batch()
-        for j, tok in enumerate(head[off:off + ctx.n_batch]):
-            batch.add(tok, off + j, (COMMITTED_SEQ,), False)
-        ctx.decode(batch)
 
 
 def generate_plain(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats) -> Iterator[Event]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .protocol import Context
+from .protocol import Batch, Context
 
 COMMITTED_SEQ = 0
 
@@ -17,3 +17,15 @@ def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
         ctx.seq_keep(seq)
         ctx.seq_cp(seq, COMMITTED_SEQ, -1, -1)
     ctx.seq_keep(COMMITTED_SEQ)
+
+
+def prefill(ctx: Context, tokens: list[int]) -> None:
+    """Clear the cache and put every prompt token but the last in sequence 0 (in n_batch chunks);
+    the last one is the first step's root, evaluated by that step."""
+    ctx.clear()
+    head = tokens[:-1]
+    for off in range(0, len(head), ctx.n_batch):
+        batch = Batch()
+        for j, tok in enumerate(head[off:off + ctx.n_batch]):
+            batch.add(tok, off + j, (COMMITTED_SEQ,), False)
+        ctx.decode(batch)
