@@ -115,8 +115,8 @@ def calibrate(
     table = Table(title=f"{Path(llm.path).name}: one decode of B tokens ({curve.source})", box=None)
     for col in ("B", "ms", "x B=1", "ms per token"):
         table.add_column(col, justify="right")
-    for b, sec in zip(curve.sizes, curve.seconds):
-        table.add_row(str(b), f"{sec * 1000:.1f}", f"{sec / curve.seconds[0]:.2f}", f"{sec * 1000 / b:.2f}")
+    for b, sec, rel in zip(curve.sizes, curve.seconds, curve.relative()):
+        table.add_row(str(b), f"{sec * 1000:.1f}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}")
     Console(soft_wrap=True).print(table)
 
 

@@ -18,6 +18,8 @@ from .verify import Verdict
 
 
 class Drafter(Protocol):
+    last_choice: str  # what the last proposal was (stats: steps per choice)
+
     def reset(self, tokens: list[int]) -> None:
         """Start a new text: `tokens` is the prompt; its last token is the first root."""
 

@@ -136,7 +136,7 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
         t_draft = clock()
         tree = drafter.propose(max(0, room))
         stats.draft_s += clock() - t_draft
-        stats.choices[getattr(drafter, "last_choice", "draft")] += 1
+        stats.choices[drafter.last_choice] += 1
 
         if tree.n_drafted == 0:
             # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
