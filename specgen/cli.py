@@ -87,6 +87,104 @@ def generate(
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
+DEFAULT_BENCH_METHODS = ("plain", "lookup", "chain", "tree", "staged", "auto")
+
+
+@app.command()
+def bench(
+    target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
+    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), or 'none'."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="builtin | humaneval | a Spec-Bench "
+                                        "question.jsonl path [builtin]."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated; plain always runs "
+                                          "[plain,lookup,chain,tree,staged,auto; no draft: plain,lookup,auto]."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most N prompts in all."),
+    per_group: Optional[int] = typer.Option(None, "--per-group", help="N prompts per group, spread evenly."),
+    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens per answer."),
+    temperature: Optional[float] = typer.Option(None, "-t", "--temperature", help="0 = greedy [0]."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampled runs."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Run the whole schedule R times [1]."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write machine, models, settings, records "
+                                             "and summary as one JSON object."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a speedup chart (.svg, or .png with matplotlib)."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="YAML presets (configs/bench-pair-*.yaml)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the model's chat template."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
+) -> None:
+    """Run every method against plain decoding on the same prompts, interleaved, and compare.
+
+    \b
+    Examples:
+      specgen bench -m smollm2-135m-instruct-q4_1 --methods lookup,auto -n 64
+      specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --per-group 2 --json a.json --plot a.svg
+    """
+    import dataclasses
+    import json
+
+    from rich.console import Console
+
+    from . import backend, bench as b, models
+    from .benchview import check_plot_path, summary_table, write_plot
+    from .config import merged_settings, run_config
+    from .render import count_progress
+    from .runner import Runner, load_models
+
+    values = merged_settings(config, dict(
+        target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, seed=seed, chat=chat,
+        threads=threads, ctx=ctx, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats))
+    cfg = run_config(values)
+    for key in ("limit", "per_group", "repeats"):
+        if values.get(key) is not None and values[key] < 1:
+            raise SpecgenError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
+    chosen = b.parse_methods(values.get("methods") or
+                             [m for m in DEFAULT_BENCH_METHODS if cfg.draft or m not in ("chain", "tree", "staged")])
+    if plot is not None:
+        check_plot_path(plot)
+    suite_name, pool = b.load_suite(values.get("suite") or "builtin")
+    prompts = b.select(pool, values.get("per_group"), values.get("limit"))
+    n_repeats = values.get("repeats") or 1
+
+    loaded = load_models(dataclasses.replace(cfg, method="auto"), chosen)
+    runners = {m: Runner(dataclasses.replace(cfg, method=m), loaded) for m in chosen}
+    info = backend.build_info()
+    n_threads = cfg.threads or backend.default_threads()
+    machine = b.machine_info(n_threads, info.system_info, info.llama_cpp_python)
+    header = (f"{machine['cpu']} · {n_threads} threads · {machine['backend']} · target {cfg.target}"
+              f"{f' · draft {loaded.draft_label}' if loaded.draft_label else ''} · T={cfg.temperature:g}"
+              f" · {cfg.max_tokens} tokens · suite {Path(suite_name).name}")
+
+    trials: list = []
+    interrupted = False
+    with count_progress(len(prompts) * len(chosen) * n_repeats, f"bench: {len(prompts)} prompts x "
+                        f"{len(chosen)} methods x {n_repeats}") as advance:
+        try:
+            b.run_bench(prompts, runners, n_repeats, on_trial=lambda t: (trials.append(t), advance()))
+        except KeyboardInterrupt:
+            interrupted = True  # report what finished, then exit 130
+
+    rows = b.summarize(trials, chosen, greedy=cfg.sampling.greedy)
+    Console(soft_wrap=True).print(summary_table(rows, chosen, header, n_repeats))
+    if json_file is not None:
+        model_info = {"target": {"name": cfg.target, "path": str(loaded.target.path),
+                                 "sha256": models.model_sha256(cfg.target, Path(loaded.target.path))},
+                      "draft": None}
+        if loaded.draft is not None:
+            model_info["draft"] = {"name": cfg.draft, "path": str(loaded.draft.path),
+                                   "sha256": models.model_sha256(cfg.draft, Path(loaded.draft.path))}
+        settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(chosen), "suite": suite_name,
+                    "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}
+        base = {"target": cfg.target, "draft": loaded.draft_label, "temperature": cfg.temperature}
+        report = {"machine": machine, "models": model_info, "settings": settings,
+                  "records": [b.trial_record(t, base) for t in trials],
+                  "summary": [dataclasses.asdict(r) for r in rows]}
+        json_file.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if plot is not None and rows:
+        write_plot(rows, plot, header)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
 @app.command()
 def calibrate(
     model: str = typer.Argument(..., help="GGUF path or models.txt name."),

@@ -31,6 +31,7 @@ class RunConfig:
     top_p: float = 1.0
     seed: int | None = None
     chat: bool | None = None  # None: on when the target has a chat template (instruct models)
+    system: str | None = None  # system message for chat prompts
     threads: int | None = None  # None: all cores this process may use
     ctx: int = 4096
     gpu_layers: int = 0
@@ -45,13 +46,21 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 _TYPES: dict[str, tuple[type, ...]] = {
     "target": (str,), "draft": (str, type(None)), "method": (str,), "max_tokens": (int,),
     "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "seed": (int, type(None)),
-    "chat": (bool, type(None)), "threads": (int, type(None)), "ctx": (int,), "gpu_layers": (int,),
+    "chat": (bool, type(None)), "system": (str, type(None)), "threads": (int, type(None)), "ctx": (int,), "gpu_layers": (int,),
     "draft_gpu_layers": (int,),
 }
 
 
+# `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).
+BENCH_TYPES: dict[str, tuple[type, ...]] = {
+    "methods": (str, list), "suite": (str,), "per_group": (int, type(None)), "limit": (int, type(None)),
+    "repeats": (int,),
+}
+
+
 def _type_name(types: tuple[type, ...]) -> str:
-    names = {str: "text", int: "an integer", float: "a number", bool: "true/false", type(None): "null"}
+    names = {str: "text", int: "an integer", float: "a number", bool: "true/false", type(None): "null",
+             list: "a list"}
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
@@ -60,9 +69,10 @@ def validate(values: Mapping[str, Any], origin: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         norm = key.replace("-", "_")
-        if norm not in FIELDS:
-            raise ConfigError(f"{origin}: unknown key {key!r} (expected one of: {', '.join(FIELDS)})")
-        types = _TYPES[norm]
+        if norm not in FIELDS and norm not in BENCH_TYPES:
+            raise ConfigError(f"{origin}: unknown key {key!r} (expected one of: "
+                              f"{', '.join([*FIELDS, *BENCH_TYPES])})")
+        types = _TYPES.get(norm) or BENCH_TYPES[norm]
         # bool is an int in Python; do not let `max_tokens: true` through.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ConfigError(f"{origin}: {key} must be {_type_name(types)}, found {value!r}")
@@ -109,7 +119,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return validate(data, str(path))
 
 
-def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:
+def merged_settings(config_file: Path | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """defaults.yaml, then the -c file, then command-line options that were given (not None)."""
     values: dict[str, Any] = {}
     if DEFAULT_CONFIG.exists():
@@ -122,6 +132,15 @@ def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunC
         # nothing unless -d (or a -c file) names a draft for it.
         values["draft"] = None
     values.update(given)
-    cfg = RunConfig(**values)
+    return values
+
+
+def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig for `generate`: bench-only settings in a -c file are ignored here."""
+    return run_config(merged_settings(config_file, overrides))
+
+
+def run_config(values: Mapping[str, Any]) -> RunConfig:
+    cfg = RunConfig(**{k: v for k, v in values.items() if k in FIELDS})
     check_ranges(cfg)
     return cfg

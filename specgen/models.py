@@ -270,16 +270,26 @@ def _derive(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
     try:
         with spinner(f"deriving {entry.name}: llama.cpp quantize {base_name} -> {qtype}"):
             backend.quantize(src, tmp, qtype)
-        sha = hashlib.sha256()
-        with open(tmp, "rb") as f:
-            while data := f.read(CHUNK):
-                sha.update(data)
-        _check_sha(entry, sha.hexdigest(), tmp)
+        _check_sha(entry, file_sha256(tmp), tmp)
         os.replace(tmp, dest)
         return dest
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(CHUNK):
+            sha.update(data)
+    return sha.hexdigest()
+
+
+def model_sha256(spec: str, path: Path) -> str:
+    """A model's sha256: the one models.txt checked on pull for a name, else hashed now."""
+    entry = None if looks_like_path(spec) else load_manifest().get(spec)
+    return (expected_sha(entry) if entry else None) or file_sha256(path)
 
 
 def human_size(n: int | None) -> str:

@@ -10,10 +10,31 @@ from typing import TextIO
 from .errors import PromptError
 
 
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant
+    content: str
+
+
 @dataclass(frozen=True)
 class Prompt:
     index: int
-    text: str
+    text: str  # the user message the model answers
+    history: tuple[Message, ...] = ()  # earlier turns of a conversation, oldest first
+
+    def messages(self, system: str | None = None) -> list[dict[str, str]]:
+        """The conversation as chat-template messages; `system` applies unless the history has one."""
+        turns = [{"role": m.role, "content": m.content} for m in self.history]
+        if system and not (turns and turns[0]["role"] == "system"):
+            turns.insert(0, {"role": "system", "content": system})
+        return turns + [{"role": "user", "content": self.text}]
+
+    def followed_by(self, answer: str, question: str) -> "Prompt":
+        """The next turn: this prompt, the model's answer, then a new question."""
+        return Prompt(self.index, question, self.history + (Message("user", self.text), Message("assistant", answer)))
 
 
 def _decode(data: bytes, origin: str) -> str:
@@ -24,15 +45,34 @@ def _decode(data: bytes, origin: str) -> str:
         raise PromptError(f"{origin}: expected UTF-8 text, found byte 0x{data[e.start]:02x} on line {line}") from None
 
 
-def _jsonl_prompt(record: object, origin: str, lineno: int) -> str:
+def _conversation(messages: object, where: str) -> tuple[str, tuple[Message, ...]]:
+    """{"messages": [{"role": ..., "content": ...}, ...]} ending in a user message."""
+    if not isinstance(messages, list) or not messages:
+        raise PromptError(f"{where}: \"messages\" must be a non-empty list, found {json.dumps(messages)[:60]}")
+    parsed = []
+    for i, m in enumerate(messages, 1):
+        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+            raise PromptError(f"{where}: message {i} must be {{\"role\": system|user|assistant, "
+                              f"\"content\": text}}, found {json.dumps(m)[:60]}")
+        parsed.append(Message(m["role"], m["content"]))
+    if parsed[-1].role != "user":
+        raise PromptError(f"{where}: the last message must be from the user (it is what the model answers), "
+                          f"found role {parsed[-1].role!r}")
+    return parsed[-1].content, tuple(parsed[:-1])
+
+
+def _jsonl_prompt(record: object, origin: str, lineno: int) -> tuple[str, tuple[Message, ...]]:
+    where = f"{origin} line {lineno}"
     if isinstance(record, dict):
         if isinstance(record.get("prompt"), str):
-            return record["prompt"]
+            return record["prompt"], ()
+        if "messages" in record:
+            return _conversation(record["messages"], where)
         turns = record.get("turns")
         if isinstance(turns, list) and turns and isinstance(turns[0], str):
-            return turns[0]  # Spec-Bench record: the first turn is the prompt
-    raise PromptError(f"{origin} line {lineno}: expected an object with \"prompt\" (text) or \"turns\" "
-                      f"(list of text), found {json.dumps(record)[:80]}")
+            return turns[0], ()  # Spec-Bench record: the first turn is the prompt
+    raise PromptError(f"{where}: expected an object with \"prompt\" (text), \"messages\" (chat turns) or "
+                      f"\"turns\" (list of text), found {json.dumps(record)[:80]}")
 
 
 def parse_prompt_file(path: Path) -> list[Prompt]:
@@ -45,7 +85,7 @@ def parse_prompt_file(path: Path) -> list[Prompt]:
     except OSError as e:
         raise PromptError(f"cannot read prompt file {path}: {e.strerror}") from None
     text = _decode(data, str(path))
-    texts: list[str] = []
+    texts: list[tuple[str, tuple[Message, ...]]] = []
     if path.suffix.lower() == ".jsonl":
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -56,8 +96,8 @@ def parse_prompt_file(path: Path) -> list[Prompt]:
                 raise PromptError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
             texts.append(_jsonl_prompt(record, str(path), lineno))
     else:
-        texts = [line for line in text.splitlines() if line.strip()]
-    prompts = [Prompt(i, t) for i, t in enumerate(texts)]
+        texts = [(line, ()) for line in text.splitlines() if line.strip()]
+    prompts = [Prompt(i, t, h) for i, (t, h) in enumerate(texts)]
     if not prompts:
         raise PromptError(f"prompt file {path} has no prompts (expected one per line)")
     for p in prompts:

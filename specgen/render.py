@@ -9,8 +9,8 @@ import sys
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
 _stderr = Console(stderr=True, highlight=False)
 
@@ -42,6 +42,20 @@ def progress_bar(label: str, total: int | None) -> Iterator[Callable[[int], None
     with Progress(*columns, console=_stderr, transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+@contextlib.contextmanager
+def count_progress(total: int, label: str) -> Iterator[Callable[[], None]]:
+    """Yields `advance()`; a bar with done/total and ETA on a terminal, one note otherwise."""
+    if not _stderr.is_terminal:
+        note(label)
+        yield lambda: None
+        return
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn()]
+    with Progress(*columns, console=_stderr, transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
 
 
 class TextSink:

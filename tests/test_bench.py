@@ -1,0 +1,203 @@
+"""specgen bench: suites, selection, interleaving, speedup arithmetic, JSON schema and the plot."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+
+from fakes import FakeModel, NoisyDraft
+from specgen import bench as b
+from specgen.benchview import check_plot_path, svg_chart
+from specgen.config import RunConfig
+from specgen.costs import CostCurve
+from specgen.errors import ConfigError, PromptError
+from specgen.runner import LoadedModels, Runner
+from specgen.stats import RunStats
+
+SPEC_BENCH = "../shared/bench/spec-bench/question.jsonl"
+
+
+def question_lines(n_per_category):
+    """A synthetic question file in Spec-Bench's format (ids numbered like Spec-Bench's)."""
+    lines, qid = [], 81
+    for cat in ["writing", "roleplay", "translation", "rag"]:
+        for _ in range(n_per_category):
+            turns = ["first turn", "second turn"] if cat in ("writing", "roleplay") else ["only turn"]
+            lines.append(json.dumps({"question_id": qid, "category": cat, "turns": turns}))
+            qid += 1
+    return "\n".join(lines)
+
+
+def test_spec_bench_categories_group_into_six():
+    prompts = b.parse_question_file(question_lines(4), "q.jsonl")
+    assert [p.group for p in prompts][:8] == ["mt_bench"] * 8  # writing + roleplay
+    assert {p.group for p in prompts} == {"mt_bench", "translation", "rag"}
+    assert prompts[0].turns == ("first turn", "second turn")
+
+
+def test_per_group_takes_every_kth_record():
+    prompts = b.parse_question_file(question_lines(40), "q.jsonl")  # mt_bench 80, others 40
+    picked = b.select(prompts, per_group=10)
+    mt = [int(p.prompt_id) for p in picked if p.group == "mt_bench"]
+    assert mt == list(range(81, 161, 8))  # spread over both categories, not the first ten
+    assert sum(p.group == "rag" for p in picked) == 10
+    assert len(b.select(prompts, per_group=10, limit=3)) == 3
+    assert len(b.select(prompts, per_group=1000)) == len(prompts)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "q.jsonl line 1: not valid JSON"),
+    ('{"category": "qa", "turns": []}', "q.jsonl line 1: expected a Spec-Bench question"),
+    ('{"turns": ["hi"]}', "q.jsonl line 1: expected a Spec-Bench question"),
+])
+def test_bad_question_file_names_the_line(line, message):
+    with pytest.raises(PromptError, match=message):
+        b.parse_question_file(line, "q.jsonl")
+
+
+def test_builtin_suite_covers_the_groups_and_code():
+    name, prompts = b.load_suite("builtin")
+    assert {p.group for p in prompts} == set(b.SPEC_BENCH_GROUPS) | {"code"}
+    assert any(len(p.turns) == 2 for p in prompts if p.group == "mt_bench")
+
+
+def test_suite_errors(tmp_path):
+    with pytest.raises(ConfigError, match="--suite expects builtin, humaneval or a question.jsonl file"):
+        b.load_suite(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"category": "qa", "turns": ["caf\xe9"]}\n')
+    with pytest.raises(PromptError, match="expected UTF-8"):
+        b.load_suite(str(bad))
+
+
+def test_methods_plain_first_once_and_checked():
+    assert b.parse_methods("auto, lookup,plain,auto") == ("plain", "auto", "lookup")
+    assert b.parse_methods(["lookup"]) == ("plain", "lookup")
+    with pytest.raises(ConfigError, match="--methods expects .* found 'fast'"):
+        b.parse_methods("lookup,fast")
+
+
+def test_schedule_interleaves_methods_per_prompt():
+    p1, p2 = (b.BenchPrompt("qa", i, ("x",)) for i in "12")
+    order = [(p.prompt_id, m, r) for p, m, r in b.schedule([p1, p2], ["plain", "lookup"], 2)]
+    assert order == [("1", "plain", 0), ("1", "lookup", 0), ("2", "plain", 0), ("2", "lookup", 0),
+                     ("1", "plain", 1), ("1", "lookup", 1), ("2", "plain", 1), ("2", "lookup", 1)]
+
+
+class EchoRunner:
+    """Answers each turn with a text naming the conversation it saw."""
+
+    def __init__(self):
+        self.seen = []
+
+    def complete(self, prompt, stats, max_tokens=None):
+        self.seen.append(prompt.messages())
+        stats.n_tokens, stats.decode_s = 10, 0.5
+        return f"answer{len(self.seen)}", "length"
+
+
+def test_second_turn_follows_the_models_own_answer():
+    runner = EchoRunner()
+    text, stats, _ = b.run_turns(runner, b.BenchPrompt("mt_bench", "1", ("q1", "q2")))
+    assert runner.seen[1] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "answer1"},
+                              {"role": "user", "content": "q2"}]
+    assert text == "answer1\n\nanswer2"
+    assert (stats.n_tokens, stats.decode_s) == (20, 1.0)  # both turns count
+
+
+def trial(pid, group, method, tps, text="same", repeat=0, calls=10, committed=20):
+    s = RunStats(n_tokens=int(tps), decode_s=1.0, target_calls=calls, n_committed=committed, drafted=8, accepted=4)
+    return b.Trial(b.BenchPrompt(group, pid, ("x",)), method, repeat, text, s, "length")
+
+
+def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
+    trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 300),
+              trial("2", "qa", "plain", 300), trial("2", "qa", "lookup", 300, text="other"),
+              trial("3", "rag", "plain", 50), trial("3", "rag", "lookup", 100),
+              trial("4", "rag", "plain", 50)]  # interrupted before lookup ran: left out everywhere
+    rows = {(r.group, r.method): r for r in b.summarize(trials, ["plain", "lookup"], greedy=True)}
+    qa = rows[("qa", "lookup")]
+    assert qa.speedup == pytest.approx(300 / 200)  # mean(300,300)/mean(100,300), not mean of ratios (2.0)
+    assert (qa.lossless_mismatches, qa.n_prompts, qa.mean_accepted, qa.acceptance_rate) == (1, 2, 2.0, 0.5)
+    assert rows[("rag", "lookup")].n_prompts == 1
+    overall = rows[(b.OVERALL, "lookup")]
+    assert overall.speedup == pytest.approx((700 / 3) / (450 / 3), abs=1e-3)  # JSON keeps 3 decimals
+    assert rows[(b.OVERALL, "plain")].speedup == 1.0
+    sampled = b.summarize(trials, ["plain", "lookup"], greedy=False)
+    assert all(r.lossless_mismatches is None for r in sampled)
+
+
+def fake_loaded(with_draft: bool) -> LoadedModels:
+    target = FakeModel(n_vocab=24, sharpness=4.0)
+    draft = NoisyDraft(target, noise=0.5) if with_draft else None
+    flat = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
+    return LoadedModels(target, target.new_context(512, n_seq_max=32), draft, "fake", "fake-draft" if draft else None,
+                        draft.new_context(512, n_seq_max=64) if draft else None,
+                        costs=flat, draft_costs=replace(flat, seconds=[s / 4 for s in flat.seconds]) if draft else None)
+
+
+def test_bench_on_fake_backend_is_lossless_and_interleaved():
+    loaded = fake_loaded(with_draft=True)
+    cfg = RunConfig(target="fake", draft="fake-draft", max_tokens=24, chat=False)
+    methods = ("plain", "lookup", "chain", "tree", "staged", "auto")
+    runners = {m: Runner(replace(cfg, method=m), loaded) for m in methods}
+    prompts = b.select(b.parse_question_file(question_lines(3), "q.jsonl"), per_group=2)
+    done = []
+    trials = b.run_bench(prompts, runners, repeats=1, on_trial=done.append)
+    assert [t.method for t in trials[:len(methods)]] == list(methods)
+    assert len(done) == len(prompts) * len(methods)
+    rows = b.summarize(trials, methods, greedy=True)
+    assert all(r.lossless_mismatches == 0 for r in rows)  # every method reproduces plain greedy text
+    assert {r.group for r in rows} == {"mt_bench", "translation", "rag", b.OVERALL}
+    assert all(r.n_prompts == 2 for r in rows if r.group != b.OVERALL)
+
+
+def test_svg_chart_has_a_bar_per_group_and_method_and_the_plain_line():
+    trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150), trial("1", "qa", "auto", 200)]
+    svg = svg_chart(b.summarize(trials, ["plain", "lookup", "auto"], greedy=True), "title <&>")
+    root = ET.fromstring(svg)  # well-formed, title escaped
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert "qa lookup: 1.50x" in titles and "overall auto: 2.00x" in titles and "plain = 1.0x" in titles
+
+
+def test_plot_name_checked_before_running(tmp_path):
+    with pytest.raises(ConfigError, match="--plot expects a .svg or .png file name, found 'chart.pdf'"):
+        check_plot_path(tmp_path / "chart.pdf")
+    check_plot_path(tmp_path / "chart.svg")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "specgen", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_bench_cli_small_real_run(tmp_path):
+    """smollm2, 2 prompts, 16 tokens: table on stdout, JSON with the stable keys, an SVG chart."""
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.svg"
+    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup", "-n", "16", "--limit", "2",
+                "--json", str(out), "--plot", str(plot))
+    assert r.returncode == 0, r.stderr
+    assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
+    report = json.loads(out.read_text())
+    assert set(report) == {"machine", "models", "settings", "records", "summary"}
+    assert {"cpu", "cores", "threads", "backend", "llama_cpp"} <= set(report["machine"])
+    assert len(report["models"]["target"]["sha256"]) == 64 and report["models"]["draft"] is None
+    assert len(report["records"]) == 2 * 2
+    assert {"group", "prompt_id", "repeat", "text", "tokens_per_s", "finish_reason"} <= set(report["records"][0])
+    rows = {(r["group"], r["method"]): r for r in report["summary"]}
+    assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
+                                                "acceptance_rate", "lossless_mismatches", "n_prompts"}
+    recs = {(r["prompt_id"], r["method"]): r for r in report["records"]}
+    pids = {pid for pid, _ in recs}
+    differing = sum(recs[(pid, "lookup")]["text"] != recs[(pid, "plain")]["text"] for pid in pids)
+    assert rows[("overall", "lookup")]["lossless_mismatches"] == differing
+    ET.fromstring(plot.read_text())
+
+
+def test_bench_cli_errors_are_one_line():
+    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "chain", "--limit", "1")
+    assert r.returncode != 0 and "needs a draft model" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--per-group", "0")
+    assert r.returncode != 0 and "--per-group must be at least 1, found 0" in r.stderr
