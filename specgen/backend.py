@@ -12,6 +12,7 @@ import collections
 import ctypes
 import os
 import platform
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -190,11 +191,12 @@ class LlamaContext:
                                f"{Path(model.path).name}: {_last_error() or 'out of memory?'}")
         self.n_ctx: int = L.llama_n_ctx(self._ctx)
         self.n_seq_max = n_seq_max
-        self.n_batch = n_batch
+        # llama.cpp may adjust both (n_ctx is padded, n_batch capped by n_ctx): use what it chose.
+        self.n_batch = min(n_batch, L.llama_n_batch(self._ctx), L.llama_n_ubatch(self._ctx))
         self.n_threads = threads
         self.n_vocab = model.n_vocab
         self._mem = L.llama_get_memory(self._ctx)
-        self._batch = L.llama_batch_init(n_batch, 0, n_seq_max)
+        self._batch = L.llama_batch_init(self.n_batch, 0, n_seq_max)
 
     def decode(self, batch: Batch) -> np.ndarray:
         """One `llama_decode`; returns the logits rows of the tokens with logits=True, in order.
@@ -313,3 +315,73 @@ def build_info() -> BuildInfo:
     _init()
     return BuildInfo(L.__version__, L.llama_print_system_info().decode(errors="replace").strip(),
                      bool(L.llama_supports_gpu_offload()), platform.machine())
+
+
+# --- llama.cpp RPC: split a model across machines running an RPC server ---------------------------
+
+RPC_REBUILD_HINT = "reinstall specgen's build (python -m specgen.build), which turns GGML_RPC on"
+_rpc_added: set[str] = set()
+
+
+def _ggml():
+    """libggml (the backend registry), loaded by llama-cpp-python next to libllama."""
+    from llama_cpp._ggml import libggml
+
+    lib = libggml
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_register.restype = None
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    return lib
+
+
+def _rpc_function(name: str, restype, argtypes):
+    _init()
+    if not L.llama_supports_rpc():
+        raise ModelError(f"--rpc needs a llama.cpp build with the RPC backend, and this one has none: "
+                         f"{RPC_REBUILD_HINT}")
+    lib = _ggml()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not address:
+        raise ModelError(f"this llama.cpp build's RPC backend lacks {name}: {RPC_REBUILD_HINT}")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address), lib
+
+
+def add_rpc_servers(endpoints: Sequence[str]) -> None:
+    """Register RPC servers as devices (llama.cpp's --rpc); models loaded afterwards offload their
+    GPU layers (--gpu-layers) onto them."""
+    add_server, lib = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
+    for endpoint in endpoints:
+        if endpoint in _rpc_added:
+            continue
+        # ggml aborts the whole process when it cannot connect: try the address ourselves first.
+        host, _, port = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+        except OSError as e:
+            raise ModelError(f"cannot reach the RPC server at {endpoint} ({e.strerror or e}): expected "
+                             "`specgen rpc-server` or llama.cpp's rpc-server listening there") from None
+        reg = add_server(endpoint.encode())
+        if not reg:
+            raise ModelError(f"the RPC server at {endpoint} refused the connection (a different protocol "
+                             f"version?){': ' + _last_error() if _last_error() else ''}")
+        lib.ggml_backend_register(reg)
+        _rpc_added.add(endpoint)
+
+
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+
+
+def serve_rpc(endpoint: str, n_threads: int | None = None, cache_dir: str | None = None) -> None:
+    """Serve this machine's CPU as an RPC device at `endpoint` (host:port); blocks until killed."""
+    start, lib = _rpc_function("ggml_backend_rpc_start_server", None,
+                               [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                                ctypes.POINTER(ctypes.c_void_p)])
+    cpu = lib.ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    devices = (ctypes.c_void_p * 1)(cpu)
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads or default_threads(), 1, devices)

@@ -21,19 +21,21 @@ def _cell(row: SummaryRow, n_trials: int) -> str:
     if row.method == "plain":
         return f"{row.tokens_per_s:.1f} tok/s"
     lines = [f"[bold]{row.speedup:.2f}x[/bold]", f"{row.tokens_per_s:.1f} tok/s",
-             f"τ {row.mean_accepted:.2f} · {row.acceptance_rate:.0%}"]
+             f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}"]
     if row.lossless_mismatches is not None:  # greedy runs: say how many texts equal plain's, always
         same = n_trials - row.lossless_mismatches
         colour = "green" if row.lossless_mismatches == 0 else "red"
-        lines.append(f"[{colour}]= plain {same}/{n_trials}[/{colour}]")
+        lines.append(f"[{colour}]={same}/{n_trials}[/{colour}]")
     return "\n".join(lines)
 
 
 def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: str, trials_per_prompt: int) -> Table:
     """Rows = groups (+ overall); one column per method: speedup, tok/s, τ · acceptance, mismatches."""
-    table = Table(title=header, title_justify="left", show_lines=True)
+    table = Table(title=header, title_justify="left", show_lines=True,
+                  caption="speedup vs plain · tok/s · τ (tokens per target call) and acceptance · "
+                          "=k/n: texts identical to plain (greedy)", caption_justify="left")
     table.add_column("group", no_wrap=True)
-    table.add_column("n", justify="right")
+    table.add_column("n", justify="right", min_width=2)
     for m in methods:
         table.add_column(m, justify="right", no_wrap=True)
     by_group: dict[str, dict[str, SummaryRow]] = defaultdict(dict)

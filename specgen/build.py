@@ -37,6 +37,8 @@ X86_FEATURES = [
 ]
 # AMX stays off even where the CPU has it: ggml's AMX kernels segfault on first decode on some
 # Xeons (upstream llama.cpp #20824), which is also why GGML_NATIVE (which would pick AMX) is off.
+# llama.cpp's RPC backend (`specgen generate --rpc`, `specgen rpc-server`): a small extra library.
+RPC_ON = "-DGGML_RPC=ON"
 AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
@@ -88,19 +90,19 @@ def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
         return BuildPlan(override.split(), "SPECGEN_CMAKE_ARGS is set")
     system, machine = platform.system(), platform.machine().lower()
     if system == "Darwin":
-        return BuildPlan(["-DGGML_METAL=ON"], "macOS: Metal (llama.cpp's default there)")
+        return BuildPlan(["-DGGML_METAL=ON", RPC_ON], "macOS: Metal (llama.cpp's default there)")
     if shutil.which("nvcc"):
         if has_nvidia_gpu():
-            return BuildPlan(["-DGGML_CUDA=ON"], "nvcc and an NVIDIA driver found: CUDA build")
+            return BuildPlan(["-DGGML_CUDA=ON", RPC_ON], "nvcc and an NVIDIA driver found: CUDA build")
         print("specgen: nvcc found but no NVIDIA driver/GPU: building for the CPU", file=sys.stderr)
     if machine in ("x86_64", "amd64"):
         flags = cpu_flags()
         args = ["-DGGML_NATIVE=OFF"]
         args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
-        args += AMX_OFF
+        args += AMX_OFF + [RPC_ON]
         have = [flag for flag, _ in X86_FEATURES if flag in flags]
         return BuildPlan(args, f"x86-64 CPU build with {', '.join(have) or 'no SIMD extensions'}; AMX off")
-    return BuildPlan([], f"{system} {machine}: llama.cpp defaults")
+    return BuildPlan([RPC_ON], f"{system} {machine}: llama.cpp defaults")
 
 
 def _installed_marker() -> Path:

@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from .errors import SpecgenError
+from .render import OutputClosed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Lossless speculative decoding for GGUF models on your own machine.")
@@ -17,6 +18,7 @@ models_app = typer.Typer(no_args_is_help=True, help="List, pull and locate the m
 app.add_typer(models_app, name="models")
 
 EXIT_INTERRUPTED = 130
+EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
 
 
 @app.command()
@@ -33,12 +35,17 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed: same seed, same output."),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the model's chat template "
                                         "[on when the model has one]."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message (chat templates)."),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="YAML presets (see configs/)."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first prompt that fails "
+                                   "(default: report it and go on)."),
     json_out: bool = typer.Option(False, "--json", help="JSON Lines on stdout, one record per prompt."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers to offload to the GPU."),
     draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers to offload."),
+    rpc: Optional[str] = typer.Option(None, "--rpc", help="llama.cpp RPC servers HOST:PORT,... to offload "
+                                      "--gpu-layers onto (see `specgen rpc-server`)."),
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -57,11 +64,12 @@ def generate(
 
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, chat=chat, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers))
+        top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc))
     items = collect_prompts(prompt, prompts, sys.stdin)
     runner = Runner(cfg, load_models(cfg))
     sink = TextSink()
+    failed = 0
     for item in items:
         stats, pieces, reason = RunStats(), [], "interrupted"
         try:
@@ -77,6 +85,17 @@ def generate(
                         sink.write(event.tail)
         except KeyboardInterrupt:
             pass  # keep what was generated: it is written below, then we exit 130
+        except SpecgenError as e:
+            if fail_fast or len(items) == 1:
+                raise
+            # One bad prompt in a long file: say which, keep going; the exit code reports it.
+            failed += 1
+            if pieces and not json_out:
+                sink.end()
+            print(f"specgen: error: prompt {item.index + 1}: {e}", file=sys.stderr, flush=True)
+            if json_out:
+                write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})
+            continue
         result = PromptResult(item.index, "".join(pieces), stats, reason)
         if json_out:
             write_json_record(runner.record(result))
@@ -85,6 +104,9 @@ def generate(
         stats_line(stats.line())
         if reason == "interrupted":
             raise typer.Exit(EXIT_INTERRUPTED)
+    if failed:
+        print(f"specgen: {failed} of {len(items)} prompts failed", file=sys.stderr)
+        raise typer.Exit(EXIT_SOME_FAILED)
 
 
 DEFAULT_BENCH_METHODS = ("plain", "lookup", "chain", "tree", "staged", "auto")
@@ -164,7 +186,10 @@ def bench(
             interrupted = True  # report what finished, then exit 130
 
     rows = b.summarize(trials, chosen, greedy=cfg.sampling.greedy)
-    Console(soft_wrap=True).print(summary_table(rows, chosen, header, n_repeats))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=30 + 14 * len(chosen))  # piped: wide enough, never truncated
+    console.print(summary_table(rows, chosen, header, n_repeats))
     if json_file is not None:
         model_info = {"target": {"name": cfg.target, "path": str(loaded.target.path),
                                  "sha256": models.model_sha256(cfg.target, Path(loaded.target.path))},
@@ -183,6 +208,36 @@ def bench(
         write_plot(rows, plot, header)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+@app.command("rpc-server")
+def rpc_server(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(50052, "--port", help="TCP port."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+) -> None:
+    """Serve this machine's CPU to other specgen/llama.cpp runs over llama.cpp's RPC protocol.
+
+    The RPC protocol has no authentication: listen on a trusted network only.
+
+    \b
+    On this machine:   specgen rpc-server --host 0.0.0.0 --port 50052
+    On the other one:  specgen generate --rpc HOST:50052 --gpu-layers 99 "..."
+    """
+    import signal
+
+    from . import backend
+
+    if not 0 < port < 65536:
+        raise SpecgenError(f"--port must be in 1..65535, found {port}")
+    if threads is not None and threads < 1:
+        raise SpecgenError(f"--threads must be at least 1, found {threads}")
+    # The server loop runs inside llama.cpp and never returns to Python, so Python's Ctrl-C handler
+    # would never run: let SIGINT/SIGTERM end the process directly.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    print(f"specgen: serving this CPU over llama.cpp RPC at {host}:{port} (Ctrl-C stops; no authentication: "
+          "trusted networks only)", file=sys.stderr, flush=True)
+    backend.serve_rpc(f"{host}:{port}", threads)
 
 
 @app.command()
@@ -216,6 +271,63 @@ def calibrate(
     for b, sec, rel in zip(curve.sizes, curve.seconds, curve.relative()):
         table.add_row(str(b), f"{sec * 1000:.1f}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}")
     Console(soft_wrap=True).print(table)
+
+
+@app.command()
+def doctor(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for the speed check "
+                                        "[the default target if present, else the smallest model present]."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the 2-second speed check."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+) -> None:
+    """Check the installation: llama.cpp build and flags, CPU, cache, models, and a 2-second speed check.
+
+    Exits 1 when it finds a problem (e.g. a build known to crash on this CPU).
+    """
+    import platform
+
+    from . import __version__, backend, build, doctor as d, models
+    from .bench import cpu_name
+    from .config import DEFAULT_CONFIG, read_yaml
+
+    info = backend.build_info()
+    flags = build.cpu_flags()
+    plan = build.plan_build()
+    marker = Path(sys.prefix) / "specgen-llama-build.txt"
+    installed_by_us = marker.exists() and marker.read_text().strip() == plan.key
+    features = d.enabled_features(info.system_info)
+    print(f"specgen {__version__} · Python {platform.python_version()} · llama-cpp-python {info.llama_cpp_python}")
+    print(f"llama.cpp build: {', '.join(features) or 'no CPU extensions'}; GPU offload "
+          f"{'yes' if info.gpu_offload else 'no'}"
+          f"{' (CUDA)' if 'CUDA' in info.system_info else ' (Metal)' if 'METAL' in info.system_info.upper() else ''}")
+    print(f"  built by specgen for this host: {'yes' if installed_by_us else 'no'} ({plan.reason})")
+    print(f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
+          f"· {platform.system()} {platform.machine()}")
+    home = models.specgen_home()
+    present = [(e.name, models.cached_path(e)) for e in models.load_manifest().values() if models.is_present(e)]
+    print(f"cache: {home} · {models.human_size(d.human_dir_size(home))}")
+    for name, path in present:
+        print(f"  model {name}: {models.human_size(path.stat().st_size)}")
+    if not present:
+        print("  no models present: specgen models pull NAME (see specgen models list)")
+    warnings = d.build_warnings(info.system_info, flags)
+    if speed:
+        if model is None and present:
+            default = read_yaml(DEFAULT_CONFIG).get("target") if DEFAULT_CONFIG.exists() else None
+            smallest = min(present, key=lambda item: item[1].stat().st_size)[0]
+            model = default if default in dict(present) else smallest
+        if model is None:
+            print("speed check: skipped (no model present)")
+        else:
+            llm = backend.LlamaModel(models.resolve(model))
+            check = d.speed_check(llm, n_threads=threads)
+            print(f"speed check: {Path(llm.path).name}: {check.tokens_per_s:.1f} tok/s plain decoding "
+                  f"({check.tokens} tokens in {check.seconds:.1f} s)")
+    for w in warnings:
+        print(f"warning: {w}")
+    if warnings:
+        raise typer.Exit(1)
+    print("ok: no problems found")
 
 
 @models_app.command("list")
@@ -275,7 +387,11 @@ def main() -> None:
             raise
         print(f"specgen: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except BrokenPipeError:
+    except KeyboardInterrupt:
+        # Ctrl-C outside generation (loading, pulling, building): no traceback, the usual status.
+        print("specgen: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except (BrokenPipeError, OutputClosed):
         # The reader went away (e.g. `| head -1`): stop quietly, and keep Python from complaining
         # again while flushing stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

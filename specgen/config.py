@@ -36,6 +36,11 @@ class RunConfig:
     ctx: int = 4096
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
+    rpc: str | None = None  # llama.cpp RPC servers, "host:port,host:port"
+
+    @property
+    def rpc_servers(self) -> list[str]:
+        return [s.strip() for s in self.rpc.split(",") if s.strip()] if self.rpc else []
 
     @property
     def sampling(self) -> SamplingParams:
@@ -47,7 +52,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "target": (str,), "draft": (str, type(None)), "method": (str,), "max_tokens": (int,),
     "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "seed": (int, type(None)),
     "chat": (bool, type(None)), "system": (str, type(None)), "threads": (int, type(None)), "ctx": (int,), "gpu_layers": (int,),
-    "draft_gpu_layers": (int,),
+    "draft_gpu_layers": (int,), "rpc": (str, type(None)),
 }
 
 
@@ -82,6 +87,11 @@ def validate(values: Mapping[str, Any], origin: str) -> dict[str, Any]:
     return out
 
 
+def _is_endpoint(server: str) -> bool:
+    host, _, port = server.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 def check_ranges(cfg: RunConfig) -> None:
     if cfg.method not in METHODS:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, found {cfg.method!r}")
@@ -95,6 +105,8 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"--threads must be at least 1, found {cfg.threads}")
+    if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
+        raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")
     if cfg.ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, found {cfg.ctx}")
 

@@ -58,6 +58,19 @@ def count_progress(total: int, label: str) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
+class OutputClosed(Exception):
+    """stdout's reader went away (`| head -1`). Not an OSError on purpose: click turns EPIPE into
+    exit code 1, while a closed pipe is a normal way for a pipeline to end."""
+
+
+@contextlib.contextmanager
+def _pipe_guard() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise OutputClosed() from None
+
+
 class TextSink:
     """Streams generated text to stdout; dims tokens that came from a draft on a terminal only."""
 
@@ -68,12 +81,13 @@ class TextSink:
     def write(self, text: str, from_draft: bool = False) -> None:
         if not text:
             return
-        if self.console is not None:
-            self.console.print(text, end="", style="dim" if from_draft else None, markup=False,
-                               soft_wrap=True)
-        else:
-            self.stream.write(text)
-            self.stream.flush()
+        with _pipe_guard():
+            if self.console is not None:
+                self.console.print(text, end="", style="dim" if from_draft else None, markup=False,
+                                   soft_wrap=True)
+            else:
+                self.stream.write(text)
+                self.stream.flush()
 
     def end(self) -> None:
         self.write("\n")
@@ -81,8 +95,9 @@ class TextSink:
 
 def write_json_record(record: dict[str, Any], stream=None) -> None:
     stream = stream or sys.stdout
-    stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-    stream.flush()
+    with _pipe_guard():
+        stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        stream.flush()
 
 
 def stats_line(text: str) -> None:

@@ -12,6 +12,7 @@ from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .engine import Event, FinishEvent, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
 from .prompts import Prompt
+from .sampling import SamplingParams
 from .protocol import Context, Model
 from .stats import RunStats
 from .vocab import check_compatible, sample_ids
@@ -55,6 +56,8 @@ def load_models(cfg: RunConfig, methods: tuple[str, ...] | None = None) -> Loade
         if method in DRAFT_METHODS and cfg.draft is None:
             raise ConfigError(f"--method {method} needs a draft model (-d MODEL); "
                               "--method lookup drafts without one")
+    if cfg.rpc_servers:
+        backend.add_rpc_servers(cfg.rpc_servers)  # before loading: layers offload onto these devices
     target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
     n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
     speculative = any(m != "plain" for m in methods)
@@ -128,8 +131,12 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
     model = None
     if loaded.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
-        # where the lookup stage hits); the planner sets its length each step.
-        model = ModelDrafter(loaded.draft_ctx, cfg.sampling, branching=1, max_nodes=8, max_depth=16, lookup=lookup)
+        # where the lookup stage hits); the planner sets its length each step. Its proposals are
+        # the draft's argmax even when sampling: deterministic drafts are verified by sample-and-match,
+        # which makes the same draws as plain decoding, so a seed gives plain's exact output whatever
+        # auto chose at each step (its choices follow measured timings, which vary run to run).
+        model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
+                             lookup=lookup)
     return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, sampling=not cfg.sampling.greedy)
 
 

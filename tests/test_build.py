@@ -17,15 +17,16 @@ def test_x86_flags_follow_the_cpu_and_amx_stays_off(monkeypatch):
     assert {"-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"} <= args
     assert {"-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_BMI2=OFF"} <= args
     assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= args
+    assert "-DGGML_RPC=ON" in args  # --rpc and `specgen rpc-server` work with every build
 
 
 def test_cuda_only_with_nvcc_and_a_gpu(monkeypatch):
-    assert plan_for(monkeypatch, {"avx2"}, nvcc=True, gpu=True).cmake_args == ["-DGGML_CUDA=ON"]
+    assert plan_for(monkeypatch, {"avx2"}, nvcc=True, gpu=True).cmake_args == ["-DGGML_CUDA=ON", "-DGGML_RPC=ON"]
     assert "-DGGML_CUDA=ON" not in plan_for(monkeypatch, {"avx2"}, nvcc=True, gpu=False).cmake_args
 
 
 def test_macos_metal_and_override(monkeypatch):
-    assert plan_for(monkeypatch, set(), system="Darwin", machine="arm64").cmake_args == ["-DGGML_METAL=ON"]
+    assert plan_for(monkeypatch, set(), system="Darwin", machine="arm64").cmake_args == ["-DGGML_METAL=ON", "-DGGML_RPC=ON"]
     plan = plan_for(monkeypatch, {"avx2"}, env={"SPECGEN_CMAKE_ARGS": "-DGGML_VULKAN=ON -DX=1"})
     assert plan.cmake_args == ["-DGGML_VULKAN=ON", "-DX=1"]
 
@@ -34,3 +35,14 @@ def test_cache_key_changes_with_flags(monkeypatch):
     a = plan_for(monkeypatch, {"avx2"})
     b = plan_for(monkeypatch, {"avx2", "avx512f"})
     assert a.key != b.key and a.key == plan_for(monkeypatch, {"avx2"}).key
+
+
+def test_doctor_flags_amx_and_missing_isas():
+    from specgen.doctor import build_warnings, enabled_features
+
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 0 |"
+    assert enabled_features(info) == ["SSE3", "AVX", "AVX2", "AVX512", "AMX_INT8", "LLAMAFILE"]
+    warnings = build_warnings(info, {"avx", "avx2", "amx_int8"})
+    assert any("AMX" in w and "#20824" in w for w in warnings)
+    assert any("AVX512, which this CPU lacks" in w for w in warnings)
+    assert build_warnings("CPU : AVX = 1 | AVX2 = 1 |", {"avx", "avx2"}) == []

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from clihelp import assert_one_line_error, gen, specgen
 from conftest import SMOLLM2
 
 pytestmark = pytest.mark.real
@@ -15,23 +16,6 @@ pytestmark = pytest.mark.real
 RECORD_FIELDS = {"prompt_index", "text", "n_tokens", "method", "target", "draft", "temperature",
                  "target_calls", "drafted", "accepted", "acceptance_rate", "mean_accepted", "prefill_s",
                  "decode_s", "tokens_per_s", "finish_reason"}
-
-
-def specgen(*args, input=None, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "specgen", *args], input=input, capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300)
-
-
-def gen(*args, input=None):
-    return specgen("generate", "-m", SMOLLM2, "--method", "plain", "-n", "8", *args, input=input)
-
-
-def assert_one_line_error(proc, pattern):
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert pattern in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

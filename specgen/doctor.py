@@ -1,0 +1,68 @@
+"""`specgen doctor`: what llama.cpp build is installed, whether it suits this CPU, what is cached, how fast.
+
+The checks are pure functions over strings (system_info, /proc/cpuinfo flags) so they are testable
+anywhere; only `speed_check` touches a model.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .protocol import Batch
+
+# llama.cpp's system_info feature name -> the /proc/cpuinfo flag the CPU needs for it.
+SYSTEM_INFO_FLAGS = {
+    "AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "BMI2": "bmi2", "AVX512": "avx512f",
+    "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AMX_INT8": "amx_int8",
+}
+AMX_CRASH = ("the build enables AMX: ggml's AMX kernels segfault on first decode on some Xeons "
+             "(llama.cpp #20824); reinstall specgen's build, which turns AMX off: python -m specgen.build")
+
+
+def enabled_features(system_info: str) -> list[str]:
+    """'CPU : AVX = 1 | AVX2 = 1 | AMX_INT8 = 0 |' -> ['AVX', 'AVX2']."""
+    return [name for name, on in re.findall(r"([A-Z0-9_]+) = (\d+)", system_info) if on != "0"]
+
+
+def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:
+    """Problems with the installed build on this host: AMX (known crash), ISAs the CPU lacks."""
+    warnings = []
+    features = enabled_features(system_info)
+    if any(f.startswith("AMX") for f in features):
+        warnings.append(AMX_CRASH)
+    if host_flags:  # unknown host (no /proc/cpuinfo): nothing to compare against
+        missing = [f for f in features if f in SYSTEM_INFO_FLAGS and SYSTEM_INFO_FLAGS[f] not in host_flags]
+        if missing:
+            warnings.append(f"the build uses {', '.join(missing)}, which this CPU lacks (illegal instruction "
+                            "likely); reinstall a build for this CPU: python -m specgen.build")
+    return warnings
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def speed_check(model, seconds: float = 2.0, n_threads: int | None = None) -> SpeedCheck:
+    """Plain single-token decodes for about `seconds` after a short prompt: tokens per second."""
+    ctx = model.new_context(512, n_seq_max=1, n_threads=n_threads)
+    prompt = model.tokenize("The quick brown fox", add_special=True)
+    token, pos, n = int(ctx.prefill(prompt).argmax()), len(prompt), 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds and pos < ctx.n_ctx - 1:
+        row = ctx.decode(Batch([token], [pos], [(0,)], [True]))
+        token, pos, n = int(row[0].argmax()), pos + 1, n + 1
+    return SpeedCheck(n, time.perf_counter() - t0)
+
+
+def human_dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
