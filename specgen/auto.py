@@ -41,6 +41,7 @@ class AutoDrafter:
         self._keys: list[object] = []
         self._tree: DraftTree | None = None
         self._t_start = 0.0
+        self._depth_cache: int | None = None
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
 
@@ -88,10 +89,14 @@ class AutoDrafter:
 
     def _useful_depth(self) -> int:
         """How deep a lookup chain could pay even at the best acceptance seen: on a steep cost
-        curve a handful of tokens, on a flat one the whole `max_depth` (keeps the trie small)."""
-        best = max(self.acceptance.lookup_p(4, 1), self.acceptance.lookup_p(3, 1))
-        k, _ = best_chain_length(min(best, 0.97), self.c_target, 0.0, self.max_depth)
-        return max(1, k)
+        curve a handful of tokens, on a flat one the whole `max_depth` (keeps the trie small).
+        Computed again only every 16 steps: it moves slowly, and on a small model every step's
+        Python time is a visible share of a decode."""
+        if self._depth_cache is None or self.choices.total() % 16 == 0:
+            best = max(self.acceptance.lookup_p(4, 1), self.acceptance.lookup_p(3, 1))
+            k, _ = best_chain_length(min(best, 0.97), self.c_target, 0.0, self.max_depth)
+            self._depth_cache = max(1, k)
+        return self._depth_cache
 
     def _propose_with_model(self, depth: int, k: int) -> DraftTree:
         assert self.model is not None

@@ -8,6 +8,7 @@ throughputs over the same prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -234,6 +235,12 @@ def machine_info(threads: int, system_info: str, version: str) -> dict:
     backend = "cuda" if "CUDA" in system_info else "metal" if "METAL" in system_info.upper() else "cpu"
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "backend": backend,
             "llama_cpp": {"llama_cpp_python": version, "system_info": system_info}}
+
+
+def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow]) -> dict:
+    """The `bench --json` object; its keys are a contract (scripts and CI read them)."""
+    return {"machine": machine, "models": models, "settings": settings, "records": records,
+            "summary": [dataclasses.asdict(r) for r in rows]}
 
 
 def trial_record(trial: Trial, base: dict) -> dict:

@@ -191,18 +191,12 @@ def bench(
         console = Console(width=30 + 14 * len(chosen))  # piped: wide enough, never truncated
     console.print(summary_table(rows, chosen, header, n_repeats))
     if json_file is not None:
-        model_info = {"target": {"name": cfg.target, "path": str(loaded.target.path),
-                                 "sha256": models.model_sha256(cfg.target, Path(loaded.target.path))},
-                      "draft": None}
-        if loaded.draft is not None:
-            model_info["draft"] = {"name": cfg.draft, "path": str(loaded.draft.path),
-                                   "sha256": models.model_sha256(cfg.draft, Path(loaded.draft.path))}
+        model_info = {"target": models.describe(cfg.target, Path(loaded.target.path)),
+                      "draft": models.describe(cfg.draft, Path(loaded.draft.path)) if loaded.draft else None}
         settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(chosen), "suite": suite_name,
                     "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}
         base = {"target": cfg.target, "draft": loaded.draft_label, "temperature": cfg.temperature}
-        report = {"machine": machine, "models": model_info, "settings": settings,
-                  "records": [b.trial_record(t, base) for t in trials],
-                  "summary": [dataclasses.asdict(r) for r in rows]}
+        report = b.report(machine, model_info, settings, [b.trial_record(t, base) for t in trials], rows)
         json_file.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if plot is not None and rows:
         write_plot(rows, plot, header)

@@ -286,10 +286,11 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def model_sha256(spec: str, path: Path) -> str:
-    """A model's sha256: the one models.txt checked on pull for a name, else hashed now."""
+def describe(spec: str, path: Path) -> dict[str, str]:
+    """name, path and sha256 (the one models.txt checked on pull for a name, else hashed now)."""
     entry = None if looks_like_path(spec) else load_manifest().get(spec)
-    return (expected_sha(entry) if entry else None) or file_sha256(path)
+    sha = (expected_sha(entry) if entry else None) or file_sha256(path)
+    return {"name": spec, "path": str(path), "sha256": sha}
 
 
 def human_size(n: int | None) -> str:
