@@ -25,8 +25,11 @@ ALPHA_EMA = 0.1
 class AutoDrafter:
     def __init__(self, c_target: CostCurve, lookup: LookupDrafter, model: ModelDrafter | None = None,
                  c_draft: CostCurve | None = None, max_nodes: int = 24, max_depth: int = 16,
-                 lookup_matches: int = 4, sampling: bool = False):
+                 lookup_matches: int = 4, sampling: bool = False, reproducible: bool = False):
         self.c_target, self.c_draft = c_target, c_draft
+        # Reproducible (a seed was given): plan from the cost curves alone, never from clocks, so
+        # the same input gives the same trees, hence the same batches and numerics, every run.
+        self.reproducible = reproducible
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
         self.acceptance = AcceptanceModel(sampling)
@@ -42,6 +45,7 @@ class AutoDrafter:
         self._tree: DraftTree | None = None
         self._t_start = 0.0
         self._depth_cache: int | None = None
+        self._draft_calls = 0
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
 
@@ -103,8 +107,10 @@ class AutoDrafter:
         self.model.max_nodes = k
         calls, t0 = self.model.draft_calls, time.perf_counter()
         tree = self.model.propose(min(depth, k))
-        spent = (time.perf_counter() - t0) / max(1, self.model.draft_calls - calls)
-        self.draft_step_s = spent if self.draft_step_s == 0 else 0.8 * self.draft_step_s + 0.2 * spent
+        self._draft_calls = self.model.draft_calls - calls
+        if not self.reproducible:
+            spent = (time.perf_counter() - t0) / max(1, self._draft_calls)
+            self.draft_step_s = spent if self.draft_step_s == 0 else 0.8 * self.draft_step_s + 0.2 * spent
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         accept = _cap_siblings(tree, accept)
         # The draft's time is spent: prune by target cost alone.
@@ -137,7 +143,12 @@ class AutoDrafter:
                 first_tested = [v for v in range(1, len(tree)) if tree.parents[v] == 0]
                 hit = any(v in verdict.path for v in first_tested)
                 self.alpha_draft = (1 - ALPHA_EMA) * self.alpha_draft + ALPHA_EMA * hit
-            seconds = time.perf_counter() - self._t_start
+            if self.reproducible:  # the step's modelled cost: what the planner expected it to take
+                seconds = self.c_target(len(tree))
+                if self._kinds[1] == "draft" and self.c_draft is not None:
+                    seconds += self._draft_calls * self.c_draft(1)
+            else:
+                seconds = time.perf_counter() - self._t_start
             self.guard.record(len(committed), seconds, 1.0 / self.c_target(1))
         if self.model is not None:
             self.model.observe(verdict, committed)

@@ -120,13 +120,17 @@ def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
 
 
 def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
-    """The planner, with measured cost curves; live decodes keep refining them."""
+    """The planner, with measured cost curves; live decodes keep refining them (unless a seed asks
+    for reproducible runs: then the cached calibration alone, so the same trees every run)."""
+    reproducible = cfg.seed is not None  # then plan from the cached curves, never from clocks
     if loaded.costs is None:
         loaded.costs = cost_curve(loaded.target, loaded.target_ctx, cfg.threads)
-        loaded.target_ctx = TimedContext(loaded.target_ctx, loaded.costs)
+        if not reproducible:
+            loaded.target_ctx = TimedContext(loaded.target_ctx, loaded.costs)
         if loaded.draft_ctx is not None:
             loaded.draft_costs = cost_curve(loaded.draft, loaded.draft_ctx, cfg.threads)
-            loaded.draft_ctx = TimedContext(loaded.draft_ctx, loaded.draft_costs)
+            if not reproducible:
+                loaded.draft_ctx = TimedContext(loaded.draft_ctx, loaded.draft_costs)
     lookup = LookupDrafter()
     model = None
     if loaded.draft_ctx is not None:
@@ -137,7 +141,8 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         # auto chose at each step (its choices follow measured timings, which vary run to run).
         model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
                              lookup=lookup)
-    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, sampling=not cfg.sampling.greedy)
+    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, sampling=not cfg.sampling.greedy,
+                       reproducible=reproducible)
 
 
 class Runner:

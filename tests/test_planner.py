@@ -92,17 +92,16 @@ def test_guard_backs_off_when_losing_and_probes_again():
     assert [guard.allow_speculation() for _ in range(7)] == [False] * 6 + [True]  # doubled
 
 
-def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None):
+def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reproducible=False):
     """`auto` on fakes with fixed synthetic cost curves (fake decodes take microseconds; timing
-    them would make the curves meaningless)."""
+    them would make the curves meaningless). Built as runner.make_auto builds it."""
     ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
     lookup = LookupDrafter()
     model = None
     if draft is not None:
         dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
-        model = ModelDrafter(dctx, sampling, branching=1, max_nodes=8, max_depth=16,
-                             lookup=None if not sampling.greedy else lookup)
-    auto = AutoDrafter(curve, lookup, model, draft_curve, sampling=not sampling.greedy)
+        model = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16, lookup=lookup)
+    auto = AutoDrafter(curve, lookup, model, draft_curve, sampling=not sampling.greedy, reproducible=reproducible)
     stats = RunStats()
     events = generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
     return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
@@ -162,3 +161,25 @@ def test_auto_sampled_distribution_matches_plain():
         keep = (a + b) > 0
         chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()
         assert chi2 < 20.5, f"position {pos}: {a} vs {b}"
+
+
+def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
+    """With a seed, auto plans from the cost curves only: a slow clock (which makes an unseeded
+    auto's guard back off) changes nothing, and its sampled output is plain's, draw for draw
+    (deterministic drafts, sample-and-match)."""
+    import specgen.auto
+
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    draft = NoisyDraft(target, noise=0.3)
+    prompt, params, draft_curve = [0, 9, 8, 7], SamplingParams(0.8, seed=5), CostCurve([1, 8], [0.002, 0.003])
+
+    def run(seconds_per_call, reproducible):
+        clock = iter(np.cumsum(np.random.default_rng(0).exponential(seconds_per_call, 100_000)))
+        monkeypatch.setattr(specgen.auto.time, "perf_counter", lambda: float(next(clock)))
+        tokens, _, auto = auto_run(target, draft, prompt, 64, params, FLAT, draft_curve, reproducible=reproducible)
+        return tokens, auto.choices
+
+    fast, slow = run(0.0001, True), run(0.03, True)
+    assert fast == slow
+    assert run(0.03, False)[1] != slow[1]  # unseeded, the clock does steer auto (the guard backs off)
+    assert slow[0] == plain_tokens(target, prompt, 64, params)
