@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from .errors import ConfigError, PromptError
-from .prompts import Prompt
+from .prompts import Prompt, jsonl_records
 from .stats import RunStats
 
 # Spec-Bench's six groups; its eight MT-bench categories form the first.
@@ -71,19 +71,13 @@ def spec_bench_group(category: str) -> str:
 def parse_question_file(text: str, origin: str) -> list[BenchPrompt]:
     """Spec-Bench's question.jsonl format: {"question_id", "category", "turns": [...]} per line."""
     out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptError(f"{origin} line {lineno}: not valid JSON ({e.msg})") from None
+    for lineno, rec in jsonl_records(text, origin):
         turns = rec.get("turns") if isinstance(rec, dict) else None
         if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)
                 and isinstance(rec.get("category"), str)):
             raise PromptError(f"{origin} line {lineno}: expected a Spec-Bench question "
                               '{"question_id", "category": text, "turns": [text, ...]}, '
-                              f"found {line.strip()[:80]}")
+                              f"found {json.dumps(rec)[:80]}")
         out.append(BenchPrompt(spec_bench_group(rec["category"]), str(rec.get("question_id", lineno)),
                                tuple(turns)))
     if not out:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from .errors import PromptError
 
@@ -75,6 +75,17 @@ def _jsonl_prompt(record: object, origin: str, lineno: int) -> tuple[str, tuple[
                       f"\"turns\" (list of text), found {json.dumps(record)[:80]}")
 
 
+def jsonl_records(text: str, origin: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON) for each non-blank line; a bad line is one error naming it."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptError(f"{origin} line {lineno}: not valid JSON ({e.msg})") from None
+
+
 def parse_prompt_file(path: Path) -> list[Prompt]:
     try:
         data = path.read_bytes()
@@ -87,13 +98,7 @@ def parse_prompt_file(path: Path) -> list[Prompt]:
     text = _decode(data, str(path))
     texts: list[tuple[str, tuple[Message, ...]]] = []
     if path.suffix.lower() == ".jsonl":
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+        for lineno, record in jsonl_records(text, str(path)):
             texts.append(_jsonl_prompt(record, str(path), lineno))
     else:
         texts = [(line, ()) for line in text.splitlines() if line.strip()]

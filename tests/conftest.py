@@ -1,4 +1,7 @@
+import contextlib
+import http.server
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,22 @@ def isolated_home(tmp_path, monkeypatch):
     """A SPECGEN_HOME of its own, for tests that write to the model cache."""
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path):
+    """A quiet local HTTP server for `directory`; yields its base URL (URL pulls without internet)."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(directory), **kw)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()

@@ -169,6 +169,21 @@ def test_plot_name_checked_before_running(tmp_path):
     check_plot_path(tmp_path / "chart.svg")
 
 
+def test_png_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    with pytest.raises(ConfigError, match=r"--plot \.png needs matplotlib .*or write \.svg"):
+        check_plot_path(tmp_path / "chart.png")
+
+
+def test_png_chart_written(tmp_path):
+    pytest.importorskip("matplotlib")  # optional: pip install 'specgen[plot]'
+    from specgen.benchview import write_plot
+
+    trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150)]
+    write_plot(b.summarize(trials, ["plain", "lookup"], greedy=True), tmp_path / "c.png", "t")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "specgen", *args], capture_output=True, text=True, timeout=600)
 

@@ -2,9 +2,6 @@
 separation, --json fields, and one-line errors with a non-zero exit."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 

@@ -1,11 +1,10 @@
 import hashlib
-import http.server
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from conftest import serve_directory
 from specgen import models
 from specgen.errors import ModelError
 
@@ -109,22 +108,10 @@ def test_unpinned_sha_is_recorded_then_enforced(isolated_home, fake_pypi):
 def test_url_pull_with_local_server(isolated_home, tmp_path):
     (tmp_path / "m.gguf").write_bytes(A)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=str(tmp_path), **kw)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}"
+    with serve_directory(tmp_path) as url:
         assert models.pull(entry(f"u {url}/m.gguf {sha(A)}")).read_bytes() == A
         with pytest.raises(ModelError, match="could not download gone"):
             models.pull(entry(f"gone {url}/missing.gguf {sha(A)}"))
-    finally:
-        server.shutdown()
     assert not (isolated_home / "models" / "gone.gguf").exists()
 
 

@@ -2,20 +2,18 @@
 lose nothing and print no traceback; long runs stay flat and go on past a failing prompt; same seed,
 same output; chat conversations; doctor; RPC. All through the real CLI on the real smollm2 model."""
 
-import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from clihelp import assert_one_line_error, gen, specgen
-from conftest import SMOLLM2
+from conftest import SMOLLM2, serve_directory
 
 pytestmark = pytest.mark.real
 
@@ -36,22 +34,11 @@ def test_truncated_gguf_and_directory_as_model(tmp_path, smollm2_path):
 def test_sha256_mismatch_on_pull(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(60))
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=str(tmp_path), **kw)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     manifest = tmp_path / "models.txt"
-    manifest.write_text(f"tiny http://127.0.0.1:{server.server_port}/m.gguf {'0' * 64}\n")
     env = {"SPECGEN_MODELS_TXT": str(manifest), "SPECGEN_HOME": str(tmp_path / "home")}
-    try:
+    with serve_directory(tmp_path) as url:
+        manifest.write_text(f"tiny {url}/m.gguf {'0' * 64}\n")
         proc = specgen("models", "pull", "tiny", env=env)
-    finally:
-        server.shutdown()
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "sha256 mismatch for tiny: expected 0000" in proc.stderr.strip().splitlines()[-1]
     assert not list((tmp_path / "home" / "models").glob("tiny*"))  # nothing half-written kept
