@@ -195,10 +195,13 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
     rows = []
     for group in [*groups, OVERALL]:
         keys = [k for k in complete if group == OVERALL or by_key[(*k, methods[0])].prompt.group == group]
-        plain_tps = _mean(by_key[(*k, "plain")].stats.tokens_per_s for k in keys)
+        # A trial that emitted nothing (the model stopped at once) has no throughput: leave that
+        # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
+        timed = [k for k in keys if all(by_key[(*k, m)].stats.n_tokens > 0 for m in methods)]
+        plain_tps = _mean(by_key[(*k, "plain")].stats.tokens_per_s for k in timed)
         for method in methods:
             ts = [by_key[(*k, method)] for k in keys]
-            tps = _mean(t.stats.tokens_per_s for t in ts)
+            tps = _mean(by_key[(*k, method)].stats.tokens_per_s for k in timed)
             calls = sum(t.stats.target_calls for t in ts)
             drafted = sum(t.stats.drafted for t in ts)
             mismatches = None

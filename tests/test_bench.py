@@ -130,6 +130,15 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
+def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
+    empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
+    trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),
+              trial("2", "qa", "plain", 100), empty]
+    rows = {(r.group, r.method): r for r in b.summarize(trials, ["plain", "lookup"], greedy=True)}
+    assert rows[("qa", "lookup")].speedup == 2.0 and rows[("qa", "lookup")].tokens_per_s == 200
+    assert rows[("qa", "lookup")].n_prompts == 2  # still compared for losslessness
+
+
 def fake_loaded(with_draft: bool) -> LoadedModels:
     target = FakeModel(n_vocab=24, sharpness=4.0)
     draft = NoisyDraft(target, noise=0.5) if with_draft else None
