@@ -307,14 +307,21 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
 class BuildInfo:
     llama_cpp_python: str
     system_info: str
-    gpu_offload: bool
     machine: str
+    rpc: bool
+
+    @property
+    def accelerator(self) -> str:
+        """cuda | metal | cpu: the backend the build computes on locally."""
+        if "CUDA" in self.system_info:
+            return "cuda"
+        return "metal" if "METAL" in self.system_info.upper() else "cpu"
 
 
 def build_info() -> BuildInfo:
     _init()
     return BuildInfo(L.__version__, L.llama_print_system_info().decode(errors="replace").strip(),
-                     bool(L.llama_supports_gpu_offload()), platform.machine())
+                     platform.machine(), bool(L.llama_supports_rpc()))
 
 
 # --- llama.cpp RPC: split a model across machines running an RPC server ---------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from .errors import ConfigError, PromptError
-from .prompts import Prompt, jsonl_records
+from .prompts import Prompt, decode_utf8, jsonl_records
 from .stats import RunStats
 
 # Spec-Bench's six groups; its eight MT-bench categories form the first.
@@ -104,11 +104,7 @@ def load_suite(spec: str) -> tuple[str, list[BenchPrompt]]:
     if not path.is_file():
         raise ConfigError(f"--suite expects builtin, humaneval or a question.jsonl file, found {spec!r} "
                           f"({'a directory' if path.is_dir() else 'no such file'})")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise PromptError(f"{path}: expected UTF-8 text, found byte 0x{e.object[e.start]:02x}") from None
-    return str(path), parse_question_file(text, str(path))
+    return str(path), parse_question_file(decode_utf8(path.read_bytes(), str(path)), str(path))
 
 
 def select(prompts: Sequence[BenchPrompt], per_group: int | None = None, limit: int | None = None) -> list[BenchPrompt]:
@@ -228,10 +224,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(threads: int, system_info: str, version: str) -> dict:
-    backend = "cuda" if "CUDA" in system_info else "metal" if "METAL" in system_info.upper() else "cpu"
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "backend": backend,
-            "llama_cpp": {"llama_cpp_python": version, "system_info": system_info}}
+def machine_info(threads: int, build) -> dict:
+    """`build`: backend.BuildInfo of the llama.cpp in use."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "backend": build.accelerator,
+            "llama_cpp": {"llama_cpp_python": build.llama_cpp_python, "system_info": build.system_info}}
 
 
 def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow]) -> dict:

@@ -91,22 +91,31 @@ def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
     system, machine = platform.system(), platform.machine().lower()
     if system == "Darwin":
         return BuildPlan(["-DGGML_METAL=ON", RPC_ON], "macOS: Metal (llama.cpp's default there)")
+    # Said in the plan's reason (printed by whoever builds), not printed here: `specgen doctor`
+    # also asks for the plan and builds nothing.
+    no_gpu = ""
     if shutil.which("nvcc"):
         if has_nvidia_gpu():
             return BuildPlan(["-DGGML_CUDA=ON", RPC_ON], "nvcc and an NVIDIA driver found: CUDA build")
-        print("specgen: nvcc found but no NVIDIA driver/GPU: building for the CPU", file=sys.stderr)
+        no_gpu = "nvcc found but no NVIDIA driver/GPU, so "
     if machine in ("x86_64", "amd64"):
         flags = cpu_flags()
         args = ["-DGGML_NATIVE=OFF"]
         args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
         args += AMX_OFF + [RPC_ON]
         have = [flag for flag, _ in X86_FEATURES if flag in flags]
-        return BuildPlan(args, f"x86-64 CPU build with {', '.join(have) or 'no SIMD extensions'}; AMX off")
-    return BuildPlan([RPC_ON], f"{system} {machine}: llama.cpp defaults")
+        return BuildPlan(args, f"{no_gpu}x86-64 CPU build with {', '.join(have) or 'no SIMD extensions'}; AMX off")
+    return BuildPlan([RPC_ON], f"{no_gpu}{system} {machine}: llama.cpp defaults")
 
 
 def _installed_marker() -> Path:
     return Path(sys.prefix) / "specgen-llama-build.txt"
+
+
+def installed_for(plan: BuildPlan) -> bool:
+    """Whether this environment's llama-cpp-python is specgen's build for `plan`."""
+    marker = _installed_marker()
+    return marker.exists() and marker.read_text().strip() == plan.key
 
 
 def _run_with_progress(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
@@ -163,8 +172,7 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
 
 def main() -> None:
     plan = plan_build()
-    marker = _installed_marker()
-    if marker.exists() and marker.read_text().strip() == plan.key:
+    if installed_for(plan):
         print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} already built for this host "
               f"({plan.reason})", file=sys.stderr)
         return
@@ -175,7 +183,7 @@ def main() -> None:
     pip = [sys.executable, "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "--force-reinstall", "--no-deps", str(wheel)], check=True)
     subprocess.run([*pip, str(wheel)], check=True)  # its dependencies (numpy, jinja2, ...)
-    marker.write_text(plan.key + "\n")
+    _installed_marker().write_text(plan.key + "\n")
 
 
 if __name__ == "__main__":

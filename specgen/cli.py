@@ -171,7 +171,7 @@ def bench(
     runners = {m: Runner(dataclasses.replace(cfg, method=m), loaded) for m in chosen}
     info = backend.build_info()
     n_threads = cfg.threads or backend.default_threads()
-    machine = b.machine_info(n_threads, info.system_info, info.llama_cpp_python)
+    machine = b.machine_info(n_threads, info)
     header = (f"{machine['cpu']} · {n_threads} threads · {machine['backend']} · target {cfg.target}"
               f"{f' · draft {loaded.draft_label}' if loaded.draft_label else ''} · T={cfg.temperature:g}"
               f" · {cfg.max_tokens} tokens · suite {Path(suite_name).name}")
@@ -287,13 +287,11 @@ def doctor(
     info = backend.build_info()
     flags = build.cpu_flags()
     plan = build.plan_build()
-    marker = Path(sys.prefix) / "specgen-llama-build.txt"
-    installed_by_us = marker.exists() and marker.read_text().strip() == plan.key
+    installed_by_us = build.installed_for(plan)
     features = d.enabled_features(info.system_info)
     print(f"specgen {__version__} · Python {platform.python_version()} · llama-cpp-python {info.llama_cpp_python}")
-    print(f"llama.cpp build: {', '.join(features) or 'no CPU extensions'}; GPU offload "
-          f"{'yes' if info.gpu_offload else 'no'}"
-          f"{' (CUDA)' if 'CUDA' in info.system_info else ' (Metal)' if 'METAL' in info.system_info.upper() else ''}")
+    print(f"llama.cpp build: {', '.join(features) or 'no CPU extensions'}; computes on {info.accelerator}; "
+          f"RPC backend {'yes' if info.rpc else 'no'}")
     print(f"  built by specgen for this host: {'yes' if installed_by_us else 'no'} ({plan.reason})")
     print(f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
           f"· {platform.system()} {platform.machine()}")

@@ -37,7 +37,7 @@ class Prompt:
         return Prompt(self.index, question, self.history + (Message("user", self.text), Message("assistant", answer)))
 
 
-def _decode(data: bytes, origin: str) -> str:
+def decode_utf8(data: bytes, origin: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -95,7 +95,7 @@ def parse_prompt_file(path: Path) -> list[Prompt]:
         raise PromptError(f"expected a prompt file, got a directory: {path}") from None
     except OSError as e:
         raise PromptError(f"cannot read prompt file {path}: {e.strerror}") from None
-    text = _decode(data, str(path))
+    text = decode_utf8(data, str(path))
     texts: list[tuple[str, tuple[Message, ...]]] = []
     if path.suffix.lower() == ".jsonl":
         for lineno, record in jsonl_records(text, str(path)):
@@ -121,7 +121,7 @@ def collect_prompts(argument: str | None, prompts_file: Path | None, stdin: Text
         if stdin is None or (argument is None and stdin.isatty()):
             raise PromptError("no prompt: expected PROMPT, text piped on stdin, or -f FILE")
         raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8")
-        text = _decode(raw, "stdin").rstrip("\n")
+        text = decode_utf8(raw, "stdin").rstrip("\n")
         origin = "stdin"
     else:
         text, origin = argument, "PROMPT"
