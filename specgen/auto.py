@@ -25,14 +25,14 @@ ALPHA_EMA = 0.1
 class AutoDrafter:
     def __init__(self, c_target: CostCurve, lookup: LookupDrafter, model: ModelDrafter | None = None,
                  c_draft: CostCurve | None = None, max_nodes: int = 24, max_depth: int = 16,
-                 lookup_matches: int = 4, sampling: bool = False, reproducible: bool = False):
+                 lookup_matches: int = 4, reproducible: bool = False):
         self.c_target, self.c_draft = c_target, c_draft
         # Reproducible (a seed was given): plan from the cost curves alone, never from clocks, so
         # the same input gives the same trees, hence the same batches and numerics, every run.
         self.reproducible = reproducible
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
-        self.acceptance = AcceptanceModel(sampling)
+        self.acceptance = AcceptanceModel()
         self.guard = Guard()
         # Acceptance of the draft's first token, learned online. Optimistic on purpose: an option
         # the planner never tries is never learned; a wrong guess costs a few steps.
@@ -50,6 +50,7 @@ class AutoDrafter:
         self._model_owns_lookup = model is not None and model.lookup is lookup
 
     def reset(self, tokens: list[int]) -> None:
+        self.acceptance.new_text()
         if self.model is not None:
             self.model.reset(tokens)
         if not self._model_owns_lookup:
@@ -68,11 +69,11 @@ class AutoDrafter:
         if not self.guard.allow_speculation():  # speculation was losing: plain for a while
             return self._choose("guard", DraftTree.root_only(root), ["root"], [None])
 
-        tree, match_n = self.lookup.candidates(min(depth, self._useful_depth()), self.lookup_matches)
+        tree, match_len = self.lookup.candidates(min(depth, self._useful_depth()), self.lookup_matches)
         if tree.n_drafted == 0 and self.model is None:
             return self._choose("plain", tree, ["root"], [None])  # no match: nothing to plan
         tdepth = tree.depths()
-        accept = [1.0] + [self.acceptance.lookup_p(match_n[v], tdepth[v]) for v in range(1, len(tree))]
+        accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v]) for v in range(1, len(tree))]
         accept = _cap_siblings(tree, accept)
         plan = best_subtree(tree.parents, accept, self.c_target, 0.0, self.max_nodes)
         choice = "lookup" if plan.nodes else "plain"
@@ -87,7 +88,7 @@ class AutoDrafter:
                 return self._propose_with_model(depth, k)
 
         kinds = ["root"] + ["lookup"] * (len(tree) - 1)
-        keys = [None] + [self.acceptance.lookup_bin(match_n[v], tdepth[v]) for v in range(1, len(tree))]
+        keys = [None] + [self.acceptance.lookup_bin(match_len[v], tdepth[v]) for v in range(1, len(tree))]
         tree, kinds, keys, _ = self._prune(tree, plan.nodes, kinds, keys)
         return self._choose(choice, tree, kinds, keys)
 
@@ -97,7 +98,7 @@ class AutoDrafter:
         Computed again only every 16 steps: it moves slowly, and on a small model every step's
         Python time is a visible share of a decode."""
         if self._depth_cache is None or self.choices.total() % 16 == 0:
-            best = max(self.acceptance.lookup_p(4, 1), self.acceptance.lookup_p(3, 1))
+            best = self.acceptance.best_lookup_p()
             k, _ = best_chain_length(min(best, 0.97), self.c_target, 0.0, self.max_depth)
             self._depth_cache = max(1, k)
         return self._depth_cache

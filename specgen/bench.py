@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
+from .build import cpu_name
 from .errors import ConfigError, PromptError
 from .prompts import Prompt, decode_utf8, jsonl_records
 from .stats import RunStats
@@ -212,16 +212,6 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
 
 
 # --- report --------------------------------------------------------------------------------------
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_info(threads: int, build) -> dict:

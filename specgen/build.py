@@ -69,6 +69,16 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def has_nvidia_gpu() -> bool:
     """nvcc alone is not enough: a CUDA build on a host without a driver cannot even load."""
     if Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists():

@@ -281,7 +281,7 @@ def doctor(
     import platform
 
     from . import __version__, backend, build, doctor as d, models
-    from .bench import cpu_name
+    from .build import cpu_name
     from .config import DEFAULT_CONFIG, read_yaml
 
     info = backend.build_info()

@@ -101,23 +101,34 @@ class LookupDrafter:
                         return found
         return found
 
+    def match_length(self, n: int, start: int, cap: int = 32) -> int:
+        """How far the match of the text's last `n` tokens with the tokens before `start` really
+        reaches back (up to `cap`): a 20-token match means a passage is being copied, and its
+        continuation is far likelier to be right than a 4-gram's."""
+        toks, end = self.tokens, len(self.tokens)
+        length = n
+        while length < cap and start - length - 1 >= 0 and toks[start - length - 1] == toks[end - length - 1]:
+            length += 1
+        return length
+
     def candidates(self, max_depth: int, limit: int = 4) -> tuple[DraftTree, list[int]]:
         """A trie of the continuations of up to `limit` earlier occurrences, and for each node the
-        longest match length that proposed it (the acceptance model's key)."""
+        match length (see match_length) of the occurrence that proposed it: the acceptance key."""
         tree = DraftTree.root_only(self.tokens[-1])
-        match_n = [0]
+        match_len = [0]
         kids: list[dict[int, int]] = [{}]
         for n, start in self.matches(self.tokens, limit):
-            node = 0
+            node, length = 0, None
             for tok in self.tokens[start:start + max_depth]:
                 child = kids[node].get(tok)
                 if child is None:
+                    length = length or self.match_length(n, start)
                     child = tree.add(tok, node)
                     kids[node][tok] = child
                     kids.append({})
-                    match_n.append(n)
+                    match_len.append(length)
                 node = child
-        return tree, match_n
+        return tree, match_len
 
     def propose(self, max_depth: int) -> DraftTree:
         draft = self.lookup(min(self.k, max_depth)) if max_depth > 0 else []

@@ -7,6 +7,7 @@ work plus c_target(tree size). A node is worth verifying only while it raises E 
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -103,44 +104,49 @@ class BetaBins:
 
 
 Q_BINS = 10
-MAX_DEPTH_BIN = 8
+# Lookup nodes are keyed by their effective match length: the source occurrence's match length
+# plus the drafted tokens before the node (an accepted parent extends the match by one).
+MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24)  # lower edges
 
 
 class AcceptanceModel:
     """How likely a drafted node is accepted given its parent was, learned online.
 
     Draft-model nodes: by the draft probability q of the node (10 bins; prior = q, a calibrated
-    draft accepts about q of the time). Lookup nodes: by n-gram match length (1-4) and depth
-    (1-8+). The lookup prior follows what was measured on gemma-3-270m over Spec-Bench prompts:
-    a 4-token match continues correctly ~95% of the time at every depth, 3-token ~40-75%,
-    2-token ~30-55%, single tokens ~20-30%.
+    draft accepts about q of the time). Lookup nodes: by effective match length m (the node at
+    depth d of a continuation whose source matched the text's last l tokens has m = l + d - 1):
+    copying a passage (m of 10-30) continues correctly far more often than a 1-3 token
+    coincidence. The prior rises from 0.2 (m = 1) to 0.95 (m >= 24); each new text (`new_text`)
+    halves the old evidence, as prompts differ in how much they repeat.
     """
 
-    LOOKUP_PRIOR = (0.2, 0.25, 0.4, 0.6, 0.85)  # by match length n = 0..4
-    # When sampling, a lookup token survives only if the target happens to draw it (about half as
-    # often at temperature 0.8). Sampled draft children go through rejection sampling, which
-    # accepts with the overlap of p and q: no such discount.
-    SAMPLING_FACTOR = 1.0
+    LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95)  # per MATCH_BINS
 
-    def __init__(self, sampling: bool = False) -> None:
-        factor = self.SAMPLING_FACTOR if sampling else 1.0
+    def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
-        prior = np.array([[p * factor * 0.97 ** d for d in range(MAX_DEPTH_BIN)] for p in self.LOOKUP_PRIOR])
-        self.lookup = BetaBins(prior)
+        self.lookup = BetaBins(np.array(self.LOOKUP_PRIOR))
 
     @staticmethod
     def q_bin(q: float) -> int:
         return min(Q_BINS - 1, int(q * Q_BINS))
 
     @staticmethod
-    def lookup_bin(n: int, depth: int) -> tuple[int, int]:
-        return min(n, 4), min(depth, MAX_DEPTH_BIN) - 1
+    def lookup_bin(match_len: int, depth: int) -> int:
+        return bisect.bisect_right(MATCH_BINS, match_len + depth - 1) - 1
 
     def draft_p(self, q: float) -> float:
         return self.draft.mean(self.q_bin(q))
 
-    def lookup_p(self, n: int, depth: int) -> float:
-        return self.lookup.mean(self.lookup_bin(n, depth))
+    def lookup_p(self, match_len: int, depth: int) -> float:
+        return self.lookup.mean(self.lookup_bin(match_len, depth))
+
+    def best_lookup_p(self) -> float:
+        return max(self.lookup.mean(b) for b in range(len(MATCH_BINS)))
+
+    def new_text(self) -> None:
+        for bins in (self.lookup, self.draft):
+            bins.hits *= 0.5
+            bins.trials *= 0.5
 
     def observe(self, tree: DraftTree, kinds: Sequence[str], keys: Sequence[object], path: Sequence[int]) -> None:
         """Each node whose parent was accepted was tested: accepted iff it is on the path."""

@@ -74,9 +74,10 @@ def load_models(cfg: RunConfig, methods: tuple[str, ...] | None = None) -> Loade
 def cost_curve(model: Model, ctx: Context, n_threads: int | None, refresh: bool = False) -> CostCurve:
     """c(B) for a model on this machine: from the calibration cache, else measured (< 1 s) and cached."""
     from . import backend, models
+    from .build import cpu_name
 
     build = backend.build_info().system_info
-    key = cache_key(model.path, build, getattr(ctx, "n_threads", n_threads or 0), ctx.n_ctx)
+    key = cache_key(model.path, build, getattr(ctx, "n_threads", n_threads or 0), ctx.n_ctx, cpu_name())
     path = models.specgen_home() / "calibration" / f"{key}.json"
     curve = None if refresh else load_cached(path)
     if curve is None:
@@ -141,8 +142,7 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         # auto chose at each step (its choices follow measured timings, which vary run to run).
         model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
                              lookup=lookup)
-    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, sampling=not cfg.sampling.greedy,
-                       reproducible=reproducible)
+    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, reproducible=reproducible)
 
 
 class Runner:

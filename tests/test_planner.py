@@ -79,6 +79,16 @@ def test_acceptance_model_learns_from_tested_nodes_only():
         model.observe(tree, kinds, keys, path=[])  # first token rejected: depths 2-3 untested
     assert model.lookup_p(4, 1) < 0.2 < before
     assert model.lookup_p(4, 2) == pytest.approx(AcceptanceModel().lookup_p(4, 2))
+    lowered = model.lookup_p(4, 1)
+    model.new_text()  # a new prompt: old evidence counts half, the estimate moves back to the prior
+    assert lowered < model.lookup_p(4, 1) < before
+
+
+def test_lookup_acceptance_is_keyed_by_effective_match_length():
+    model = AcceptanceModel()
+    # A node two deep in the continuation of a 5-token match extends a 6-token match.
+    assert model.lookup_bin(5, 2) == model.lookup_bin(6, 1)
+    assert model.lookup_p(1, 1) < model.lookup_p(4, 1) < model.lookup_p(20, 1) < model.lookup_p(30, 1)
 
 
 def test_guard_backs_off_when_losing_and_probes_again():
@@ -101,7 +111,7 @@ def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reprod
     if draft is not None:
         dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
         model = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16, lookup=lookup)
-    auto = AutoDrafter(curve, lookup, model, draft_curve, sampling=not sampling.greedy, reproducible=reproducible)
+    auto = AutoDrafter(curve, lookup, model, draft_curve, reproducible=reproducible)
     stats = RunStats()
     events = generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
     return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
