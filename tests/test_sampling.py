@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specgen.sampling import Sampler, SamplingParams, distribution
+from specgen.sampling import Sampler, SamplingParams, distribution, inverse_cdf
 
 
 def test_greedy_is_argmax_lowest_id_on_ties():
@@ -52,3 +52,46 @@ def test_draws_follow_p_chi_square():
     expected = p[:4] * n
     chi2 = (((counts[:4] - expected) ** 2) / expected).sum()
     assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+
+
+def test_blocked_inverse_cdf_equals_a_full_cumulative_sum():
+    rng = np.random.default_rng(3)
+    for n in (5, 512, 1300, 4096):
+        w = rng.random(n) ** 8  # uneven, with near-zero weights
+        w[rng.integers(0, n, n // 4)] = 0.0
+        cum = np.cumsum(w)
+        for u in rng.random(200):
+            want = int(np.searchsorted(cum, u * cum[-1], side="right"))
+            assert inverse_cdf(w, u) == want
+            assert w[inverse_cdf(w, u)] > 0
+
+
+def test_sampler_paths_follow_p_on_a_large_vocabulary():
+    """The plain-softmax fast path (float32 weights) and the truncated path both draw from p."""
+    rng = np.random.default_rng(5)
+    logits = np.full(3000, -30.0, dtype=np.float32)
+    hot = rng.choice(3000, 6, replace=False)
+    logits[hot] = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5]
+    n = 20000
+    for params in (SamplingParams(0.9, seed=1), SamplingParams(0.9, top_k=4, seed=1),
+                   SamplingParams(0.9, top_p=0.7, seed=1)):
+        p = distribution(logits, params)
+        sampler = Sampler(params)
+        counts = np.bincount([sampler.sample(logits) for _ in range(n)], minlength=3000)
+        support = p > 1e-4
+        assert counts[~support].sum() <= 2
+        expected = p[support] * n
+        chi2 = (((counts[support] - expected) ** 2) / expected).sum()
+        assert chi2 < 22.5, params  # <= 6 degrees of freedom, p = 0.001
+
+
+def test_nucleus_of_a_large_vocabulary_matches_a_full_sort_with_ties():
+    rng = np.random.default_rng(9)
+    logits = np.round(rng.standard_normal(5000) * 2, 1)  # many exact ties
+    for top_p in (0.05, 0.3, 0.9):
+        params = SamplingParams(1.0, top_p=top_p)
+        z = np.exp(logits - logits.max())
+        z /= z.sum()
+        order = np.argsort(-z, kind="stable")
+        n_keep = int(np.searchsorted(np.cumsum(z[order]), top_p - 1e-9, side="left")) + 1
+        assert set(np.nonzero(distribution(logits, params))[0]) == set(order[:n_keep].tolist())
