@@ -15,7 +15,7 @@ from collections import Counter
 
 from .costs import CostCurve
 from .drafters import LookupDrafter, ModelDrafter
-from .planner import AcceptanceModel, Guard, best_chain_length, best_subtree
+from .planner import MATCH_BIN_TOPS, AcceptanceModel, Guard, best_chain_length, best_subtree
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -44,7 +44,7 @@ class AutoDrafter:
         self._keys: list[object] = []
         self._tree: DraftTree | None = None
         self._t_start = 0.0
-        self._depth_cache: int | None = None
+        self._depth_cache: list[int] | None = None
         self._draft_calls = 0
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
@@ -69,9 +69,13 @@ class AutoDrafter:
         if not self.guard.allow_speculation():  # speculation was losing: plain for a while
             return self._choose("guard", DraftTree.root_only(root), ["root"], [None])
 
-        tree, match_len = self.lookup.candidates(min(depth, self._useful_depth()), self.lookup_matches)
-        if tree.n_drafted == 0 and self.model is None:
-            return self._choose("plain", tree, ["root"], [None])  # no match: nothing to plan
+        found = self.lookup.matches(self.lookup.tokens, self.lookup_matches)
+        # How deep a lookup draft could pay, judged by its best match before building anything:
+        # on a steep cost curve most matches cannot pay, and then the step stays cheap.
+        lookup_depth = self._useful_depth(self.lookup.match_length(*found[0])) if found else 0
+        if lookup_depth == 0 and self.model is None:
+            return self._choose("plain", DraftTree.root_only(root), ["root"], [None])
+        tree, match_len = self.lookup.candidates(min(depth, lookup_depth), self.lookup_matches, found)
         tdepth = tree.depths()
         accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v]) for v in range(1, len(tree))]
         accept = _cap_siblings(tree, accept)
@@ -92,16 +96,19 @@ class AutoDrafter:
         tree, kinds, keys, _ = self._prune(tree, plan.nodes, kinds, keys)
         return self._choose(choice, tree, kinds, keys)
 
-    def _useful_depth(self) -> int:
-        """How deep a lookup chain could pay even at the best acceptance seen: on a steep cost
-        curve a handful of tokens, on a flat one the whole `max_depth` (keeps the trie small).
-        Computed again only every 16 steps: it moves slowly, and on a small model every step's
-        Python time is a visible share of a decode."""
+    def _useful_depth(self, match_len: int) -> int:
+        """How deep a lookup chain from a match of `match_len` tokens could pay (0: not at all),
+        from the current acceptance estimates, taken at the top of each match-length bin so
+        the answer errs towards trying. Computed for every bin again only every 16 steps: it
+        moves slowly, and on a small model every step's Python time is a visible share."""
         if self._depth_cache is None or self.choices.total() % 16 == 0:
-            best = self.acceptance.best_lookup_p()
-            k, _ = best_chain_length(min(best, 0.97), self.c_target, 0.0, self.max_depth)
-            self._depth_cache = max(1, k)
-        return self._depth_cache
+            self._depth_cache = [self._chain_depth(top) for top in MATCH_BIN_TOPS]
+        return self._depth_cache[AcceptanceModel.lookup_bin(match_len, 1)]
+
+    def _chain_depth(self, match_len: int) -> int:
+        accept = [1.0] + [min(0.97, self.acceptance.lookup_p(match_len, d)) for d in range(1, self.max_depth + 1)]
+        plan = best_subtree(list(range(-1, self.max_depth)), accept, self.c_target, 0.0, self.max_nodes)
+        return len(plan.nodes)
 
     def _propose_with_model(self, depth: int, k: int) -> DraftTree:
         assert self.model is not None

@@ -107,6 +107,7 @@ Q_BINS = 10
 # Lookup nodes are keyed by their effective match length: the source occurrence's match length
 # plus the drafted tokens before the node (an accepted parent extends the match by one).
 MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24)  # lower edges
+MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (32,)
 
 
 class AcceptanceModel:
