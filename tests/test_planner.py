@@ -6,9 +6,10 @@ import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.auto import AutoDrafter
-from specgen.costs import CostCurve
+from specgen.costs import BATCH_SIZES, CostCurve, measure
 from specgen.drafters import LookupDrafter, ModelDrafter
 from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.protocol import Batch
 from specgen.planner import AcceptanceModel, Guard, best_chain_length, best_subtree, reach_probabilities
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
@@ -67,6 +68,26 @@ def test_cost_curve_interpolates_extrapolates_and_tracks_scale():
     for _ in range(200):
         c.observe(1, 0.5)  # the machine got twice as fast
     assert c(1) == pytest.approx(0.5, rel=1e-3) and c(8) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_calibration_times_batches_that_output_every_row_and_cleans_up():
+    """A tree verify asks for logits at every node; with a large vocabulary the output layer is
+    most of a token's cost, so calibration batches must ask for every row too."""
+    ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4)
+    ctx.decode(_prompt_batch([3, 4, 5]))
+    committed = {s: dict(cells) for s, cells in ctx.kv.items()}
+    curve = measure(ctx, 3, 7, budget_s=60.0)
+    assert curve.sizes == list(BATCH_SIZES)
+    timed = ctx.calls[1:]
+    assert all(all(b.logits) for b in timed) and {len(b) for b in timed} == set(BATCH_SIZES)
+    assert {s: cells for s, cells in ctx.kv.items() if cells} == committed  # spare sequence removed
+
+
+def _prompt_batch(tokens):
+    batch = Batch()
+    for i, tok in enumerate(tokens):
+        batch.add(tok, i, (0,), i == len(tokens) - 1)
+    return batch
 
 
 def test_acceptance_model_learns_from_tested_nodes_only():
