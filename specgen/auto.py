@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Callable
 
 from .costs import CostCurve
 from .drafters import LookupDrafter, ModelDrafter
@@ -20,6 +21,7 @@ from .tree import DraftTree
 from .verify import Verdict
 
 ALPHA_EMA = 0.1
+LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to be measurable
 
 
 class AutoDrafter:
@@ -48,6 +50,8 @@ class AutoDrafter:
         self._draft_calls = 0
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
+        # Called with (context length, a token) after a long prompt's prefill (see runner.py).
+        self.on_long_prompt: Callable[[int, int], None] | None = None
 
     def reset(self, tokens: list[int]) -> None:
         self.acceptance.new_text()
@@ -55,12 +59,17 @@ class AutoDrafter:
             self.model.reset(tokens)
         if not self._model_owns_lookup:
             self.lookup.reset(tokens)
+        if self.on_long_prompt is not None and len(tokens) > LONG_PROMPT and not self.reproducible:
+            self.on_long_prompt(len(tokens) - 1, tokens[-1])  # measures the costs' context term once
 
     # -- one step ------------------------------------------------------------------------------
 
     def propose(self, max_depth: int) -> DraftTree:
         self._t_start = time.perf_counter()
         root = self.lookup.tokens[-1]
+        self.c_target.context = len(self.lookup.tokens)
+        if self.c_draft is not None:
+            self.c_draft.context = self.c_target.context
         depth = min(self.max_depth, max_depth)
         if self.model is not None:
             self.model.skip()

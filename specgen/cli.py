@@ -265,6 +265,12 @@ def calibrate(
     for b, sec, rel in zip(curve.sizes, curve.seconds, curve.relative()):
         table.add_row(str(b), f"{sec * 1000:.1f}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}")
     Console(soft_wrap=True).print(table)
+    if curve.per_context_at:
+        print(f"context: +{curve.per_context * 1e9:.0f} ns per batch token per context token "
+              f"(measured after {curve.per_context_at} tokens; e.g. B=8 after 2048: "
+              f"+{curve.per_context * 8 * 2048 * 1000:.1f} ms)")
+    else:
+        print("context: not measured yet (auto measures it after its first prompt over 768 tokens)")
 
 
 @app.command()

@@ -1,8 +1,9 @@
 """Measured decode costs c(B): seconds for one llama_decode of B tokens, per model and machine.
 
 Measured at start-up in a spare sequence id (then removed), cached per (model file, llama.cpp
-build, threads, context size) under $SPECGEN_HOME/calibration, and refined online from every
-real decode, so the curve follows the context as it grows.
+build, threads, context size, CPU) under $SPECGEN_HOME/calibration. Attention makes a decode of
+B tokens after L others cost about c(B) + gamma * B * L: gamma is measured once, at the first
+long prompt, and cached too; live decodes keep a scale current (machines get busy).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class CostCurve:
     seconds: list[float]
     source: str = "measured"
     scale: float = 1.0
+    per_context: float = 0.0  # gamma: seconds per batch token per token of context
+    per_context_at: int = 0  # the context length gamma was measured at (0: not yet)
+    context: int = 0  # the context length the planner is asking about (set each step)
+    cache_path: Path | None = None  # where the calibration cache keeps this curve
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
 
     TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
@@ -51,18 +56,23 @@ class CostCurve:
             return ys[-1] + slope * (b - xs[-1])
         return float(np.interp(b, xs, ys))
 
-    def __call__(self, b: int) -> float:
-        return self.scale * self.base(b) if b > 0 else 0.0
+    def at(self, b: int, context: int) -> float:
+        """Unscaled seconds for B tokens after `context` tokens."""
+        return self.base(b) + self.per_context * b * context
 
-    def observe(self, b: int, seconds: float) -> None:
-        """Fold a real decode into the scale (contexts grow, machines get busy)."""
-        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.base(b)
+    def __call__(self, b: int) -> float:
+        return self.scale * self.at(b, self.context) if b > 0 else 0.0
+
+    def observe(self, b: int, seconds: float, context: int = 0) -> None:
+        """Fold a real decode into the scale (machines get busy)."""
+        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.at(b, context)
 
     def relative(self) -> list[float]:
         return [s / self.seconds[0] for s in self.seconds]
 
     def to_json(self) -> dict:
-        return {"sizes": self.sizes, "seconds": self.seconds}
+        return {"sizes": self.sizes, "seconds": self.seconds, "per_context": self.per_context,
+                "per_context_at": self.per_context_at}
 
 
 def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
@@ -92,8 +102,36 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
     return CostCurve(measured, [best[b] for b in measured])
 
 
-def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int) -> float:
-    if spare != 0:
+def measure_context(ctx: Context, curve: CostCurve, n_past: int, token: int,
+                    sizes: tuple[int, ...] = (4, 8, 16), repeats: int = 3) -> None:
+    """Set the curve's gamma from decodes after `n_past` committed tokens (a long prompt).
+
+    Each size is timed twice, interleaved: after the prompt's context (sequence 0 copied into the
+    spare sequence) and with no context (the spare sequence alone, from position 0). The
+    difference is attention over the context; timing both in the same moment keeps a busy
+    machine, or a noisy start-up curve, out of it. This relies on flash attention skipping
+    masked cells (llama.cpp's CPU kernel does); without it both timings pay for every cell and
+    gamma comes out near zero, which is also what such a backend's curve should use.
+    """
+    sizes = tuple(b for b in sizes if b <= ctx.n_batch and n_past + b < ctx.n_ctx)
+    spare = ctx.n_seq_max - 1
+    if not sizes or n_past <= 0 or spare == 0:
+        return
+    with_context = {b: float("inf") for b in sizes}
+    without = dict(with_context)
+    for _ in range(repeats):
+        for b in sizes:
+            with_context[b] = min(with_context[b], _timed_decode(ctx, spare, n_past, token, b))
+            without[b] = min(without[b], _timed_decode(ctx, spare, 0, token, b, copy=False))
+    # In the curve's units: `scale` multiplies base and context terms alike, so divide out how
+    # much slower (or faster) the machine is now than when the curve was timed.
+    busy = float(np.median([without[b] / curve.base(b) for b in sizes]))
+    gammas = [max(0.0, with_context[b] - without[b]) / (b * n_past * busy) for b in sizes]
+    curve.per_context, curve.per_context_at = float(np.median(gammas)), n_past
+
+
+def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, copy: bool = True) -> float:
+    if spare != 0 and copy:
         ctx.seq_cp(0, spare, -1, -1)
     batch = Batch()
     for j in range(b):
@@ -118,7 +156,9 @@ def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = 
 def load_cached(path: Path) -> CostCurve | None:
     try:
         data = json.loads(path.read_text())
-        return CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached")
+        return CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached",
+                         per_context=float(data.get("per_context", 0.0)),
+                         per_context_at=int(data.get("per_context_at", 0)))
     except (OSError, ValueError, KeyError):
         return None
 
@@ -139,7 +179,8 @@ class TimedContext:
     def decode(self, batch: Batch) -> np.ndarray:
         t0 = time.perf_counter()
         out = self._ctx.decode(batch)
-        self.curve.observe(len(batch), time.perf_counter() - t0)
+        if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
+            self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0])
         return out
 
     def __getattr__(self, name: str):

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 from .config import DRAFT_METHODS, RunConfig
 from .auto import AutoDrafter
-from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, save_cached
+from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, measure_context, save_cached
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .engine import Event, FinishEvent, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
@@ -85,6 +85,7 @@ def cost_curve(model: Model, ctx: Context, n_threads: int | None, refresh: bool 
         curve = measure(ctx, 0, model.tokenize("The", add_special=False)[0])
         ctx.clear()
         save_cached(path, curve)
+    curve.cache_path = path
     return curve
 
 
@@ -142,7 +143,22 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         # auto chose at each step (its choices follow measured timings, which vary run to run).
         model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
                              lookup=lookup)
-    return AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, reproducible=reproducible)
+    auto = AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, reproducible=reproducible)
+    auto.on_long_prompt = lambda n_past, token: measure_context_once(loaded, n_past, token)
+    return auto
+
+
+def measure_context_once(loaded: LoadedModels, n_past: int, token: int) -> None:
+    """After the first long prompt's prefill: how much each context token adds to a decode (cached
+    with the curve, so once per model and machine). Timed on the raw contexts: not a live step."""
+    pairs = [(loaded.costs, loaded.target_ctx), (loaded.draft_costs, loaded.draft_ctx)]
+    for curve, ctx in pairs:
+        if curve is None or ctx is None or curve.per_context_at:
+            continue
+        raw = getattr(ctx, "_ctx", ctx)
+        measure_context(raw, curve, n_past, token)
+        if curve.cache_path is not None:
+            save_cached(curve.cache_path, curve)
 
 
 class Runner:

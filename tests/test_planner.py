@@ -6,7 +6,8 @@ import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.auto import AutoDrafter
-from specgen.costs import BATCH_SIZES, CostCurve, measure
+import specgen.costs as costs
+from specgen.costs import BATCH_SIZES, CostCurve, measure, measure_context
 from specgen.drafters import LookupDrafter, ModelDrafter
 from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
 from specgen.protocol import Batch
@@ -81,6 +82,24 @@ def test_calibration_times_batches_that_output_every_row_and_cleans_up():
     timed = ctx.calls[1:]
     assert all(all(b.logits) for b in timed) and {len(b) for b in timed} == set(BATCH_SIZES)
     assert {s: cells for s, cells in ctx.kv.items() if cells} == committed  # spare sequence removed
+
+
+def test_cost_grows_with_context_and_gamma_comes_from_long_prompt_decodes(monkeypatch):
+    curve = CostCurve([1, 8, 16], [0.010, 0.020, 0.030])
+    # Synthetic timings: +2 us per batch token per context token, on a machine 1.5x busier than
+    # when the curve was timed (which must not be read as context cost).
+    def timed(ctx, spare, n_past, token, b, copy=True):
+        return 1.5 * (curve.base(b) + (2e-6 * b * n_past if copy else 0.0))
+    monkeypatch.setattr(costs, "_timed_decode", timed)
+    measure_context(FakeContext(FakeModel(), n_ctx=2048, n_seq_max=4), curve, 1000, 5)
+    assert curve.per_context == pytest.approx(2e-6) and curve.per_context_at == 1000
+    curve.context = 0
+    short = curve(8)
+    curve.context = 1500
+    assert curve(8) == pytest.approx(short + 2e-6 * 8 * 1500)
+    assert curve(16) / curve(1) > CostCurve([1, 8, 16], [0.010, 0.020, 0.030])(16) / 0.010  # steeper
+    curve.observe(8, curve.at(8, 1500), context=1500)  # a decode as predicted leaves the scale alone
+    assert curve.scale == pytest.approx(1.0)
 
 
 def _prompt_batch(tokens):
