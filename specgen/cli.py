@@ -252,6 +252,7 @@ def calibrate(
     from rich.table import Table
 
     from . import backend, models
+    from .auto import LONG_PROMPT
     from .runner import TARGET_SEQS, cost_curve
 
     if threads is not None and threads < 1:
@@ -270,7 +271,7 @@ def calibrate(
               f"(measured after {curve.per_context_at} tokens; e.g. B=8 after 2048: "
               f"+{curve.per_context * 8 * 2048 * 1000:.1f} ms)")
     else:
-        print("context: not measured yet (auto measures it after its first prompt over 768 tokens)")
+        print(f"context: not measured yet (auto measures it after its first prompt over {LONG_PROMPT} tokens)")
 
 
 @app.command()

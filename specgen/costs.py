@@ -174,14 +174,14 @@ class TimedContext:
     """A Context that feeds the duration of every decode into a cost curve (delegates the rest)."""
 
     def __init__(self, ctx: Context, curve: CostCurve):
-        self._ctx, self.curve = ctx, curve
+        self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
 
     def decode(self, batch: Batch) -> np.ndarray:
         t0 = time.perf_counter()
-        out = self._ctx.decode(batch)
+        out = self.inner.decode(batch)
         if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
             self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0])
         return out
 
     def __getattr__(self, name: str):
-        return getattr(self._ctx, name)
+        return getattr(self.inner, name)

@@ -155,7 +155,7 @@ def measure_context_once(loaded: LoadedModels, n_past: int, token: int) -> None:
     for curve, ctx in pairs:
         if curve is None or ctx is None or curve.per_context_at:
             continue
-        raw = getattr(ctx, "_ctx", ctx)
+        raw = ctx.inner if isinstance(ctx, TimedContext) else ctx
         measure_context(raw, curve, n_past, token)
         if curve.cache_path is not None:
             save_cached(curve.cache_path, curve)
