@@ -141,9 +141,6 @@ class AcceptanceModel:
     def lookup_p(self, match_len: int, depth: int) -> float:
         return self.lookup.mean(self.lookup_bin(match_len, depth))
 
-    def best_lookup_p(self) -> float:
-        return max(self.lookup.mean(b) for b in range(len(MATCH_BINS)))
-
     def new_text(self) -> None:
         for bins in (self.lookup, self.draft):
             bins.hits *= 0.5
