@@ -84,7 +84,7 @@ class AutoDrafter:
         lookup_depth = self._useful_depth(self.lookup.match_length(*found[0])) if found else 0
         if lookup_depth == 0 and self.model is None:
             return self._choose("plain", DraftTree.root_only(root), ["root"], [None])
-        tree, match_len = self.lookup.candidates(min(depth, lookup_depth), self.lookup_matches, found)
+        tree, match_len = self.lookup.candidates(min(depth, lookup_depth), found)
         tdepth = tree.depths()
         accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v]) for v in range(1, len(tree))]
         accept = _cap_siblings(tree, accept)

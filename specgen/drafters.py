@@ -111,15 +111,14 @@ class LookupDrafter:
             length += 1
         return length
 
-    def candidates(self, max_depth: int, limit: int = 4,
-                   found: list[tuple[int, int]] | None = None) -> tuple[DraftTree, list[int]]:
-        """A trie of the continuations of up to `limit` earlier occurrences (`found`: matches()
-        already called), and for each node the match length (see match_length) of the occurrence
-        that proposed it: the acceptance key."""
+    def candidates(self, max_depth: int, found: list[tuple[int, int]]) -> tuple[DraftTree, list[int]]:
+        """A trie of the continuations of the earlier occurrences `found` (from matches()), and for
+        each node the match length (see match_length) of the occurrence that proposed it: the
+        acceptance key."""
         tree = DraftTree.root_only(self.tokens[-1])
         match_len = [0]
         kids: list[dict[int, int]] = [{}]
-        for n, start in self.matches(self.tokens, limit) if found is None else found:
+        for n, start in found:
             node, length = 0, None
             for tok in self.tokens[start:start + max_depth]:
                 child = kids[node].get(tok)

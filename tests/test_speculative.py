@@ -104,7 +104,7 @@ def test_lookup_candidates_carry_how_far_each_match_reaches_back():
     d = LookupDrafter(max_n=2)
     text = [1, 2, 3, 4, 5, 6, 7, 90, 91, 8, 6, 7, 92, 2, 3, 4, 5, 6, 7]
     d.reset(text)
-    tree, match_len = d.candidates(max_depth=2, limit=2)
+    tree, match_len = d.candidates(max_depth=2, found=d.matches(d.tokens, 2))
     # "6 7" occurred twice: after "1 2 3 4 5" (the text's last 6 tokens match there) and after "8".
     first = tree.children()[0]
     by_token = {tree.tokens[v]: match_len[v] for v in first}
