@@ -7,7 +7,7 @@ import pytest
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.auto import AutoDrafter
 import specgen.costs as costs
-from specgen.costs import BATCH_SIZES, CostCurve, measure, measure_context
+from specgen.costs import BATCH_SIZES, CostCurve, TimedContext, measure, measure_context
 from specgen.drafters import LookupDrafter, ModelDrafter
 from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
 from specgen.protocol import Batch
@@ -100,6 +100,19 @@ def test_cost_grows_with_context_and_gamma_comes_from_long_prompt_decodes(monkey
     assert curve(16) / curve(1) > CostCurve([1, 8, 16], [0.010, 0.020, 0.030])(16) / 0.010  # steeper
     curve.observe(8, curve.at(8, 1500), context=1500)  # a decode as predicted leaves the scale alone
     assert curve.scale == pytest.approx(1.0)
+
+
+def test_live_steps_move_the_scale_but_prompt_chunks_do_not():
+    """A prompt chunk of hundreds of tokens lies far beyond the calibrated sizes: read through the
+    curve's extrapolation it would say nothing true about the machine."""
+    curve = CostCurve([1, 8], [1e-9, 2e-9])  # any real decode is far slower than this curve
+    timed = TimedContext(FakeContext(FakeModel(), n_ctx=512, n_seq_max=4), curve)
+    timed.decode(_prompt_batch(list(range(1, 41))))
+    assert curve.scale == 1.0
+    step = Batch()
+    step.add(7, 40, (0,), True)
+    timed.decode(step)
+    assert curve.scale > 1.0
 
 
 def _prompt_batch(tokens):
