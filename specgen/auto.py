@@ -21,6 +21,11 @@ from .tree import DraftTree
 from .verify import Verdict
 
 ALPHA_EMA = 0.1
+ALPHA_PRIOR = 0.7  # optimistic on purpose: an option the planner never tries is never learned
+# What is known of the draft is learned only from the steps that use it. Per step without it, each
+# estimate (acceptance, cost per drafted token, the machine's speed for it) drifts back by this
+# much towards its prior, so one bad stretch (or a cold first decode) cannot rule it out for good.
+RELAX = 0.02
 LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to be measurable
 
 
@@ -36,10 +41,9 @@ class AutoDrafter:
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
         self.acceptance = AcceptanceModel()
         self.guard = Guard()
-        # Acceptance of the draft's first token, learned online. Optimistic on purpose: an option
-        # the planner never tries is never learned; a wrong guess costs a few steps.
-        self.alpha_draft = 0.7
-        self.draft_step_s = 0.0  # measured seconds per draft call, Python work included
+        # Acceptance of the draft's first token, learned online; a wrong guess costs a few steps.
+        self.alpha_draft = ALPHA_PRIOR
+        self.draft_step_s: float | None = None  # measured seconds per drafted token, Python included
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._kinds: list[str] = []
@@ -92,13 +96,16 @@ class AutoDrafter:
         choice = "lookup" if plan.nodes else "plain"
 
         if self.model is not None and self.c_draft is not None:
-            # A draft step costs its decode plus Python work on a vocabulary-sized row: planned
-            # with what draft steps really took, once there is a measurement.
-            step = max(self.c_draft(1), self.draft_step_s)
-            catch_up = self.c_draft(self.model.cache.behind) - step  # tokens the draft has not seen
+            # A drafted token costs a draft decode plus Python work on a vocabulary-sized row:
+            # planned with what drafted tokens really took, once there is a measurement. The
+            # first decode also evaluates the committed tokens the draft has not seen (one output
+            # row: much cheaper per token than a draft level).
+            step = max(self.c_draft(1), self.draft_step_s or 0.0)
+            catch_up = self.c_draft(self.model.cache.behind, outputs=1) - self.c_draft(1)
             k, draft_rate = best_chain_length(self.alpha_draft, self.c_target, step, depth, catch_up)
             if k > 0 and draft_rate > plan.rate:
                 return self._propose_with_model(depth, k)
+            self._relax_draft_estimates()
 
         kinds = ["root"] + ["lookup"] * (len(tree) - 1)
         keys = [None] + [self.acceptance.lookup_bin(match_len[v], tdepth[v]) for v in range(1, len(tree))]
@@ -125,9 +132,12 @@ class AutoDrafter:
         calls, t0 = self.model.draft_calls, time.perf_counter()
         tree = self.model.propose(min(depth, k))
         self._draft_calls = self.model.draft_calls - calls
-        if not self.reproducible:
-            spent = (time.perf_counter() - t0) / max(1, self._draft_calls)
-            self.draft_step_s = spent if self.draft_step_s == 0 else 0.8 * self.draft_step_s + 0.2 * spent
+        if not self.reproducible and tree.n_drafted:
+            # Per drafted token, the catch-up counted as the one-token decode it is beyond the backlog.
+            spent = time.perf_counter() - t0 - self.model.catch_up_s + self.c_draft(1)
+            per_token = spent / tree.n_drafted
+            last = self.c_draft(1) if self.draft_step_s is None else self.draft_step_s
+            self.draft_step_s = 0.8 * last + 0.2 * per_token
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         accept = _cap_siblings(tree, accept)
         # The draft's time is spent: prune by target cost alone.
@@ -138,6 +148,14 @@ class AutoDrafter:
             tree, kinds, keys, new_index = self._prune(tree, plan.nodes, kinds, keys)
             self.model.reindex(new_index)
         return self._choose(self.model.last_choice, tree, kinds, keys)
+
+    def _relax_draft_estimates(self) -> None:
+        assert self.c_draft is not None
+        self.alpha_draft += (ALPHA_PRIOR - self.alpha_draft) * RELAX
+        if self.draft_step_s is not None:
+            self.draft_step_s += (self.c_draft(1) - self.draft_step_s) * RELAX
+        # How busy the machine is shows in every target decode; the draft's scale follows it.
+        self.c_draft.scale += (self.c_target.scale - self.c_draft.scale) * RELAX
 
     @staticmethod
     def _prune(tree: DraftTree, nodes: list[int], kinds: list[str], keys: list[object]):

@@ -266,6 +266,10 @@ def calibrate(
     for b, sec, rel in zip(curve.sizes, curve.seconds, curve.relative()):
         table.add_row(str(b), f"{sec * 1000:.1f}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}")
     Console(soft_wrap=True).print(table)
+    if curve.per_token_one_output:
+        print(f"one output row (catching up on text): {curve.seconds[0] * 1000:.1f} ms + "
+              f"{curve.per_token_one_output * 1000:.2f} ms per further token (e.g. B=16: "
+              f"{curve.at(16, 0, outputs=1) * 1000:.1f} ms)")
     if curve.per_context_at:
         print(f"context: +{curve.per_context * 1e9:.0f} ns per batch token per context token "
               f"(measured after {curve.per_context_at} tokens; e.g. B=8 after 2048: "

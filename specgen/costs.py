@@ -3,7 +3,10 @@
 Measured at start-up in a spare sequence id (then removed), cached per (model file, llama.cpp
 build, threads, context size, CPU) under $SPECGEN_HOME/calibration. Attention makes a decode of
 B tokens after L others cost about c(B) + gamma * B * L: gamma is measured once, at the first
-long prompt, and cached too; live decodes keep a scale current (machines get busy).
+long prompt, and cached too; live decodes keep a scale current (machines get busy). c(B) asks for
+logits on every row; a decode that asks for one row's logits (catching a draft up on committed
+text) costs about c(1) plus a per-token cost of the network without its output layer, timed with
+the curve: with a large vocabulary that is several times cheaper.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class CostCurve:
     scale: float = 1.0
     per_context: float = 0.0  # gamma: seconds per batch token per token of context
     per_context_at: int = 0  # the context length gamma was measured at (0: not yet)
+    per_token_one_output: float = 0.0  # seconds each token past the first adds to a one-output decode
     context: int = 0  # the context length the planner is asking about (set each step)
     cache_path: Path | None = None  # where the calibration cache keeps this curve
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
@@ -56,23 +60,28 @@ class CostCurve:
             return ys[-1] + slope * (b - xs[-1])
         return float(np.interp(b, xs, ys))
 
-    def at(self, b: int, context: int) -> float:
-        """Unscaled seconds for B tokens after `context` tokens."""
-        return self.base(b) + self.per_context * b * context
+    def at(self, b: int, context: int, outputs: int | None = None) -> float:
+        """Unscaled seconds for B tokens after `context` tokens, `outputs` of them with logits
+        (default: all, as the curve was timed; in between, linear from one output to all)."""
+        seconds = self.base(b)
+        if outputs is not None and outputs < b > 1 and self.per_token_one_output > 0:
+            one = min(seconds, self.base(1) + (b - 1) * self.per_token_one_output)
+            seconds = one + (seconds - one) * (max(1, outputs) - 1) / (b - 1)
+        return seconds + self.per_context * b * context
 
-    def __call__(self, b: int) -> float:
-        return self.scale * self.at(b, self.context) if b > 0 else 0.0
+    def __call__(self, b: int, outputs: int | None = None) -> float:
+        return self.scale * self.at(b, self.context, outputs) if b > 0 else 0.0
 
-    def observe(self, b: int, seconds: float, context: int = 0) -> None:
+    def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
         """Fold a real decode into the scale (machines get busy)."""
-        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.at(b, context)
+        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.at(b, context, outputs)
 
     def relative(self) -> list[float]:
         return [s / self.seconds[0] for s in self.seconds]
 
     def to_json(self) -> dict:
         return {"sizes": self.sizes, "seconds": self.seconds, "per_context": self.per_context,
-                "per_context_at": self.per_context_at}
+                "per_context_at": self.per_context_at, "per_token_one_output": self.per_token_one_output}
 
 
 def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
@@ -85,7 +94,8 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
     Sequence 0's KV is copied into the spare sequence first so attention spans a realistic
     context; the spare sequence is removed afterwards. One pass over the sizes, then more passes
     (keeping each size's fastest time) while the time budget lasts; sizes the first pass could
-    not reach in budget are extrapolated.
+    not reach in budget are extrapolated. Last, the largest size up to 16 is timed again with
+    one output row, for what a token costs without the output layer (per_token_one_output).
     """
     spare = ctx.n_seq_max - 1
     sizes = tuple(b for b in sizes if b <= ctx.n_batch and n_past + b < ctx.n_ctx)
@@ -99,7 +109,12 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
             seconds = _timed_decode(ctx, spare, n_past, token, b)
             best[b] = min(seconds, best.get(b, seconds))
     measured = sorted(best)
-    return CostCurve(measured, [best[b] for b in measured])
+    curve = CostCurve(measured, [best[b] for b in measured])
+    m = max((b for b in measured if b <= 16), default=1)
+    if m > 1:
+        one = min(_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(repeats))
+        curve.per_token_one_output = max(0.0, one - best[1]) / (m - 1) if 1 in best else 0.0
+    return curve
 
 
 def measure_context(ctx: Context, curve: CostCurve, n_past: int, token: int,
@@ -130,12 +145,16 @@ def measure_context(ctx: Context, curve: CostCurve, n_past: int, token: int,
     curve.per_context, curve.per_context_at = float(np.median(gammas)), n_past
 
 
-def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, copy: bool = True) -> float:
+def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, copy: bool = True,
+                  outputs: int | None = None) -> float:
+    """Seconds for one decode of b tokens in the spare sequence; logits on every row, or on the
+    last `outputs` rows."""
     if spare != 0 and copy:
         ctx.seq_cp(0, spare, -1, -1)
+    first_out = b - (outputs if outputs is not None else b)
     batch = Batch()
     for j in range(b):
-        batch.add(token, n_past + j, (spare,), True)
+        batch.add(token, n_past + j, (spare,), j >= first_out)
     t0 = time.perf_counter()
     ctx.decode(batch)
     seconds = time.perf_counter() - t0
@@ -143,7 +162,7 @@ def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, cop
     return seconds
 
 
-CURVE_VERSION = 2  # bump when what a cached curve means changes (2: every row outputs logits)
+CURVE_VERSION = 3  # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost)
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = "") -> str:
@@ -158,7 +177,8 @@ def load_cached(path: Path) -> CostCurve | None:
         data = json.loads(path.read_text())
         return CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached",
                          per_context=float(data.get("per_context", 0.0)),
-                         per_context_at=int(data.get("per_context_at", 0)))
+                         per_context_at=int(data.get("per_context_at", 0)),
+                         per_token_one_output=float(data.get("per_token_one_output", 0.0)))
     except (OSError, ValueError, KeyError):
         return None
 
@@ -180,7 +200,7 @@ class TimedContext:
         t0 = time.perf_counter()
         out = self.inner.decode(batch)
         if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
-            self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0])
+            self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0], batch.n_outputs)
         return out
 
     def __getattr__(self, name: str):

@@ -5,6 +5,8 @@ One interface (reset / propose / observe); "no proposal" is a tree with only the
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -228,6 +230,7 @@ class ModelDrafter:
         self.lookup = lookup if not self.sampling else None
         self.lookup_len = lookup_len
         self.draft_calls = 0
+        self.catch_up_s = 0.0  # seconds the last proposal's first decode (the catch-up) took
         self._grow: _Growth | None = None
         self.last_choice = "staged" if self.lookup is not None else "draft"
 
@@ -241,7 +244,10 @@ class ModelDrafter:
         g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1)
         if limit <= 0 or self.max_nodes <= 0:
             return g.tree
-        frontier = self._add_children(g, 0, self.cache.catch_up())
+        t0 = time.perf_counter()
+        root_logits = self.cache.catch_up()
+        self.catch_up_s = time.perf_counter() - t0
+        frontier = self._add_children(g, 0, root_logits)
         self.draft_calls += 1
         while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)

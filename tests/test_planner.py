@@ -15,6 +15,7 @@ from specgen.planner import AcceptanceModel, Guard, best_chain_length, best_subt
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
 from specgen.tree import DraftTree
+from specgen.verify import Verdict
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])  # memory-bound: a batch of 32 costs 1.2x one token
 STEEP = CostCurve([1, 2, 4, 8], [0.010, 0.018, 0.034, 0.066])  # compute-bound: ~linear
@@ -80,15 +81,33 @@ def test_calibration_times_batches_that_output_every_row_and_cleans_up():
     curve = measure(ctx, 3, 7, budget_s=60.0)
     assert curve.sizes == list(BATCH_SIZES)
     timed = ctx.calls[1:]
-    assert all(all(b.logits) for b in timed) and {len(b) for b in timed} == set(BATCH_SIZES)
+    every_row = [b for b in timed if all(b.logits)]
+    assert {len(b) for b in every_row} == set(BATCH_SIZES)
+    # Then the one-output cost (a draft catching up on committed text): 16 tokens, last row only.
+    one_row = [b for b in timed if not all(b.logits)]
+    assert one_row and all(len(b) == 16 and b.logits == [False] * 15 + [True] for b in one_row)
+    assert curve.per_token_one_output >= 0.0
     assert {s: cells for s, cells in ctx.kv.items() if cells} == committed  # spare sequence removed
+
+
+def test_one_output_decodes_cost_the_network_without_its_output_layer():
+    """Catching a draft up on 16 committed tokens asks for one row of logits: with a large
+    vocabulary that costs a fraction of 16 rows of logits, and the planner must know it."""
+    curve = CostCurve([1, 16], [0.010, 0.040], per_token_one_output=0.001)
+    assert curve(16, outputs=1) == pytest.approx(0.010 + 15 * 0.001)
+    assert curve(16, outputs=16) == pytest.approx(curve(16)) == pytest.approx(0.040)
+    assert curve(16, outputs=1) < curve(16, outputs=8) < curve(16)  # in between: linear in outputs
+    assert curve(1, outputs=0) == pytest.approx(0.010)
+    curve.observe(16, curve.at(16, 0, outputs=1), outputs=1)  # a one-output decode as predicted
+    assert curve.scale == pytest.approx(1.0)
+    assert CostCurve([1, 16], [0.010, 0.040])(16, outputs=1) == pytest.approx(0.040)  # unmeasured: all rows
 
 
 def test_cost_grows_with_context_and_gamma_comes_from_long_prompt_decodes(monkeypatch):
     curve = CostCurve([1, 8, 16], [0.010, 0.020, 0.030])
     # Synthetic timings: +2 us per batch token per context token, on a machine 1.5x busier than
     # when the curve was timed (which must not be read as context cost).
-    def timed(ctx, spare, n_past, token, b, copy=True):
+    def timed(ctx, spare, n_past, token, b, copy=True, outputs=None):
         return 1.5 * (curve.base(b) + (2e-6 * b * n_past if copy else 0.0))
     monkeypatch.setattr(costs, "_timed_decode", timed)
     measure_context(FakeContext(FakeModel(), n_ctx=2048, n_seq_max=4), curve, 1000, 5)
@@ -196,6 +215,44 @@ def test_auto_uses_a_good_cheap_draft_where_lookup_has_nothing():
     assert tokens == plain_tokens(target, prompt, 48, SamplingParams())
     assert auto.choices["staged"] > auto.choices["plain"]
     assert stats.mean_accepted > 2
+
+
+def test_a_draft_behind_on_committed_text_is_priced_at_one_output_row():
+    """After lookup steps the draft has text to catch up on: one decode with one row of logits.
+    Priced as if every row output logits (steep on a CPU with a large vocabulary), a backlog of
+    40 tokens would shut the draft out for the rest of the text."""
+    target = FakeModel(n_vocab=64, sharpness=2.0)
+    backlog = list(range(10, 50))  # no repeats: lookup has nothing to offer
+    every_row = dict(sizes=[1, 2, 32, 64], seconds=[0.002, 0.004, 0.064, 0.128])
+    choices = {}
+    for one_output in (0.0, 0.0001):  # unmeasured: all rows; measured: the body alone per token
+        model = ModelDrafter(FakeContext(NoisyDraft(target, 0.3), n_ctx=512, n_seq_max=64), SamplingParams(),
+                             branching=1, max_nodes=8, max_depth=16, lookup=LookupDrafter())
+        auto = AutoDrafter(FLAT, model.lookup, model, CostCurve(**every_row, per_token_one_output=one_output))
+        auto.reset([0, 1, 2, 3])
+        model.skip()
+        model.observe(Verdict([], backlog[:1]), backlog)  # steps that did not use the draft
+        assert model.cache.behind == 41
+        auto.propose(16)
+        choices[one_output] = auto.last_choice
+    assert choices == {0.0: "plain", 0.0001: "staged"}
+
+
+def test_a_draft_judged_too_weak_is_tried_again_later():
+    """Acceptance is learned only from steps that use the draft: a low estimate would otherwise
+    keep it out for good, though the text (and how well the draft knows it) changes."""
+    target = FakeModel(n_vocab=64, sharpness=2.0)
+    model = ModelDrafter(FakeContext(NoisyDraft(target, 0.3), n_ctx=512, n_seq_max=64), SamplingParams(),
+                         branching=1, max_nodes=8, max_depth=16, lookup=LookupDrafter())
+    auto = AutoDrafter(FLAT, model.lookup, model, CostCurve([1, 8], [0.002, 0.003], per_token_one_output=5e-5))
+    auto.reset([0, 1, 2, 3])
+    auto.alpha_draft = 0.05  # as after a stretch of text the draft got wrong
+    for step, tok in enumerate(range(10, 60)):
+        auto.propose(16)
+        if auto.last_choice == "staged":
+            break
+        auto.observe(Verdict([], [tok]), [tok])
+    assert auto.last_choice == "staged" and 5 < step < 50
 
 
 def test_auto_stays_plain_when_nothing_is_accepted_and_costs_are_steep():
