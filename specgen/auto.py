@@ -99,9 +99,9 @@ class AutoDrafter:
             # A drafted token costs a draft decode plus Python work on a vocabulary-sized row:
             # planned with what drafted tokens really took, once there is a measurement. The
             # first decode also evaluates the committed tokens the draft has not seen (one output
-            # row: much cheaper per token than a draft level).
+            # row: much cheaper per token than a draft level; the prompt too, the first time).
             step = max(self.c_draft(1), self.draft_step_s or 0.0)
-            catch_up = self.c_draft(self.model.cache.behind, outputs=1) - self.c_draft(1)
+            catch_up = self.c_draft.read(self.model.cache.behind) - self.c_draft(1)
             k, draft_rate = best_chain_length(self.alpha_draft, self.c_target, step, depth, catch_up)
             if k > 0 and draft_rate > plan.rate:
                 return self._propose_with_model(depth, k)

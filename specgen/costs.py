@@ -72,6 +72,11 @@ class CostCurve:
     def __call__(self, b: int, outputs: int | None = None) -> float:
         return self.scale * self.at(b, self.context, outputs) if b > 0 else 0.0
 
+    def read(self, b: int) -> float:
+        """Seconds to evaluate the last b tokens of the current context with one output row (a
+        draft catching up on text; a prompt): each attends, on average, to half of their span."""
+        return self.scale * self.at(b, max(0, self.context - b // 2), outputs=1) if b > 0 else 0.0
+
     def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
         """Fold a real decode into the scale (machines get busy)."""
         self.scale = (1 - EMA) * self.scale + EMA * seconds / self.at(b, context, outputs)

@@ -141,8 +141,10 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         # the draft's argmax even when sampling: deterministic drafts are verified by sample-and-match,
         # which makes the same draws as plain decoding, so a seed gives plain's exact output whatever
         # auto chose at each step (its choices follow measured timings, which vary run to run).
+        # The draft reads the prompt only when auto first uses it (as a catch-up the planner
+        # prices): on a long prompt where lookup does the work, it never does.
         model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
-                             lookup=lookup)
+                             lookup=lookup, lazy_prefill=True)
     auto = AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, reproducible=reproducible)
     auto.on_long_prompt = lambda n_past, token: measure_context_once(loaded, n_past, token)
     return auto

@@ -182,7 +182,8 @@ def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reprod
     model = None
     if draft is not None:
         dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
-        model = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16, lookup=lookup)
+        model = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16, lookup=lookup,
+                             lazy_prefill=True)
     auto = AutoDrafter(curve, lookup, model, draft_curve, reproducible=reproducible)
     stats = RunStats()
     events = generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
@@ -253,6 +254,21 @@ def test_a_draft_judged_too_weak_is_tried_again_later():
             break
         auto.observe(Verdict([], [tok]), [tok])
     assert auto.last_choice == "staged" and 5 < step < 50
+
+
+def test_auto_reads_the_prompt_into_the_draft_only_when_it_first_uses_the_draft():
+    """A long prompt that lookup serves well would cost the draft a whole prefill for nothing."""
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    draft = NoisyDraft(target, noise=0.3)
+    looping = [0] + [3, 4, 5, 6] * 20
+    tokens, _, auto = auto_run(target, draft, looping, 24, SamplingParams(), FLAT, CostCurve([1, 8], [0.002, 0.003]))
+    assert auto.choices["staged"] == 0 and auto.model.cache.ctx.calls == []  # lookup all along
+    assert tokens == plain_tokens(target, looping, 24, SamplingParams())
+    fresh = [0, 9, 8, 7]
+    tokens, _, auto = auto_run(target, draft, fresh, 24, SamplingParams(), FLAT, CostCurve([1, 8], [0.002, 0.003]))
+    first = auto.model.cache.ctx.calls[0]
+    assert auto.choices["staged"] > 0 and first.tokens == fresh and first.logits == [False] * 3 + [True]
+    assert tokens == plain_tokens(target, fresh, 24, SamplingParams())
 
 
 def test_auto_stays_plain_when_nothing_is_accepted_and_costs_are_steep():
