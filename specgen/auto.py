@@ -54,8 +54,8 @@ class AutoDrafter:
         self._draft_calls = 0
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
-        # Called with (context length, a token) after a long prompt's prefill (see runner.py).
-        self.on_long_prompt: Callable[[int, int], None] | None = None
+        # Called with the prompt's tokens after a long prompt's prefill (see runner.py).
+        self.on_long_prompt: Callable[[list[int]], None] | None = None
 
     def reset(self, tokens: list[int]) -> None:
         self.acceptance.new_text()
@@ -64,7 +64,7 @@ class AutoDrafter:
         if not self._model_owns_lookup:
             self.lookup.reset(tokens)
         if self.on_long_prompt is not None and len(tokens) > LONG_PROMPT and not self.reproducible:
-            self.on_long_prompt(len(tokens) - 1, tokens[-1])  # measures the costs' context term once
+            self.on_long_prompt(tokens)  # measures the costs' context term once
 
     # -- one step ------------------------------------------------------------------------------
 

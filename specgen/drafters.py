@@ -153,21 +153,21 @@ class DraftCache:
     id, so the next step evaluates only the tokens the draft has not seen (usually the bonus token).
     """
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, lazy: bool = False):
         self.ctx = ctx
+        self.lazy = lazy  # leave the prompt to the first catch-up, which never comes if the draft is unused
         self.tokens: list[int] = []  # committed text
         self.n_eval = 0  # committed tokens evaluated into sequence 0
         self.caught_up = False  # whether this step evaluated the root (the last committed token)
 
-    def reset(self, tokens: list[int], lazy: bool = False) -> None:
-        """Prefill the prompt but its last token (the first root), as the target does; `lazy`:
-        leave the whole prompt to the first catch-up, which never comes if the draft is not used."""
-        if lazy:
+    def reset(self, tokens: list[int]) -> None:
+        """Prefill the prompt but its last token (the first root), as the target does (lazy: none)."""
+        if self.lazy:
             self.ctx.clear()
         else:
             prefill(self.ctx, tokens)
         self.tokens = list(tokens)
-        self.n_eval = 0 if lazy else len(tokens) - 1
+        self.n_eval = 0 if self.lazy else len(tokens) - 1
         self.caught_up = False
 
     @property
@@ -225,8 +225,7 @@ class ModelDrafter:
     def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
                  max_depth: int = 8, min_prob: float = 0.0, lookup: LookupDrafter | None = None,
                  lookup_len: int = 4, lazy_prefill: bool = False):
-        self.cache = DraftCache(ctx)
-        self.lazy_prefill = lazy_prefill  # for `auto`, which may not use the draft for this prompt
+        self.cache = DraftCache(ctx, lazy=lazy_prefill)  # lazy: for `auto`, which may not use the draft
         self.params = params
         self.sampling = not params.greedy
         self.rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
@@ -240,7 +239,7 @@ class ModelDrafter:
         self.last_choice = "staged" if self.lookup is not None else "draft"
 
     def reset(self, tokens: list[int]) -> None:
-        self.cache.reset(tokens, lazy=self.lazy_prefill)
+        self.cache.reset(tokens)
         if self.lookup is not None:
             self.lookup.reset(tokens)
 

@@ -11,6 +11,7 @@ from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, mea
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .engine import Event, FinishEvent, GenerationRequest, generate_plain, generate_speculative
 from .errors import ConfigError
+from .kv import prefill
 from .prompts import Prompt
 from .sampling import SamplingParams
 from .protocol import Context, Model
@@ -146,19 +147,25 @@ def make_auto(loaded: LoadedModels, cfg: RunConfig) -> AutoDrafter:
         model = ModelDrafter(loaded.draft_ctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16,
                              lookup=lookup, lazy_prefill=True)
     auto = AutoDrafter(loaded.costs, lookup, model, loaded.draft_costs, reproducible=reproducible)
-    auto.on_long_prompt = lambda n_past, token: measure_context_once(loaded, n_past, token)
+    auto.on_long_prompt = lambda tokens: measure_context_once(loaded, tokens)
     return auto
 
 
-def measure_context_once(loaded: LoadedModels, n_past: int, token: int) -> None:
+def measure_context_once(loaded: LoadedModels, tokens: list[int]) -> None:
     """After the first long prompt's prefill: how much each context token adds to a decode (cached
-    with the curve, so once per model and machine). Timed on the raw contexts: not a live step."""
-    pairs = [(loaded.costs, loaded.target_ctx), (loaded.draft_costs, loaded.draft_ctx)]
-    for curve, ctx in pairs:
+    with the curve, so once per model and machine). Timed on the raw contexts: not a live step.
+    The target's context holds the prompt; auto's draft reads it lazily, so for this one
+    measurement it reads it here, and is cleared again after (as the lazy draft expects)."""
+    pairs = [(loaded.costs, loaded.target_ctx, True), (loaded.draft_costs, loaded.draft_ctx, False)]
+    for curve, ctx, holds_prompt in pairs:
         if curve is None or ctx is None or curve.per_context_at:
             continue
         raw = ctx.inner if isinstance(ctx, TimedContext) else ctx
-        measure_context(raw, curve, n_past, token)
+        if not holds_prompt:
+            prefill(raw, tokens)
+        measure_context(raw, curve, len(tokens) - 1, tokens[-1])
+        if not holds_prompt:
+            raw.clear()
         if curve.cache_path is not None:
             save_cached(curve.cache_path, curve)
 

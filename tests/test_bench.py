@@ -14,6 +14,7 @@ from specgen.benchview import check_plot_path, svg_chart
 from specgen.config import RunConfig
 from specgen.costs import CostCurve
 from specgen.errors import ConfigError, PromptError
+from specgen.prompts import Prompt
 from specgen.runner import LoadedModels, Runner
 from specgen.stats import RunStats
 
@@ -146,6 +147,29 @@ def fake_loaded(with_draft: bool) -> LoadedModels:
     return LoadedModels(target, target.new_context(512, n_seq_max=32), draft, "fake", "fake-draft" if draft else None,
                         draft.new_context(512, n_seq_max=64) if draft else None,
                         costs=flat, draft_costs=replace(flat, seconds=[s / 4 for s in flat.seconds]) if draft else None)
+
+
+def test_auto_times_the_context_term_after_a_long_prompt_with_the_draft_holding_that_prompt():
+    """auto's draft reads prompts lazily, yet its context term must be timed after the prompt's
+    context (the fake context refuses a decode whose earlier positions hold no KV), and the lazy
+    draft must find its context empty again afterwards."""
+    target = FakeModel(n_vocab=24, sharpness=4.0)
+    draft = NoisyDraft(target, noise=0.5)
+    flat = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
+    loaded = LoadedModels(target, target.new_context(2048, n_seq_max=32), draft, "fake", "fake-draft",
+                          draft.new_context(2048, n_seq_max=64), costs=flat, draft_costs=replace(flat))
+    runner = Runner(RunConfig(target="fake", draft="fake-draft", method="auto", max_tokens=8, chat=False), loaded)
+    long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(600))
+    runner.complete(Prompt(0, long_prompt), RunStats())
+    n_past = len(target.tokenize(long_prompt)) - 1
+    assert loaded.costs.per_context_at == n_past and loaded.draft_costs.per_context_at == n_past
+    draft_ctx = loaded.draft_ctx.inner if hasattr(loaded.draft_ctx, "inner") else loaded.draft_ctx
+    read: list[int] = []
+    for call in draft_ctx.calls:  # the prompt, read in n_batch chunks for the measurement
+        if len(read) >= n_past:
+            break
+        read += call.tokens
+    assert read == target.tokenize(long_prompt)[:-1]
 
 
 def test_bench_on_fake_backend_is_lossless_and_interleaved():
