@@ -232,19 +232,6 @@ class LlamaContext:
         out.flags.writeable = False
         return out
 
-    def prefill(self, tokens: Sequence[int], start_pos: int = 0, seq_id: int = 0) -> np.ndarray:
-        """Evaluate a long run of tokens in n_batch chunks; returns the last token's logits."""
-        last = np.empty(0, dtype=np.float32)
-        for off in range(0, len(tokens), self.n_batch):
-            chunk = tokens[off:off + self.n_batch]
-            batch = Batch()
-            for j, tok in enumerate(chunk):
-                batch.add(tok, start_pos + off + j, (seq_id,), off + j == len(tokens) - 1)
-            out = self.decode(batch)
-            if len(out):
-                last = out[-1].copy()
-        return last
-
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         # Called directly: llama-cpp-python's LlamaContext.kv_cache_seq_rm turns seq -1 into 0.
         return bool(L.llama_memory_seq_rm(self._mem, seq_id, p0, p1))

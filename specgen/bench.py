@@ -15,12 +15,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
 
-from .build import cpu_name
 from .errors import ConfigError, PromptError
+from .host import cpu_name
 from .prompts import Prompt, decode_utf8, jsonl_records
 from .stats import RunStats
+
+if TYPE_CHECKING:
+    from .session import Completion
 
 # Spec-Bench's six groups; its eight MT-bench categories form the first.
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -124,12 +127,12 @@ def select(prompts: Sequence[BenchPrompt], per_group: int | None = None, limit: 
 
 def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
     """"plain,lookup,auto" -> ("plain", "lookup", "auto"): plain always runs, first, as the baseline."""
-    from .config import METHODS
+    from .methods import NAMES
 
     names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
     for m in names:
-        if m not in METHODS:
-            raise ConfigError(f"--methods expects a comma-separated list of {', '.join(METHODS)}, found {m!r}")
+        if m not in NAMES:
+            raise ConfigError(f"--methods expects a comma-separated list of {', '.join(NAMES)}, found {m!r}")
     return tuple(dict.fromkeys(["plain", *names]))
 
 
@@ -137,7 +140,7 @@ def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class PromptRunner(Protocol):
-    def complete(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> tuple[str, str]: ...
+    def run(self, prompt: Prompt, max_tokens: int | None = None) -> "Completion": ...
 
 
 def run_turns(runner: PromptRunner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
@@ -147,10 +150,10 @@ def run_turns(runner: PromptRunner, prompt: BenchPrompt, max_tokens: int | None 
     for i, turn in enumerate(prompt.turns):
         if i:
             conversation = conversation.followed_by(answers[-1], turn)
-        stats = RunStats()
-        text, reason = runner.complete(conversation, stats, max_tokens)
-        total.add(stats)
-        answers.append(text)
+        done = runner.run(conversation, max_tokens)
+        total.add(done.stats)
+        answers.append(done.text)
+        reason = done.finish_reason
     return "\n\n".join(answers), total, reason
 
 

@@ -20,7 +20,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+from .host import cpu_flags, has_nvidia_gpu, specgen_home
+
+
+def pinned_llama_version() -> str:
+    """The llama-cpp-python version specgen pins: pyproject.toml's dependency, the one place it is
+    written (read from the installed package's metadata where there is no source tree)."""
+    pin = re.compile(r"llama-cpp-python\s*==\s*([0-9][0-9A-Za-z.]*)")
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        found = pin.search(pyproject.read_text(encoding="utf-8"))
+    else:
+        from importlib.metadata import PackageNotFoundError, requires
+
+        try:
+            found = next(filter(None, map(pin.search, requires("specgen") or [])), None)
+        except PackageNotFoundError:
+            found = None
+    if found is None:
+        sys.exit("specgen: cannot find the llama-cpp-python pin (pyproject.toml or specgen's metadata)")
+    return found.group(1)
+
+
+LLAMA_CPP_PYTHON_VERSION = pinned_llama_version()
 
 # /proc/cpuinfo flag -> ggml CMake option. Each option is set explicitly ON or OFF so a build never
 # enables an ISA the CPU lacks. (AVX-VNNI is left at ggml's default, off: AVX512-VNNI covers it.)
@@ -52,44 +74,6 @@ class BuildPlan:
         blob = "\n".join([LLAMA_CPP_PYTHON_VERSION, sys.implementation.cache_tag, platform.machine(),
                           *self.cmake_args])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def specgen_home() -> Path:
-    return Path(os.environ.get("SPECGEN_HOME") or Path.home() / ".cache" / "specgen")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def has_nvidia_gpu() -> bool:
-    """nvcc alone is not enough: a CUDA build on a host without a driver cannot even load."""
-    if Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists():
-        return True
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            return subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-    return False
 
 
 def plan_build(env: dict[str, str] | None = None) -> BuildPlan:

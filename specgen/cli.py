@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from .errors import SpecgenError
+from .errors import ConfigError, SpecgenError
+from .methods import NAMES as METHOD_NAMES
 from .render import OutputClosed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -21,13 +22,18 @@ EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
 
 
+def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, found {threads}")
+
+
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
     prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", help="Many prompts: .txt (one per line) or .jsonl."),
     target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
     draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), or 'none'."),
-    method: Optional[str] = typer.Option(None, "--method", help="auto|plain|chain|tree|staged|lookup"),
+    method: Optional[str] = typer.Option(None, "--method", help=f"{'|'.join(METHOD_NAMES)} [auto]."),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens to generate [256]."),
     temperature: Optional[float] = typer.Option(None, "-t", "--temperature", help="0 = greedy [0]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
@@ -56,60 +62,43 @@ def generate(
       specgen generate -m target.gguf -d draft.gguf -f prompts.txt
     """
     from .config import build_config
-    from .engine import TokenEvent
     from .prompts import collect_prompts
     from .render import TextSink, stats_line, write_json_record
-    from .runner import PromptResult, Runner, load_models
-    from .stats import RunStats
+    from .session import Interrupted, Runner, load_session
 
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc))
     items = collect_prompts(prompt, prompts, sys.stdin)
-    runner = Runner(cfg, load_models(cfg))
+    runner = Runner(cfg, load_session(cfg))
     sink = TextSink()
     failed = 0
     for item in items:
-        stats, pieces, reason = RunStats(), [], "interrupted"
         try:
-            for event in runner.stream(item, stats):
-                if isinstance(event, TokenEvent):
-                    pieces.append(event.text)
-                    if not json_out:
-                        sink.write(event.text, event.from_draft)
-                else:
-                    reason = event.reason
-                    pieces.append(event.tail)
-                    if not json_out:
-                        sink.write(event.tail)
-        except KeyboardInterrupt:
-            pass  # keep what was generated: it is written below, then we exit 130
+            result = runner.run(item, on_text=None if json_out else sink.write)
+        except Interrupted as stop:
+            result = stop.partial  # keep what was generated: it is written below, then we exit 130
         except SpecgenError as e:
             if fail_fast or len(items) == 1:
                 raise
             # One bad prompt in a long file: say which, keep going; the exit code reports it.
             failed += 1
-            if pieces and not json_out:
-                sink.end()
+            sink.close_line()
             print(f"specgen: error: prompt {item.index + 1}: {e}", file=sys.stderr, flush=True)
             if json_out:
                 write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})
             continue
-        result = PromptResult(item.index, "".join(pieces), stats, reason)
         if json_out:
             write_json_record(runner.record(result))
         else:
             sink.end()
-        stats_line(stats.line())
-        if reason == "interrupted":
+        stats_line(result.stats.line())
+        if result.finish_reason == "interrupted":
             raise typer.Exit(EXIT_INTERRUPTED)
     if failed:
         print(f"specgen: {failed} of {len(items)} prompts failed", file=sys.stderr)
         raise typer.Exit(EXIT_SOME_FAILED)
-
-
-DEFAULT_BENCH_METHODS = ("plain", "lookup", "chain", "tree", "staged", "auto")
 
 
 @app.command()
@@ -119,7 +108,7 @@ def bench(
     suite: Optional[str] = typer.Option(None, "--suite", help="builtin | humaneval | a Spec-Bench "
                                         "question.jsonl path [builtin]."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated; plain always runs "
-                                          "[plain,lookup,chain,tree,staged,auto; no draft: plain,lookup,auto]."),
+                                          "[every method that can run with the models given]."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most N prompts in all."),
     per_group: Optional[int] = typer.Option(None, "--per-group", help="N prompts per group, spread evenly."),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens per answer."),
@@ -148,9 +137,10 @@ def bench(
 
     from . import backend, bench as b, models
     from .benchview import check_plot_path, summary_table, write_plot
+    from . import methods as M
     from .config import merged_settings, run_config
     from .render import count_progress
-    from .runner import Runner, load_models
+    from .session import Runner, load_session
 
     values = merged_settings(config, dict(
         target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, seed=seed, chat=chat,
@@ -158,22 +148,21 @@ def bench(
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
         if values.get(key) is not None and values[key] < 1:
-            raise SpecgenError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
-    chosen = b.parse_methods(values.get("methods") or
-                             [m for m in DEFAULT_BENCH_METHODS if cfg.draft or m not in ("chain", "tree", "staged")])
+            raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
+    chosen = b.parse_methods(values.get("methods") or M.usable(cfg.draft is not None))
     if plot is not None:
         check_plot_path(plot)
     suite_name, pool = b.load_suite(values.get("suite") or "builtin")
     prompts = b.select(pool, values.get("per_group"), values.get("limit"))
     n_repeats = values.get("repeats") or 1
 
-    loaded = load_models(dataclasses.replace(cfg, method="auto"), chosen)
-    runners = {m: Runner(dataclasses.replace(cfg, method=m), loaded) for m in chosen}
+    session = load_session(cfg, chosen)
+    runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = backend.build_info()
     n_threads = cfg.threads or backend.default_threads()
     machine = b.machine_info(n_threads, info)
     header = (f"{machine['cpu']} · {n_threads} threads · {machine['backend']} · target {cfg.target}"
-              f"{f' · draft {loaded.draft_label}' if loaded.draft_label else ''} · T={cfg.temperature:g}"
+              f"{f' · draft {session.draft_label}' if session.draft_label else ''} · T={cfg.temperature:g}"
               f" · {cfg.max_tokens} tokens · suite {Path(suite_name).name}")
 
     trials: list = []
@@ -191,11 +180,11 @@ def bench(
         console = Console(width=30 + 14 * len(chosen))  # piped: wide enough, never truncated
     console.print(summary_table(rows, chosen, header, n_repeats))
     if json_file is not None:
-        model_info = {"target": models.describe(cfg.target, Path(loaded.target.path)),
-                      "draft": models.describe(cfg.draft, Path(loaded.draft.path)) if loaded.draft else None}
+        model_info = {"target": models.describe(cfg.target, Path(session.target.path)),
+                      "draft": models.describe(cfg.draft, Path(session.draft.path)) if session.draft else None}
         settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(chosen), "suite": suite_name,
                     "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}
-        base = {"target": cfg.target, "draft": loaded.draft_label, "temperature": cfg.temperature}
+        base = {"target": cfg.target, "draft": session.draft_label, "temperature": cfg.temperature}
         report = b.report(machine, model_info, settings, [b.trial_record(t, base) for t in trials], rows)
         json_file.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if plot is not None and rows:
@@ -223,9 +212,8 @@ def rpc_server(
     from . import backend
 
     if not 0 < port < 65536:
-        raise SpecgenError(f"--port must be in 1..65535, found {port}")
-    if threads is not None and threads < 1:
-        raise SpecgenError(f"--threads must be at least 1, found {threads}")
+        raise ConfigError(f"--port must be in 1..65535, found {port}")
+    check_threads(threads)
     # The server loop runs inside llama.cpp and never returns to Python, so Python's Ctrl-C handler
     # would never run: let SIGINT/SIGTERM end the process directly.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -253,13 +241,12 @@ def calibrate(
 
     from . import backend, models
     from .auto import LONG_PROMPT
-    from .runner import TARGET_SEQS, cost_curve
+    from .session import TARGET_SEQS, cost_curve
 
-    if threads is not None and threads < 1:
-        raise SpecgenError(f"--threads must be at least 1, found {threads}")
+    check_threads(threads)
     llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
     context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads)
-    curve = cost_curve(llm, context, threads, refresh=refresh)
+    curve = cost_curve(llm, context, refresh=refresh)
     table = Table(title=f"{Path(llm.path).name}: one decode of B tokens ({curve.source})", box=None)
     for col in ("B", "ms", "x B=1", "ms per token"):
         table.add_column(col, justify="right")
@@ -282,21 +269,22 @@ def calibrate(
 def doctor(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for the speed check "
                                         "[the default target if present, else the smallest model present]."),
-    speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the 2-second speed check."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the speed check (a few seconds)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
 ) -> None:
-    """Check the installation: llama.cpp build and flags, CPU, cache, models, and a 2-second speed check.
+    """Check the installation: llama.cpp build and flags, CPU, cache, models, and a short speed check.
 
     Exits 1 when it finds a problem (e.g. a build known to crash on this CPU).
     """
     import platform
 
     from . import __version__, backend, build, doctor as d, models
-    from .build import cpu_name
-    from .config import DEFAULT_CONFIG, read_yaml
+    from .config import read_yaml
+    from .host import DEFAULT_CONFIG, cpu_flags, cpu_name, specgen_home
 
     info = backend.build_info()
-    flags = build.cpu_flags()
+    check_threads(threads)
+    flags = cpu_flags()
     plan = build.plan_build()
     installed_by_us = build.installed_for(plan)
     features = d.enabled_features(info.system_info)
@@ -306,7 +294,7 @@ def doctor(
     print(f"  built by specgen for this host: {'yes' if installed_by_us else 'no'} ({plan.reason})")
     print(f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
           f"· {platform.system()} {platform.machine()}")
-    home = models.specgen_home()
+    home = specgen_home()
     present = [(e.name, models.cached_path(e)) for e in models.load_manifest().values() if models.is_present(e)]
     print(f"cache: {home} · {models.human_size(d.human_dir_size(home))}")
     for name, path in present:
@@ -322,9 +310,8 @@ def doctor(
         if model is None:
             print("speed check: skipped (no model present)")
         else:
-            llm = backend.LlamaModel(models.resolve(model))
-            check = d.speed_check(llm, n_threads=threads)
-            print(f"speed check: {Path(llm.path).name}: {check.tokens_per_s:.1f} tok/s plain decoding "
+            check = d.speed_check(model, n_threads=threads)
+            print(f"speed check: {check.model_file}: {check.tokens_per_s:.1f} tok/s plain decoding "
                   f"({check.tokens} tokens in {check.seconds:.1f} s)")
     for w in warnings:
         print(f"warning: {w}")

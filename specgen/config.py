@@ -12,12 +12,7 @@ import yaml
 from .errors import ConfigError
 from .sampling import SamplingParams
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-
-METHODS = ("auto", "plain", "chain", "tree", "staged", "lookup")
-# Methods that draft with a second model; the others need none.
-DRAFT_METHODS = ("chain", "tree", "staged")
+from .host import DEFAULT_CONFIG
 
 
 @dataclass(frozen=True)
@@ -93,8 +88,9 @@ def _is_endpoint(server: str) -> bool:
 
 
 def check_ranges(cfg: RunConfig) -> None:
-    if cfg.method not in METHODS:
-        raise ConfigError(f"--method must be one of {', '.join(METHODS)}, found {cfg.method!r}")
+    from . import methods
+
+    methods.get(cfg.method)
     if cfg.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
     if cfg.temperature < 0:

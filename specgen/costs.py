@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from .protocol import Batch, Context
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32)
 EMA = 0.1  # weight of one live measurement in the running estimate
+Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 
 @dataclass
@@ -41,7 +43,6 @@ class CostCurve:
     per_context: float = 0.0  # gamma: seconds per batch token per token of context
     per_context_at: int = 0  # the context length gamma was measured at (0: not yet)
     per_token_one_output: float = 0.0  # seconds each token past the first adds to a one-output decode
-    context: int = 0  # the context length the planner is asking about (set each step)
     cache_path: Path | None = None  # where the calibration cache keeps this curve
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
 
@@ -69,13 +70,18 @@ class CostCurve:
             seconds = one + (seconds - one) * (max(1, outputs) - 1) / (b - 1)
         return seconds + self.per_context * b * context
 
-    def __call__(self, b: int, outputs: int | None = None) -> float:
-        return self.scale * self.at(b, self.context, outputs) if b > 0 else 0.0
+    def __call__(self, b: int, context: int = 0, outputs: int | None = None) -> float:
+        """Seconds, on this machine now, for a decode of b tokens after `context` others."""
+        return self.scale * self.at(b, context, outputs) if b > 0 else 0.0
 
-    def read(self, b: int) -> float:
-        """Seconds to evaluate the last b tokens of the current context with one output row (a
-        draft catching up on text; a prompt): each attends, on average, to half of their span."""
-        return self.scale * self.at(b, max(0, self.context - b // 2), outputs=1) if b > 0 else 0.0
+    def read(self, b: int, context: int) -> float:
+        """Seconds to evaluate the last b of `context` tokens with one output row (a draft catching
+        up on text; a prompt): each attends, on average, to half of their span."""
+        return self.scale * self.at(b, max(0, context - b // 2), outputs=1) if b > 0 else 0.0
+
+    def given(self, context: int) -> "Cost":
+        """c(B) after `context` tokens, as the one-argument cost the planner's functions take."""
+        return lambda b: self(b, context)
 
     def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
         """Fold a real decode into the scale (machines get busy)."""

@@ -1,17 +1,14 @@
 """`specgen doctor`: what llama.cpp build is installed, whether it suits this CPU, what is cached, how fast.
 
 The checks are pure functions over strings (system_info, /proc/cpuinfo flags) so they are testable
-anywhere; only `speed_check` touches a model.
+anywhere; only `speed_check` touches a model (through the session, like `generate`).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from .protocol import Batch
 
 # llama.cpp's system_info feature name -> the /proc/cpuinfo flag the CPU needs for it.
 SYSTEM_INFO_FLAGS = {
@@ -44,6 +41,7 @@ def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class SpeedCheck:
+    model_file: str
     tokens: int
     seconds: float
 
@@ -52,16 +50,20 @@ class SpeedCheck:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def speed_check(model, seconds: float = 2.0, n_threads: int | None = None) -> SpeedCheck:
-    """Plain single-token decodes for about `seconds` after a short prompt: tokens per second."""
-    ctx = model.new_context(512, n_seq_max=1, n_threads=n_threads)
-    prompt = model.tokenize("The quick brown fox", add_special=True)
-    token, pos, n = int(ctx.prefill(prompt).argmax()), len(prompt), 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds and pos < ctx.n_ctx - 1:
-        row = ctx.decode(Batch([token], [pos], [(0,)], [True]))
-        token, pos, n = int(row[0].argmax()), pos + 1, n + 1
-    return SpeedCheck(n, time.perf_counter() - t0)
+SPEED_CHECK_TOKENS = 48
+
+
+def speed_check(model: str, n_threads: int | None = None) -> SpeedCheck:
+    """Plain decoding of a short continuation through the same loop as `generate`: tokens per second."""
+    from .config import RunConfig
+    from .prompts import Prompt
+    from .session import Runner, load_session
+
+    cfg = RunConfig(target=model, draft=None, method="plain", max_tokens=SPEED_CHECK_TOKENS, chat=False,
+                    threads=n_threads, ctx=512)
+    session = load_session(cfg)
+    done = Runner(cfg, session).run(Prompt(0, "The quick brown fox"))
+    return SpeedCheck(Path(session.target.path).name, done.stats.n_tokens, done.stats.decode_s)
 
 
 def human_dir_size(path: Path) -> int:

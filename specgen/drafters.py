@@ -6,30 +6,15 @@ One interface (reset / propose / observe); "no proposal" is a tree with only the
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from .kv import keep_branch, prefill
+from .kv import evaluate, keep_branch, prefill
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
 from .verify import Verdict
-
-
-class Drafter(Protocol):
-    last_choice: str  # what the last proposal was (stats: steps per choice)
-
-    def reset(self, tokens: list[int]) -> None:
-        """Start a new text: `tokens` is the prompt; its last token is the first root."""
-
-    def propose(self, max_depth: int) -> DraftTree:
-        """A tree rooted at the last committed token, at most `max_depth` drafted tokens deep."""
-
-    def observe(self, verdict: Verdict, committed: list[int]) -> None:
-        """Feedback after verification; `committed` are the tokens that joined the text."""
 
 
 class LookupDrafter:
@@ -177,16 +162,7 @@ class DraftCache:
 
     def catch_up(self) -> np.ndarray:
         """Evaluate the committed tokens the draft has not seen; q-logits after the last one."""
-        todo = self.tokens[self.n_eval:]
-        last = None
-        for off in range(0, len(todo), self.ctx.n_batch):
-            batch = Batch()
-            chunk = todo[off:off + self.ctx.n_batch]
-            for j, tok in enumerate(chunk):
-                batch.add(tok, self.n_eval + off + j, (0,), off + j == len(todo) - 1)
-            out = self.ctx.decode(batch)
-            if len(out):
-                last = out[-1]
+        last = evaluate(self.ctx, self.tokens[self.n_eval:], self.n_eval)
         self.n_eval = len(self.tokens)
         self.caught_up = True
         assert last is not None, "catch_up needs at least one unevaluated token (the root)"
@@ -235,19 +211,29 @@ class ModelDrafter:
         self.lookup_len = lookup_len
         self.draft_calls = 0
         self.catch_up_s = 0.0  # seconds the last proposal's first decode (the catch-up) took
-        self._grow: _Growth | None = None
+        self._grow: _Growth | None = None  # the step's proposal, until observe(): None = a step without the draft
+        self._last_tree = DraftTree.root_only(0)
         self.last_choice = "staged" if self.lookup is not None else "draft"
 
     def reset(self, tokens: list[int]) -> None:
+        self._grow = None
         self.cache.reset(tokens)
         if self.lookup is not None:
             self.lookup.reset(tokens)
 
-    def propose(self, max_depth: int) -> DraftTree:
+    @property
+    def backlog(self) -> int:
+        """Committed tokens the draft has not read yet (the root included): the next proposal's
+        first decode reads them all."""
+        return self.cache.behind
+
+    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree:
+        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes."""
         limit = min(self.max_depth, max_depth)
-        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1)
-        if limit <= 0 or self.max_nodes <= 0:
-            return g.tree
+        budget = self.max_nodes if max_nodes is None else max_nodes
+        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget)
+        if limit <= 0 or budget <= 0:
+            return self._proposed(g.tree)
         t0 = time.perf_counter()
         root_logits = self.cache.catch_up()
         self.catch_up_s = time.perf_counter() - t0
@@ -256,10 +242,19 @@ class ModelDrafter:
         while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)
         if self.sampling:
-            return g.tree  # every drawn child stays: see _to_expand
-        keep = [0] + g.best(self.max_nodes)
-        tree, new_index = g.tree.subtree(keep)
-        g.reindex(new_index)
+            return self._proposed(g.tree)  # every drawn child stays: see _to_expand
+        return self.restrict(g.best(budget), g.tree)
+
+    def restrict(self, nodes: list[int], tree: DraftTree | None = None) -> DraftTree:
+        """The last proposal (or `tree`, its unpruned growth) cut to `nodes` (ancestor-closed) and
+        re-indexed; the draft's KV bookkeeping follows, so observe() keeps what it can."""
+        assert self._grow is not None, "restrict() follows a propose()"
+        pruned, new_index = (tree or self._last_tree).subtree([0, *nodes])
+        self._grow.reindex(new_index)
+        return self._proposed(pruned)
+
+    def _proposed(self, tree: DraftTree) -> DraftTree:
+        self._last_tree = tree
         return tree
 
     def _to_expand(self, g: "_Growth", frontier: list[int], limit: int) -> list[int]:
@@ -272,21 +267,12 @@ class ModelDrafter:
         """
         open_ = sorted((v for v in frontier if g.depth[v] < limit), key=lambda v: (-g.cum[v], v))
         if self.sampling:
-            room = (self.max_nodes - g.tree.n_drafted) // max(1, self.branching)
+            room = (g.budget - g.tree.n_drafted) // max(1, self.branching)
             chosen = open_[:max(0, room)]
         else:
-            best = set(g.best(self.max_nodes))
+            best = set(g.best(g.budget))
             chosen = [v for v in open_ if v in best]
         return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
-
-    def reindex(self, new_index: dict[int, int]) -> None:
-        """Follow a caller's further pruning of the last proposed tree (see DraftTree.subtree)."""
-        if self._grow is not None:
-            self._grow.reindex(new_index)
-
-    def skip(self) -> None:
-        """This step drafts without the model (its observe() will only append the text)."""
-        self._grow = None
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
         g, self._grow = self._grow, None
@@ -363,6 +349,7 @@ class _Growth:
 
     tree: DraftTree
     root_pos: int
+    budget: int  # drafted nodes the proposal may keep
     cum: list[float] = field(default_factory=lambda: [1.0])
     depth: list[int] = field(default_factory=lambda: [0])
     seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 from .errors import PromptError
-from .drafters import Drafter
 from .kv import COMMITTED_SEQ, keep_branch, prefill
-from .protocol import Batch, Context, Model
+from .protocol import Batch, Context, Drafter, Model
 from .sampling import Sampler, SamplingParams
 from .stats import RunStats
 from .tree import DraftTree
 from .verify import Verdict, verify
-
 
 
 @dataclass(frozen=True)
@@ -71,41 +69,6 @@ def check_prompt_fits(n_prompt: int, ctx: Context) -> None:
                           f"use --ctx {n_prompt + 256} or more")
 
 
-def generate_plain(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats) -> Iterator[Event]:
-    """Plain autoregressive decoding: one target decode and one draw from p per token."""
-    tokens = request.prompt_tokens
-    check_prompt_fits(len(tokens), ctx)
-    clock = time.perf_counter
-    t0 = clock()
-    prefill(ctx, tokens)
-    stats.prefill_s = clock() - t0
-
-    sampler = Sampler(request.sampling)
-    decoder = TextDecoder(model)
-    pending, n_past = tokens[-1], len(tokens) - 1
-    reason = "length"
-    t0 = clock()
-    while stats.n_tokens < request.max_tokens:
-        if n_past + 1 >= ctx.n_ctx:
-            break  # context full: stop like max tokens
-        logits = ctx.decode(Batch([pending], [n_past], [(COMMITTED_SEQ,)], [True]))[0]
-        stats.target_calls += 1
-        n_past += 1
-        token = sampler.sample(logits)
-        stats.n_committed += 1
-        if model.is_eog(token):
-            reason = "stop"
-            break
-        stats.n_tokens += 1
-        pending = token
-        event = TokenEvent(token, decoder(token), from_draft=False)
-        stats.decode_s += clock() - t0
-        yield event  # time spent by the consumer (rendering) is not decode time
-        t0 = clock()
-    stats.decode_s += clock() - t0
-    yield FinishEvent(reason, decoder.flush())
-
-
 def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> Batch:
     """Node i at position n_past + depth(i) in every branch through it; logits for every node."""
     batch = Batch()
@@ -114,52 +77,52 @@ def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> 
     return batch
 
 
-def generate_speculative(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
-                         drafter: Drafter) -> Iterator[Event]:
-    """Draft a tree, verify it in one target decode, commit the accepted path plus a bonus token."""
+def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
+             drafter: Drafter | None = None) -> Iterator[Event]:
+    """Each step: the drafter proposes a tree rooted at the last committed token; the target
+    verifies it in one decode; the accepted path and one token of the target's own (the bonus)
+    are committed. Without a drafter every tree is the root alone: plain decoding."""
     tokens = request.prompt_tokens
     check_prompt_fits(len(tokens), ctx)
     clock = time.perf_counter
     t0 = clock()
     prefill(ctx, tokens)
-    drafter.reset(list(tokens))  # a draft model prefills the prompt too
+    if drafter is not None:
+        drafter.reset(list(tokens))  # a draft model prefills the prompt too
     stats.prefill_s = clock() - t0
 
     sampler = Sampler(request.sampling)
     decoder = TextDecoder(model)
     n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
+    root = tokens[-1]
     reason = "length"
     t0 = clock()
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
-        # Drafted tokens beyond what may still be emitted (or fit) would be wasted work.
-        room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1) - 1
-        t_draft = clock()
-        tree = drafter.propose(max(0, room))
-        stats.draft_s += clock() - t_draft
-        stats.choices[drafter.last_choice] += 1
+        # 1. Draft. Tokens beyond what may still be emitted (or fit) would be wasted work.
+        if drafter is None:
+            tree = None
+        else:
+            room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1) - 1
+            t_draft = clock()
+            tree = drafter.propose(max(0, room))
+            stats.draft_s += clock() - t_draft
+            stats.choices[drafter.last_choice] += 1
 
-        if tree.n_drafted == 0:
+        # 2. Verify in one target decode.
+        if tree is None or tree.n_drafted == 0:
             # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
             # model every tenth of a millisecond here is a percent of plain decoding's speed).
-            logits = ctx.decode(Batch([tree.tokens[0]], [n_past], [(COMMITTED_SEQ,)], [True]))
+            logits = ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True]))
             verdict = Verdict([], [sampler.sample(logits[0])])
         else:
-            # One target decode for the whole tree; branch j is sequence j (branch 0 is seq 0).
-            seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
-            n_branches = max(max(ids) for ids in seq_ids) + 1
-            if n_branches > ctx.n_seq_max:
-                raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
-            for seq in range(1, n_branches):
-                ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
-            logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
-            verdict = verify(tree, logits, sampler)
-            keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
+            verdict = verify_tree(ctx, tree, n_past, sampler)
         stats.target_calls += 1
-        stats.drafted += tree.n_drafted
+        stats.drafted += tree.n_drafted if tree is not None else 0
         stats.accepted += len(verdict.path)
         stats.accepted_lengths[len(verdict.path)] += 1
         n_past += len(verdict.path) + 1
 
+        # 3. Commit the accepted tokens and the bonus token, up to an end-of-generation token.
         committed, events = [], []
         for i, token in enumerate(verdict.tokens):
             committed.append(token)
@@ -171,9 +134,11 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
             events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path)))
             if stats.n_tokens >= request.max_tokens:
                 break
-        t_draft = clock()
-        drafter.observe(verdict, committed)
-        stats.draft_s += clock() - t_draft
+        root = committed[-1]
+        if drafter is not None:
+            t_draft = clock()
+            drafter.observe(verdict, committed)
+            stats.draft_s += clock() - t_draft
         stats.decode_s += clock() - t0
         yield from events  # time spent by the consumer (rendering) is not decode time
         t0 = clock()
@@ -181,3 +146,18 @@ def generate_speculative(model: Model, ctx: Context, request: GenerationRequest,
             break
     stats.decode_s += clock() - t0
     yield FinishEvent(reason, decoder.flush())
+
+
+def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler) -> Verdict:
+    """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
+    sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path."""
+    seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
+    n_branches = max(max(ids) for ids in seq_ids) + 1
+    if n_branches > ctx.n_seq_max:
+        raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
+    for seq in range(1, n_branches):
+        ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+    logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
+    verdict = verify(tree, logits, sampler)
+    keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
+    return verdict

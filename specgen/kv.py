@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .protocol import Batch, Context
 
 COMMITTED_SEQ = 0
@@ -19,13 +21,27 @@ def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
     ctx.seq_keep(COMMITTED_SEQ)
 
 
-def prefill(ctx: Context, tokens: list[int]) -> None:
-    """Clear the cache and put every prompt token but the last in sequence 0 (in n_batch chunks);
-    the last one is the first step's root, evaluated by that step."""
-    ctx.clear()
-    head = tokens[:-1]
-    for off in range(0, len(head), ctx.n_batch):
+def evaluate(ctx: Context, tokens: list[int], start_pos: int = 0, seq_id: int = COMMITTED_SEQ,
+             last_logits: bool = True) -> np.ndarray | None:
+    """Evaluate a run of tokens at start_pos.. in `seq_id`, in n_batch chunks, asking for logits
+    only after the last one (with a large vocabulary the output layer is most of a token's cost).
+
+    Returns that row (a view, valid until the next decode on `ctx`), or None when not asked for
+    or when there was nothing to evaluate.
+    """
+    last = None
+    for off in range(0, len(tokens), ctx.n_batch):
         batch = Batch()
-        for j, tok in enumerate(head[off:off + ctx.n_batch]):
-            batch.add(tok, off + j, (COMMITTED_SEQ,), False)
-        ctx.decode(batch)
+        for j, tok in enumerate(tokens[off:off + ctx.n_batch]):
+            batch.add(tok, start_pos + off + j, (seq_id,), last_logits and off + j == len(tokens) - 1)
+        out = ctx.decode(batch)
+        if len(out):
+            last = out[-1]
+    return last
+
+
+def prefill(ctx: Context, tokens: list[int]) -> None:
+    """Clear the cache and put every prompt token but the last in sequence 0; the last one is the
+    first step's root, evaluated by that step."""
+    ctx.clear()
+    evaluate(ctx, tokens[:-1], last_logits=False)

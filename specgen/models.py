@@ -21,12 +21,9 @@ from typing import BinaryIO, Callable, Iterable
 from .errors import ModelError
 from .render import note, progress_bar, spinner
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from .host import MANIFEST, specgen_home
+
 CHUNK = 1 << 20
-
-
-def specgen_home() -> Path:
-    return Path(os.environ.get("SPECGEN_HOME") or Path.home() / ".cache" / "specgen")
 
 
 def models_dir() -> Path:
@@ -67,7 +64,7 @@ class ModelEntry:
 
 
 def manifest_path() -> Path:
-    return Path(os.environ.get("SPECGEN_MODELS_TXT") or PROJECT_ROOT / "models.txt")
+    return Path(os.environ.get("SPECGEN_MODELS_TXT") or MANIFEST)
 
 
 def parse_manifest(lines: Iterable[str], origin: str = "models.txt") -> dict[str, ModelEntry]:
@@ -107,7 +104,8 @@ def load_manifest() -> dict[str, ModelEntry]:
 def cached_path(entry: ModelEntry) -> Path:
     if entry.kind == "path":
         p = Path(entry.source.removeprefix("path:")).expanduser()
-        return p if p.is_absolute() else PROJECT_ROOT / p
+        # Relative paths are relative to the manifest that names them.
+        return p if p.is_absolute() else manifest_path().resolve().parent / p
     return models_dir() / f"{entry.name}.gguf"
 
 

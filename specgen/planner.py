@@ -10,13 +10,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from .costs import Cost
 from .tree import DraftTree
 
-Cost = Callable[[int], float]
 
 
 # --- value of a tree -----------------------------------------------------------------------------
@@ -141,19 +141,77 @@ class AcceptanceModel:
     def lookup_p(self, match_len: int, depth: int) -> float:
         return self.lookup.mean(self.lookup_bin(match_len, depth))
 
+    def lookup_evidence(self, match_len: int, depth: int) -> "NodeEvidence":
+        return NodeEvidence(LOOKUP_NODE, self.lookup_bin(match_len, depth))
+
+    def draft_evidence(self, q: float) -> "NodeEvidence":
+        return NodeEvidence(DRAFT_MODEL_NODE, self.q_bin(q))
+
     def new_text(self) -> None:
         for bins in (self.lookup, self.draft):
             bins.hits *= 0.5
             bins.trials *= 0.5
 
-    def observe(self, tree: DraftTree, kinds: Sequence[str], keys: Sequence[object], path: Sequence[int]) -> None:
-        """Each node whose parent was accepted was tested: accepted iff it is on the path."""
+    def observe(self, tree: DraftTree, evidence: Sequence["NodeEvidence | None"], path: Sequence[int]) -> None:
+        """Each node whose parent was accepted was tested: accepted iff it is on the path.
+        `evidence[v]`: which estimate node v was planned with (None for the root)."""
         on_path = {0, *path}
         for v in range(1, len(tree)):
             if tree.parents[v] not in on_path:
                 continue
-            bins = self.draft if kinds[v] == "draft" else self.lookup
-            bins.update(keys[v], v in on_path)
+            e = evidence[v]
+            bins = self.draft if e.source == DRAFT_MODEL_NODE else self.lookup
+            bins.update(e.bin, v in on_path)
+
+
+LOOKUP_NODE, DRAFT_MODEL_NODE = "lookup", "draft"
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """What a drafted node's acceptance was estimated from: its source and the bin of that
+    source's estimate (lookup: effective match length; draft model: q)."""
+
+    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE
+    bin: int
+
+
+# --- the draft model's first-token acceptance and cost per drafted token --------------------------
+
+ALPHA_PRIOR = 0.7  # optimistic on purpose: an option the planner never tries is never learned
+ALPHA_EMA = 0.1  # weight of one step's outcome in the first-token acceptance
+STEP_COST_EMA = 0.2  # weight of one proposal's measured cost per drafted token
+# What is known of the draft is learned only from the steps that use it. Per step without it, each
+# estimate (acceptance, cost per drafted token, the machine's speed for it) drifts back by this
+# much towards its prior, so one bad stretch (or a cold first decode) cannot rule it out for good.
+RELAX = 0.02
+
+
+@dataclass
+class DraftEstimate:
+    """What auto has learned about the draft model: how often its first drafted token is accepted
+    (alpha: a draft chain's tokens are planned as each accepted with probability alpha given the
+    one before), and what a drafted token really costs, Python work on a vocabulary-sized row
+    included (None until measured: then the curve's c_draft(1))."""
+
+    alpha: float = ALPHA_PRIOR
+    step_s: float | None = None
+
+    def step_cost(self, c_draft_1: float) -> float:
+        return max(c_draft_1, self.step_s or 0.0)
+
+    def observe_first_token(self, accepted: bool) -> None:
+        self.alpha = (1 - ALPHA_EMA) * self.alpha + ALPHA_EMA * accepted
+
+    def observe_step_cost(self, per_token_s: float, c_draft_1: float) -> None:
+        last = c_draft_1 if self.step_s is None else self.step_s
+        self.step_s = (1 - STEP_COST_EMA) * last + STEP_COST_EMA * per_token_s
+
+    def relax(self, c_draft_1: float) -> None:
+        """A step without the draft: drift back towards the priors (see RELAX)."""
+        self.alpha += (ALPHA_PRIOR - self.alpha) * RELAX
+        if self.step_s is not None:
+            self.step_s += (c_draft_1 - self.step_s) * RELAX
 
 
 # --- no-regret guard -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""The seam between specgen's algorithms and llama.cpp.
+"""The seams of specgen: what a model, a context and a drafter offer, and nothing more.
 
-`backend.py` implements these protocols over llama.cpp; tests implement them with fakes. Everything
-else in specgen (sampling, drafting, verification, stats, rendering) only sees these types.
+`backend.py` implements Model and Context over llama.cpp; tests implement them with fakes; drafters.py
+and auto.py implement Drafter. Everything else (engine, sampling, verification, stats, rendering)
+only sees these types. p = the target's distribution, q = the draft's, everywhere.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
+
+from .tree import DraftTree
+from .verify import Verdict
 
 
 @dataclass
@@ -56,6 +60,11 @@ class Model(Protocol):
     name: str
     n_vocab: int
     n_ctx_train: int
+    bos: int
+    chat_template: str | None  # the GGUF's Jinja chat template (instruct models), None for base models
+    # Whether part of a sequence can be dropped (llama_memory_seq_rm): false for recurrent and
+    # hybrid models, whose state rejected drafts would corrupt.
+    can_rollback: bool
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
@@ -65,11 +74,19 @@ class Model(Protocol):
 
     def vocab_info(self, sample_ids: Sequence[int]) -> VocabInfo: ...
 
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """The messages rendered with the model's chat template (raises ModelError without one)."""
+        ...
+
+    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
+                    n_threads: int | None = None) -> "Context": ...
+
 
 class Context(Protocol):
     n_ctx: int
     n_seq_max: int
     n_batch: int
+    n_threads: int
 
     def decode(self, batch: Batch) -> np.ndarray:
         """Evaluate `batch`; return float32 logits, one row per token with logits=True, in order."""
@@ -82,3 +99,20 @@ class Context(Protocol):
     def seq_keep(self, seq_id: int) -> None: ...
 
     def clear(self) -> None: ...
+
+
+class Drafter(Protocol):
+    """Proposes a token tree from the committed text and learns from each verification (the
+    transformers candidate-generator shape: propose, then a feedback hook). "No proposal" is a tree
+    with only the root, which verifies as one step of plain decoding."""
+
+    last_choice: str  # what the last proposal was (stats: steps per choice)
+
+    def reset(self, tokens: list[int]) -> None:
+        """Start a new text: `tokens` is the prompt; its last token is the first root."""
+
+    def propose(self, max_depth: int) -> DraftTree:
+        """A tree rooted at the last committed token, at most `max_depth` drafted tokens deep."""
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        """Feedback after verification; `committed` are the tokens that joined the text."""

@@ -77,10 +77,12 @@ class TextSink:
     def __init__(self, stream=None):
         self.stream = stream or sys.stdout
         self.console = Console(file=self.stream, highlight=False) if self.stream.isatty() else None
+        self.line_open = False  # text written since the last end()
 
     def write(self, text: str, from_draft: bool = False) -> None:
         if not text:
             return
+        self.line_open = True
         with _pipe_guard():
             if self.console is not None:
                 self.console.print(text, end="", style="dim" if from_draft else None, markup=False,
@@ -91,6 +93,12 @@ class TextSink:
 
     def end(self) -> None:
         self.write("\n")
+        self.line_open = False
+
+    def close_line(self) -> None:
+        """End the line of text in progress, if any (before an error message on stderr)."""
+        if self.line_open:
+            self.end()
 
 
 def write_json_record(record: dict[str, Any], stream=None) -> None:

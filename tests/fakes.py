@@ -26,6 +26,7 @@ class FakeModel:
         # history suffix -> forced next token (argmax), to script a model's behaviour
         self.script = script or {}
         self.chat_template = chat_template
+        self.can_rollback = True  # False: as a recurrent/hybrid model, whose state cannot be cut back
 
     def logits_for(self, history: tuple[int, ...]) -> np.ndarray:
         digest = hashlib.blake2b(repr(history).encode(), digest_size=8).digest()
@@ -51,6 +52,10 @@ class FakeModel:
         return VocabInfo(1, self.n_vocab, self.bos, self.eos,
                          tuple((i, self.piece(i)) for i in sample_ids if i < self.n_vocab))
 
+    def format_chat(self, messages) -> str:
+        """A stand-in template: each message on a line of its own, role first."""
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
     def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512, n_threads=None) -> "FakeContext":
         return FakeContext(self, n_ctx, n_seq_max, n_batch)
 
@@ -59,6 +64,7 @@ class FakeContext:
     def __init__(self, model: FakeModel, n_ctx: int = 256, n_seq_max: int = 1, n_batch: int = 64):
         self.model = model
         self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
+        self.n_threads = 1
         self.kv: dict[int, dict[int, int]] = {}  # seq id -> {position: token}
         self.calls: list[Batch] = []
 

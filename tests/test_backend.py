@@ -6,6 +6,7 @@ import pytest
 
 from specgen.backend import LlamaModel, check_gguf_file
 from specgen.errors import ModelError
+from specgen.kv import evaluate
 from specgen.protocol import Batch
 
 pytestmark = pytest.mark.real
@@ -54,7 +55,7 @@ def fresh_logits(model: LlamaModel, committed: list[int], path: list[int], pad_t
     a separate sequence, which `path` cannot see. With `then`, returns the logits after one more
     single-token decode of `then`."""
     ctx = model.new_context(256, n_seq_max=2)
-    ctx.prefill(committed)
+    evaluate(ctx, committed, last_logits=False)
     ctx.seq_cp(0, 1, -1, -1)
     n_past = len(committed)
     batch = Batch()
@@ -82,7 +83,7 @@ def test_tree_batch_logits_equal_per_path_logits_and_kv_keep(name, tol, request)
     depth = [len(path_to(i)) - 1 for i in range(len(PARENTS))]
 
     ctx = model.new_context(256, n_seq_max=4)
-    ctx.prefill(committed, seq_id=0)
+    evaluate(ctx, committed, last_logits=False)
     for seq in LEAF_SEQ.values():
         ctx.seq_cp(0, seq, -1, -1)
     batch = Batch()
@@ -117,7 +118,7 @@ def test_sibling_positions_need_sequence_ids(smollm2_f32):
     committed, tree = tree_tokens(smollm2)
     n_past = len(committed)
     ctx = smollm2.new_context(256, n_seq_max=1)
-    ctx.prefill(committed)
+    evaluate(ctx, committed, last_logits=False)
     batch = Batch()
     batch.add(tree[0], n_past, (0,), True)
     batch.add(tree[1], n_past + 1, (0,), True)

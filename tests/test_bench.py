@@ -15,7 +15,8 @@ from specgen.config import RunConfig
 from specgen.costs import CostCurve
 from specgen.errors import ConfigError, PromptError
 from specgen.prompts import Prompt
-from specgen.runner import LoadedModels, Runner
+from specgen.methods import METHODS
+from specgen.session import Completion, Runner, open_session
 from specgen.stats import RunStats
 
 SPEC_BENCH = "../shared/bench/spec-bench/question.jsonl"
@@ -94,10 +95,9 @@ class EchoRunner:
     def __init__(self):
         self.seen = []
 
-    def complete(self, prompt, stats, max_tokens=None):
+    def run(self, prompt, max_tokens=None):
         self.seen.append(prompt.messages())
-        stats.n_tokens, stats.decode_s = 10, 0.5
-        return f"answer{len(self.seen)}", "length"
+        return Completion(prompt.index, f"answer{len(self.seen)}", RunStats(n_tokens=10, decode_s=0.5), "length")
 
 
 def test_second_turn_follows_the_models_own_answer():
@@ -140,49 +140,58 @@ def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     assert rows[("qa", "lookup")].n_prompts == 2  # still compared for losslessness
 
 
-def fake_loaded(with_draft: bool) -> LoadedModels:
+FLAT = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
+FAKE_METHODS = ("plain", "lookup", "chain", "tree", "staged", "auto")
+
+
+def fake_session(with_draft: bool, n_ctx: int = 512):
+    """A session on the fake backend as the loader builds it, with fixed synthetic cost curves."""
     target = FakeModel(n_vocab=24, sharpness=4.0)
     draft = NoisyDraft(target, noise=0.5) if with_draft else None
-    flat = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
-    return LoadedModels(target, target.new_context(512, n_seq_max=32), draft, "fake", "fake-draft" if draft else None,
-                        draft.new_context(512, n_seq_max=64) if draft else None,
-                        costs=flat, draft_costs=replace(flat, seconds=[s / 4 for s in flat.seconds]) if draft else None)
+    cfg = RunConfig(target="fake", draft="fake-draft" if draft else None, chat=False, ctx=n_ctx)
+    curves = lambda model, ctx: replace(FLAT, seconds=[s / 4 for s in FLAT.seconds]) if model is draft else replace(FLAT)
+    methods = [METHODS[m] for m in FAKE_METHODS if with_draft or m not in ("chain", "tree", "staged")]
+    return open_session(cfg, methods, target, draft, curves), cfg
 
 
 def test_auto_times_the_context_term_after_a_long_prompt_with_the_draft_holding_that_prompt():
     """auto's draft reads prompts lazily, yet its context term must be timed after the prompt's
     context (the fake context refuses a decode whose earlier positions hold no KV), and the lazy
     draft must find its context empty again afterwards."""
-    target = FakeModel(n_vocab=24, sharpness=4.0)
-    draft = NoisyDraft(target, noise=0.5)
-    flat = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
-    loaded = LoadedModels(target, target.new_context(2048, n_seq_max=32), draft, "fake", "fake-draft",
-                          draft.new_context(2048, n_seq_max=64), costs=flat, draft_costs=replace(flat))
-    runner = Runner(RunConfig(target="fake", draft="fake-draft", method="auto", max_tokens=8, chat=False), loaded)
+    session, cfg = fake_session(with_draft=True, n_ctx=2048)
+    runner = Runner(replace(cfg, method="auto", max_tokens=8), session)
     long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(600))
-    runner.complete(Prompt(0, long_prompt), RunStats())
-    n_past = len(target.tokenize(long_prompt)) - 1
-    assert loaded.costs.per_context_at == n_past and loaded.draft_costs.per_context_at == n_past
-    draft_ctx = loaded.draft_ctx.inner if hasattr(loaded.draft_ctx, "inner") else loaded.draft_ctx
+    runner.run(Prompt(0, long_prompt))
+    tokens = session.target.tokenize(long_prompt)
+    n_past = len(tokens) - 1
+    assert session.costs.per_context_at == n_past and session.draft_costs.per_context_at == n_past
     read: list[int] = []
-    for call in draft_ctx.calls:  # the prompt, read in n_batch chunks for the measurement
+    for call in session.draft_ctx.calls:  # the prompt, read in n_batch chunks for the measurement
         if len(read) >= n_past:
             break
         read += call.tokens
-    assert read == target.tokenize(long_prompt)[:-1]
+    assert read == tokens[:-1]
+
+
+def test_only_auto_decodes_through_the_timing_wrappers():
+    """Other methods share the session's contexts, but their decodes must not move auto's curves."""
+    session, cfg = fake_session(with_draft=True)
+    for method in ("plain", "lookup", "staged"):
+        Runner(replace(cfg, method=method, max_tokens=8), session).run(Prompt(0, "abcabcabc"))
+    assert session.costs.scale == 1.0 and session.draft_costs.scale == 1.0
+    Runner(replace(cfg, method="auto", max_tokens=8), session).run(Prompt(0, "abcabcabc"))
+    assert session.costs.scale != 1.0  # fake decodes take microseconds, far below the curve
 
 
 def test_bench_on_fake_backend_is_lossless_and_interleaved():
-    loaded = fake_loaded(with_draft=True)
-    cfg = RunConfig(target="fake", draft="fake-draft", max_tokens=24, chat=False)
-    methods = ("plain", "lookup", "chain", "tree", "staged", "auto")
-    runners = {m: Runner(replace(cfg, method=m), loaded) for m in methods}
+    session, cfg = fake_session(with_draft=True)
+    runners = {m: Runner(replace(cfg, method=m, max_tokens=24), session) for m in FAKE_METHODS}
     prompts = b.select(b.parse_question_file(question_lines(3), "q.jsonl"), per_group=2)
     done = []
     trials = b.run_bench(prompts, runners, repeats=1, on_trial=done.append)
-    assert [t.method for t in trials[:len(methods)]] == list(methods)
-    assert len(done) == len(prompts) * len(methods)
-    rows = b.summarize(trials, methods, greedy=True)
+    assert [t.method for t in trials[:len(FAKE_METHODS)]] == list(FAKE_METHODS)
+    assert len(done) == len(prompts) * len(FAKE_METHODS)
+    rows = b.summarize(trials, FAKE_METHODS, greedy=True)
     assert all(r.lossless_mismatches == 0 for r in rows)  # every method reproduces plain greedy text
     assert {r.group for r in rows} == {"mt_bench", "translation", "rag", b.OVERALL}
     assert all(r.n_prompts == 2 for r in rows if r.group != b.OVERALL)

@@ -1,7 +1,7 @@
 import numpy as np
 
 from fakes import FakeContext, FakeModel
-from specgen.engine import FinishEvent, GenerationRequest, TokenEvent, generate_plain
+from specgen.engine import FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.errors import PromptError
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
@@ -11,7 +11,7 @@ import pytest
 
 def run(model, ctx, prompt, max_tokens=10, sampling=SamplingParams()):
     stats = RunStats()
-    events = list(generate_plain(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats))
+    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats))
     tokens = [e.token for e in events if isinstance(e, TokenEvent)]
     finish = events[-1]
     assert isinstance(finish, FinishEvent)
@@ -73,6 +73,6 @@ def test_text_decoder_joins_split_utf8():
 
     model = Utf8Model(script={(2,): 5, (5,): 6, (6,): 7})
     stats = RunStats()
-    events = list(generate_plain(model, FakeContext(model), GenerationRequest([0, 2], 3, SamplingParams()), stats))
+    events = list(generate(model, FakeContext(model), GenerationRequest([0, 2], 3, SamplingParams()), stats))
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert text == "éx"

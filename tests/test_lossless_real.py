@@ -14,7 +14,9 @@ import pytest
 from specgen.config import RunConfig
 from specgen.engine import TokenEvent
 from specgen.prompts import Prompt
-from specgen.runner import Runner, load_models
+from specgen.kv import evaluate
+from specgen.methods import NAMES
+from specgen.session import Runner, load_session
 from specgen.stats import RunStats
 
 pytestmark = pytest.mark.real
@@ -31,7 +33,7 @@ METHODS = ["lookup", "chain", "tree", "staged", "auto"]
 @functools.lru_cache(maxsize=None)
 def loaded(target, draft):
     """Models and contexts loaded once per pair; every method runs on them (plain included)."""
-    return load_models(RunConfig(target=target, draft=draft or target, method="staged"))
+    return load_session(RunConfig(target=target, draft=draft or target), NAMES)
 
 
 def generate(target, draft, method, prompt, n=32):
@@ -84,9 +86,9 @@ def test_quantized_targets_diverge_only_rarely_and_on_near_ties(target, draft):
 
 def plain_margin(runner, prompt, prefix):
     """Gap between plain decoding's two best logits where the outputs part: small = a near-tie."""
-    model, ctx = runner.m.target, runner.m.target_ctx
+    model, ctx = runner.session.target, runner.session.target_ctx
     tokens = model.tokenize(prompt, add_special=True) + prefix
     ctx.clear()
-    logits = ctx.prefill(tokens)
+    logits = evaluate(ctx, tokens)
     top = np.sort(logits)[-2:]
     return float(top[1] - top[0])

@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
-from specgen.auto import AutoDrafter
 import specgen.costs as costs
 from specgen.costs import BATCH_SIZES, CostCurve, TimedContext, measure, measure_context
-from specgen.drafters import LookupDrafter, ModelDrafter
-from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.engine import GenerationRequest, TokenEvent, generate
+from specgen.methods import METHODS, DraftingKit
 from specgen.protocol import Batch
 from specgen.planner import AcceptanceModel, Guard, best_chain_length, best_subtree, reach_probabilities
 from specgen.sampling import SamplingParams
@@ -86,7 +85,6 @@ def test_calibration_times_batches_that_output_every_row_and_cleans_up():
     # Then the one-output cost (a draft catching up on committed text): 16 tokens, last row only.
     one_row = [b for b in timed if not all(b.logits)]
     assert one_row and all(len(b) == 16 and b.logits == [False] * 15 + [True] for b in one_row)
-    assert curve.per_token_one_output >= 0.0
     assert {s: cells for s, cells in ctx.kv.items() if cells} == committed  # spare sequence removed
 
 
@@ -112,11 +110,8 @@ def test_cost_grows_with_context_and_gamma_comes_from_long_prompt_decodes(monkey
     monkeypatch.setattr(costs, "_timed_decode", timed)
     measure_context(FakeContext(FakeModel(), n_ctx=2048, n_seq_max=4), curve, 1000, 5)
     assert curve.per_context == pytest.approx(2e-6) and curve.per_context_at == 1000
-    curve.context = 0
-    short = curve(8)
-    curve.context = 1500
-    assert curve(8) == pytest.approx(short + 2e-6 * 8 * 1500)
-    assert curve(16) / curve(1) > CostCurve([1, 8, 16], [0.010, 0.020, 0.030])(16) / 0.010  # steeper
+    assert curve(8, context=1500) == pytest.approx(curve(8) + 2e-6 * 8 * 1500)
+    assert curve(16, 1500) / curve(1, 1500) > CostCurve([1, 8, 16], [0.010, 0.020, 0.030])(16) / 0.010  # steeper
     curve.observe(8, curve.at(8, 1500), context=1500)  # a decode as predicted leaves the scale alone
     assert curve.scale == pytest.approx(1.0)
 
@@ -145,10 +140,9 @@ def test_acceptance_model_learns_from_tested_nodes_only():
     model = AcceptanceModel()
     before = model.lookup_p(4, 1)
     tree = DraftTree.chain(9, [1, 2, 3])
-    kinds = ["root"] + ["lookup"] * 3
-    keys = [None] + [model.lookup_bin(4, d) for d in (1, 2, 3)]
+    evidence = [None] + [model.lookup_evidence(4, d) for d in (1, 2, 3)]
     for _ in range(30):
-        model.observe(tree, kinds, keys, path=[])  # first token rejected: depths 2-3 untested
+        model.observe(tree, evidence, path=[])  # first token rejected: depths 2-3 untested
     assert model.lookup_p(4, 1) < 0.2 < before
     assert model.lookup_p(4, 2) == pytest.approx(AcceptanceModel().lookup_p(4, 2))
     lowered = model.lookup_p(4, 1)
@@ -176,23 +170,18 @@ def test_guard_backs_off_when_losing_and_probes_again():
 
 def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reproducible=False):
     """`auto` on fakes with fixed synthetic cost curves (fake decodes take microseconds; timing
-    them would make the curves meaningless). Built as runner.make_auto builds it."""
+    them would make the curves meaningless), built from the method table as every run builds it."""
     ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
-    lookup = LookupDrafter()
-    model = None
-    if draft is not None:
-        dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
-        model = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=8, max_depth=16, lookup=lookup,
-                             lazy_prefill=True)
-    auto = AutoDrafter(curve, lookup, model, draft_curve, reproducible=reproducible)
+    dctx = FakeContext(draft, n_ctx=512, n_seq_max=64) if draft is not None else None
+    auto = METHODS["auto"].drafter(DraftingKit(sampling, dctx, curve, draft_curve, reproducible))
     stats = RunStats()
-    events = generate_speculative(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
+    events = generate(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
     return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
 
 
 def plain_tokens(target, prompt, n, sampling):
     ctx = FakeContext(target, n_ctx=512, n_seq_max=1)
-    return [e.token for e in generate_plain(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
+    return [e.token for e in generate(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
             if isinstance(e, TokenEvent)]
 
 
@@ -218,6 +207,11 @@ def test_auto_uses_a_good_cheap_draft_where_lookup_has_nothing():
     assert stats.mean_accepted > 2
 
 
+def auto_with_draft(draft, draft_curve):
+    dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
+    return METHODS["auto"].drafter(DraftingKit(SamplingParams(), dctx, FLAT, draft_curve))
+
+
 def test_a_draft_behind_on_committed_text_is_priced_at_one_output_row():
     """After lookup steps the draft has text to catch up on: one decode with one row of logits.
     Priced as if every row output logits (steep on a CPU with a large vocabulary), a backlog of
@@ -227,13 +221,10 @@ def test_a_draft_behind_on_committed_text_is_priced_at_one_output_row():
     every_row = dict(sizes=[1, 2, 32, 64], seconds=[0.002, 0.004, 0.064, 0.128])
     choices = {}
     for one_output in (0.0, 0.0001):  # unmeasured: all rows; measured: the body alone per token
-        model = ModelDrafter(FakeContext(NoisyDraft(target, 0.3), n_ctx=512, n_seq_max=64), SamplingParams(),
-                             branching=1, max_nodes=8, max_depth=16, lookup=LookupDrafter())
-        auto = AutoDrafter(FLAT, model.lookup, model, CostCurve(**every_row, per_token_one_output=one_output))
+        auto = auto_with_draft(NoisyDraft(target, 0.3), CostCurve(**every_row, per_token_one_output=one_output))
         auto.reset([0, 1, 2, 3])
-        model.skip()
-        model.observe(Verdict([], backlog[:1]), backlog)  # steps that did not use the draft
-        assert model.cache.behind == 41
+        auto.model.observe(Verdict([], backlog[:1]), backlog)  # steps that did not use the draft
+        assert auto.model.backlog == 4 + 40  # the prompt too: auto's draft reads it when first used
         auto.propose(16)
         choices[one_output] = auto.last_choice
     assert choices == {0.0: "plain", 0.0001: "staged"}
@@ -243,17 +234,15 @@ def test_a_draft_judged_too_weak_is_tried_again_later():
     """Acceptance is learned only from steps that use the draft: a low estimate would otherwise
     keep it out for good, though the text (and how well the draft knows it) changes."""
     target = FakeModel(n_vocab=64, sharpness=2.0)
-    model = ModelDrafter(FakeContext(NoisyDraft(target, 0.3), n_ctx=512, n_seq_max=64), SamplingParams(),
-                         branching=1, max_nodes=8, max_depth=16, lookup=LookupDrafter())
-    auto = AutoDrafter(FLAT, model.lookup, model, CostCurve([1, 8], [0.002, 0.003], per_token_one_output=5e-5))
+    auto = auto_with_draft(NoisyDraft(target, 0.3), CostCurve([1, 8], [0.002, 0.003], per_token_one_output=5e-5))
     auto.reset([0, 1, 2, 3])
-    auto.alpha_draft = 0.05  # as after a stretch of text the draft got wrong
-    for step, tok in enumerate(range(10, 60)):
+    auto.draft.alpha = 0.05  # as after a stretch of text the draft got wrong
+    for step, tok in enumerate(range(10, 110)):
         auto.propose(16)
         if auto.last_choice == "staged":
             break
         auto.observe(Verdict([], [tok]), [tok])
-    assert auto.last_choice == "staged" and 5 < step < 50
+    assert auto.last_choice == "staged" and 5 < step < 100
 
 
 def test_auto_reads_the_prompt_into_the_draft_only_when_it_first_uses_the_draft():

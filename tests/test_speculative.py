@@ -7,7 +7,7 @@ import pytest
 
 from fakes import FakeContext, FakeModel
 from specgen.drafters import LookupDrafter
-from specgen.engine import GenerationRequest, TokenEvent, generate_plain, generate_speculative
+from specgen.engine import GenerationRequest, TokenEvent, generate
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
 from specgen.tree import DraftTree
@@ -17,10 +17,10 @@ from specgen.verify import walk
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 
 
-def run(gen, model, prompt, max_tokens, sampling, **kw):
+def run(model, prompt, max_tokens, sampling, drafter=None):
     stats = RunStats()
     ctx = FakeContext(model, n_ctx=512, n_seq_max=8)
-    events = list(gen(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats, **kw))
+    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats, drafter))
     return [e for e in events if isinstance(e, TokenEvent)], events[-1], stats, ctx
 
 
@@ -29,8 +29,8 @@ def run(gen, model, prompt, max_tokens, sampling, **kw):
 @pytest.mark.parametrize("prompt", [[0, 3, 4, 5, 6, 3, 4], [0, 9, 8, 7], [0, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5]])
 def test_lookup_matches_plain_token_for_token(sampling, prompt):
     model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
-    plain, pf, ps, _ = run(generate_plain, model, prompt, 40, sampling)
-    spec, sf, ss, ctx = run(generate_speculative, model, prompt, 40, sampling, drafter=LookupDrafter())
+    plain, pf, ps, _ = run(model, prompt, 40, sampling)
+    spec, sf, ss, ctx = run(model, prompt, 40, sampling, drafter=LookupDrafter())
     assert [e.token for e in spec] == [e.token for e in plain]
     assert sf.reason == pf.reason and ss.n_tokens == ps.n_tokens
     # Committed text is exactly sequence 0, and no other sequence keeps anything.
@@ -42,7 +42,7 @@ def test_lookup_matches_plain_token_for_token(sampling, prompt):
 
 def test_lookup_drafts_get_accepted_and_counted():
     model = FakeModel(n_vocab=12, script=LOOPY)
-    spec, _, stats, _ = run(generate_speculative, model, [0, 3, 4, 5, 6, 3, 4], 30, SamplingParams(),
+    spec, _, stats, _ = run(model, [0, 3, 4, 5, 6, 3, 4], 30, SamplingParams(),
                             drafter=LookupDrafter())
     assert stats.drafted > 0 and stats.accepted > 0
     assert stats.target_calls < 30 and stats.mean_accepted > 1.5
@@ -56,8 +56,8 @@ def test_sampled_distribution_matches_plain_chi_square():
     prompt, n, runs = [0, 2, 3, 2, 3], 3, 300
     freq = {m: np.zeros((n, 6)) for m in ("plain", "spec")}
     for seed in range(runs):
-        p = run(generate_plain, model, prompt, n, SamplingParams(1.0, seed=seed))[0]
-        s = run(generate_speculative, model, prompt, n, SamplingParams(1.0, seed=10_000 + seed),
+        p = run(model, prompt, n, SamplingParams(1.0, seed=seed))[0]
+        s = run(model, prompt, n, SamplingParams(1.0, seed=10_000 + seed),
                 drafter=LookupDrafter())[0]
         for pos, e in enumerate(p):
             freq["plain"][pos, e.token] += 1

@@ -1,0 +1,56 @@
+"""This machine and this installation: CPU name and flags, specgen's cache home, the shipped data files.
+
+Stdlib only: `python -m specgen.build` imports it before any dependency is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+# models.txt and configs/ ship inside the package (the repository's top-level copies are links to
+# them), so an installed wheel finds them as an editable checkout does.
+PACKAGE_DIR = Path(__file__).resolve().parent
+MANIFEST = PACKAGE_DIR / "models.txt"
+DEFAULT_CONFIG = PACKAGE_DIR / "configs" / "default.yaml"
+
+
+def specgen_home() -> Path:
+    """Where models, calibrations and built wheels are cached ($SPECGEN_HOME, else ~/.cache/specgen)."""
+    return Path(os.environ.get("SPECGEN_HOME") or Path.home() / ".cache" / "specgen")
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return set((_cpuinfo_field("flags") or "").split())
+
+
+def cpu_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def has_nvidia_gpu() -> bool:
+    """nvcc alone is not enough: a CUDA build on a host without a driver cannot even load."""
+    if Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists():
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            return subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return False

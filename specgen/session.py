@@ -1,0 +1,225 @@
+"""From a RunConfig to results: load the models once, then run prompts one after another.
+
+A `Session` holds the loaded models and contexts, and (when `auto` is among the methods) their cost
+curves with one timing wrapper per context, made once at load and used by auto alone: every other
+method decodes on the raw contexts, so its decodes never move auto's curves. A `Runner` runs one
+method on a session: `run(prompt) -> Completion` for generate, bench and doctor alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from . import methods as M
+from .config import RunConfig
+from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, measure_context, save_cached
+from .engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
+from .kv import prefill
+from .prompts import Prompt
+from .protocol import Context, Drafter, Model
+from .stats import RunStats
+from .vocab import check_compatible, sample_ids
+
+TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
+DRAFT_SEQS = 64  # the draft also needs one per branch it expands
+
+
+@dataclass(frozen=True)
+class Session:
+    target: Model
+    target_ctx: Context
+    target_label: str
+    draft: Model | None = None
+    draft_ctx: Context | None = None
+    draft_label: str | None = None
+    costs: CostCurve | None = None  # c_target(B), measured for `auto`
+    draft_costs: CostCurve | None = None
+    # auto's view of the contexts: every decode timed into the curves (None: seeded runs plan
+    # from the cached curves alone, never from clocks, so their trees repeat exactly)
+    timed_target_ctx: Context | None = None
+    timed_draft_ctx: Context | None = None
+
+    def kit(self, method: M.Method, cfg: RunConfig) -> M.DraftingKit:
+        """What `method`'s drafter is built from; auto gets the timed contexts."""
+        if method.name != "auto":
+            return M.DraftingKit(cfg.sampling, self.draft_ctx)
+        return M.DraftingKit(cfg.sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
+                             reproducible=self.timed_target_ctx is None, on_long_prompt=self.measure_context_once)
+
+    def context_for(self, method: M.Method) -> Context:
+        return self.timed_target_ctx if method.name == "auto" and self.timed_target_ctx else self.target_ctx
+
+    def measure_context_once(self, tokens: list[int]) -> None:
+        """After the first long prompt's prefill: how much each context token adds to a decode
+        (cached with the curve, so once per model and machine). Timed on the raw contexts: not a
+        live step. The target's context holds the prompt; auto's draft reads it lazily, so for this
+        one measurement it reads it here, and is cleared again after (as the lazy draft expects)."""
+        pairs = [(self.costs, self.target_ctx, True), (self.draft_costs, self.draft_ctx, False)]
+        for curve, ctx, holds_prompt in pairs:
+            if curve is None or ctx is None or curve.per_context_at:
+                continue
+            if not holds_prompt:
+                prefill(ctx, tokens)
+            measure_context(ctx, curve, len(tokens) - 1, tokens[-1])
+            if not holds_prompt:
+                ctx.clear()
+            if curve.cache_path is not None:
+                save_cached(curve.cache_path, curve)
+
+
+def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None) -> Session:
+    """Resolve (pulling if needed) and load the target, and the draft when a method can use one.
+
+    `method_names`: every method these models will run (bench runs several on one session)."""
+    from . import backend, models
+
+    chosen = [M.get(name) for name in (method_names or (cfg.method,))]
+    for method in chosen:
+        M.check_runnable(method, cfg.draft is not None)
+    if cfg.rpc_servers:
+        backend.add_rpc_servers(cfg.rpc_servers)  # before loading: layers offload onto these devices
+    target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
+    draft = None
+    if cfg.draft is not None and any(m.draft != M.NO_DRAFT for m in chosen):
+        draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
+    return open_session(cfg, chosen, target, draft)
+
+
+def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draft: Model | None = None,
+                 curves: Callable[[Model, Context], CostCurve] | None = None) -> Session:
+    """Contexts, checks and (for auto) cost curves and timing wrappers for loaded models.
+    `curves`: how a model's cost curve is had (default: the calibration cache, else measured)."""
+    for method in chosen:
+        M.check_rollback(method, target, cfg.target)
+        if draft is not None and method.draft != M.NO_DRAFT:
+            M.check_rollback(method, draft, str(cfg.draft), role="draft")
+    n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
+    speculative = any(m.speculative for m in chosen)
+    ctx = target.new_context(n_ctx, n_seq_max=TARGET_SEQS if speculative else 1, n_threads=cfg.threads)
+    draft_ctx = None
+    if draft is not None:
+        ids = sample_ids(min(target.n_vocab, draft.n_vocab))
+        check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, str(cfg.draft))
+        draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
+    session = Session(target, ctx, cfg.target, draft, draft_ctx, cfg.draft if draft is not None else None)
+    if not any(m.name == "auto" for m in chosen):
+        return session
+    curve_of = curves or (lambda model, context: cost_curve(model, context))
+    costs = curve_of(target, ctx)
+    draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
+    timed = cfg.seed is None  # a seed asks for reproducible runs: no clocks
+    return Session(target, ctx, cfg.target, draft, draft_ctx, session.draft_label, costs, draft_costs,
+                   TimedContext(ctx, costs) if timed else None,
+                   TimedContext(draft_ctx, draft_costs) if timed and draft_costs is not None else None)
+
+
+def cost_curve(model: Model, ctx: Context, refresh: bool = False) -> CostCurve:
+    """c(B) for a model on this machine: from the calibration cache, else measured (< 1 s) and cached."""
+    from . import backend
+    from .host import cpu_name, specgen_home
+
+    build = backend.build_info().system_info
+    key = cache_key(model.path, build, ctx.n_threads, ctx.n_ctx, cpu_name())
+    path = specgen_home() / "calibration" / f"{key}.json"
+    curve = None if refresh else load_cached(path)
+    if curve is None:
+        ctx.clear()
+        curve = measure(ctx, 0, model.tokenize("The", add_special=False)[0])
+        ctx.clear()
+        save_cached(path, curve)
+    curve.cache_path = path
+    return curve
+
+
+def use_chat(cfg: RunConfig, model: Model) -> bool:
+    """--chat/--no-chat, defaulting to on exactly when the GGUF carries a chat template."""
+    return cfg.chat if cfg.chat is not None else bool(model.chat_template)
+
+
+def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
+    """Prompt tokens: through the chat template, or (base models) the turns joined by blank lines."""
+    messages = prompt.messages(system)
+    if not chat:
+        text = "\n\n".join(m["content"] for m in messages)
+        return model.tokenize(text, add_special=True, parse_special=False)
+    rendered = model.format_chat(messages)
+    tokens = model.tokenize(rendered, add_special=True, parse_special=True)
+    # Templates usually write the BOS text themselves; tokenizing with add_special adds another.
+    if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:
+        tokens = tokens[1:]
+    return tokens
+
+
+@dataclass
+class Completion:
+    """One prompt run to its end (or interrupted)."""
+
+    prompt_index: int
+    text: str
+    stats: RunStats
+    finish_reason: str  # length | stop | interrupted
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `partial` keeps what was generated (finished outputs are never lost)."""
+
+    def __init__(self, partial: Completion):
+        super().__init__()
+        self.partial = partial
+
+
+class Runner:
+    """One method on a session. auto's planner lives as long as the runner: what it learns about
+    acceptance carries over prompts."""
+
+    def __init__(self, cfg: RunConfig, session: Session):
+        self.cfg = cfg
+        self.session = session
+        self.method = M.get(cfg.method)
+        self.chat = use_chat(cfg, session.target)
+        self._ctx = session.context_for(self.method)
+        self._auto: Drafter | None = None
+
+    def _drafter(self) -> Drafter | None:
+        if self.method.name != "auto":
+            return self.method.drafter(self.session.kit(self.method, self.cfg))  # fresh per prompt
+        if self._auto is None:
+            self._auto = self.method.drafter(self.session.kit(self.method, self.cfg))
+        return self._auto
+
+    def stream(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> Iterator[Event]:
+        tokens = encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling)
+        return generate(self.session.target, self._ctx, request, stats, self._drafter())
+
+    def run(self, prompt: Prompt, max_tokens: int | None = None,
+            on_text: Callable[[str, bool], None] | None = None) -> Completion:
+        """Run a prompt to the end; `on_text(text, from_draft)` sees the text as it is committed.
+        Ctrl-C raises Interrupted carrying the partial completion."""
+        stats, pieces, reason = RunStats(), [], "interrupted"
+        try:
+            for event in self.stream(prompt, stats, max_tokens):
+                text, from_draft = ((event.text, event.from_draft) if isinstance(event, TokenEvent)
+                                    else (event.tail, False))
+                pieces.append(text)
+                if on_text is not None:
+                    on_text(text, from_draft)
+                if isinstance(event, FinishEvent):
+                    reason = event.reason
+        except KeyboardInterrupt:
+            raise Interrupted(Completion(prompt.index, "".join(pieces), stats, "interrupted")) from None
+        return Completion(prompt.index, "".join(pieces), stats, reason)
+
+    def record(self, result: Completion) -> dict[str, Any]:
+        """The --json record (field names are a contract: scripts depend on them)."""
+        return {
+            "prompt_index": result.prompt_index,
+            "text": result.text,
+            "method": self.cfg.method,
+            "target": self.session.target_label,
+            "draft": self.session.draft_label,
+            "temperature": self.cfg.temperature,
+            **result.stats.record_fields(),
+            "finish_reason": result.finish_reason,
+        }
