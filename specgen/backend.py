@@ -91,7 +91,6 @@ class LlamaModel:
         self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
         self.bos: int = L.llama_vocab_bos(self._vocab)
         self.eos: int = L.llama_vocab_eos(self._vocab)
-        self.add_bos: bool = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.name: str = self.meta("general.name") or Path(self.path).stem
         # Recurrent/hybrid models cannot drop part of a sequence, which rejected drafts need.
         self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
@@ -103,11 +102,6 @@ class LlamaModel:
         buf = ctypes.create_string_buffer(4096)
         n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        L.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
@@ -242,9 +236,6 @@ class LlamaContext:
     def seq_keep(self, seq_id: int) -> None:
         L.llama_memory_seq_keep(self._mem, seq_id)
 
-    def seq_pos_max(self, seq_id: int) -> int:
-        return L.llama_memory_seq_pos_max(self._mem, seq_id)
-
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)
 
@@ -270,10 +261,6 @@ _FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16"
            "Q5_K_M": L.LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q4_K_M": L.LLAMA_FTYPE_MOSTLY_Q4_K_M,
            "Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0, "Q3_K_M": L.LLAMA_FTYPE_MOSTLY_Q3_K_M,
            "Q2_K": L.LLAMA_FTYPE_MOSTLY_Q2_K}
-
-
-def quantize_types() -> list[str]:
-    return list(_FTYPES)
 
 
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:

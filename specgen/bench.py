@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .errors import ConfigError, PromptError
 from .host import cpu_name
@@ -23,7 +23,7 @@ from .prompts import Prompt, decode_utf8, jsonl_records
 from .stats import RunStats
 
 if TYPE_CHECKING:
-    from .session import Completion
+    from .session import Runner
 
 # Spec-Bench's six groups; its eight MT-bench categories form the first.
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -139,11 +139,7 @@ def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
 # --- running -------------------------------------------------------------------------------------
 
 
-class PromptRunner(Protocol):
-    def run(self, prompt: Prompt, max_tokens: int | None = None) -> "Completion": ...
-
-
-def run_turns(runner: PromptRunner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
+def run_turns(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
     """All turns of a prompt, each fed after the model's own previous answer; stats summed over turns."""
     total, answers, reason = RunStats(), [], "length"
     conversation = Prompt(0, prompt.turns[0])
@@ -162,7 +158,7 @@ def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: in
     return [(p, m, r) for r in range(repeats) for p in prompts for m in methods]
 
 
-def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, PromptRunner], repeats: int,
+def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeats: int,
               on_trial: Callable[[Trial], None] = lambda t: None) -> list[Trial]:
     """Warm up every method on the first prompt (not recorded), then run the schedule."""
     for runner in runners.values():

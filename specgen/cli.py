@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .errors import ConfigError, SpecgenError
-from .methods import NAMES as METHOD_NAMES
+from .methods import METHODS
 from .render import OutputClosed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -33,7 +33,8 @@ def generate(
     prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", help="Many prompts: .txt (one per line) or .jsonl."),
     target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
     draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), or 'none'."),
-    method: Optional[str] = typer.Option(None, "--method", help=f"{'|'.join(METHOD_NAMES)} [auto]."),
+    method: Optional[str] = typer.Option(None, "--method", help="Decoding method (default: auto). " + "; ".join(
+        f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens to generate [256]."),
     temperature: Optional[float] = typer.Option(None, "-t", "--temperature", help="0 = greedy [0]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample from the k most likely tokens (0 = off)."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -43,12 +44,9 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
-_TYPES: dict[str, tuple[type, ...]] = {
-    "target": (str,), "draft": (str, type(None)), "method": (str,), "max_tokens": (int,),
-    "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "seed": (int, type(None)),
-    "chat": (bool, type(None)), "system": (str, type(None)), "threads": (int, type(None)), "ctx": (int,), "gpu_layers": (int,),
-    "draft_gpu_layers": (int,), "rpc": (str, type(None)),
-}
+# The types a settings file may give each field, read off RunConfig's annotations (YAML's 1 is a float too).
+_TYPES = {name: tuple(t for arg in (typing.get_args(hint) or (hint,)) for t in ((int, float) if arg is float else (arg,)))
+          for name, hint in typing.get_type_hints(RunConfig).items()}
 
 
 # `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).

@@ -37,7 +37,7 @@ class Method:
     name: str
     summary: str
     draft: str  # NO_DRAFT | NEEDS_DRAFT | DRAFT_IF_GIVEN
-    build: Callable[["Method", DraftingKit], Drafter | None]
+    build: Callable[[dict[str, Any], DraftingKit], Drafter | None]  # (params, kit) -> drafter
     params: dict[str, Any] = field(default_factory=dict)  # the drafter's hyperparameters
 
     @property
@@ -45,30 +45,16 @@ class Method:
         return self.name != "plain"
 
     def drafter(self, kit: DraftingKit) -> Drafter | None:
-        return self.build(self, kit)
+        return self.build(dict(self.params), kit)
 
 
-def _plain(method: Method, kit: DraftingKit) -> None:
-    return None
-
-
-def _lookup(method: Method, kit: DraftingKit) -> Drafter:
-    return LookupDrafter(**method.params)
-
-
-def _model(method: Method, kit: DraftingKit) -> Drafter:
-    assert kit.draft_ctx is not None, f"{method.name} is built with a draft context"
-    params = dict(method.params)
+def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     lookup = LookupDrafter() if params.pop("lookup", False) else None
     return ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, **params)
 
 
-def _auto(method: Method, kit: DraftingKit) -> Drafter:
-    assert kit.costs is not None, "auto is built with the target's cost curve"
-    params = dict(method.params)
-    draft_params = params.pop("draft")
-    lookup = LookupDrafter()
-    model = None
+def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+    draft_params, lookup, model = params.pop("draft"), LookupDrafter(), None
     if kit.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
         # where the lookup stage hits); the planner sets its length each step. Its proposals are
@@ -87,13 +73,14 @@ _TREE = dict(branching=2, max_nodes=6, max_depth=4)
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
            _auto, dict(max_nodes=24, max_depth=16, lookup_matches=4, draft=dict(branching=1, max_depth=16))),
-    Method("plain", "one target decode per token (the baseline)", NO_DRAFT, _plain),
+    Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
            dict(branching=1, max_nodes=6, min_prob=0.3)),
     Method("tree", "the draft model drafts a best-first tree", NEEDS_DRAFT, _model, _TREE),
     Method("staged", "a tree from the draft model, with prompt lookup drafting for the draft", NEEDS_DRAFT, _model,
            {**_TREE, "lookup": True}),
-    Method("lookup", "prompt lookup: n-gram matches in the prompt and the output, no model", NO_DRAFT, _lookup),
+    Method("lookup", "prompt lookup: n-gram matches in the prompt and the output, no model", NO_DRAFT,
+           lambda params, kit: LookupDrafter(**params)),
 )}
 NAMES = tuple(METHODS)
 

@@ -230,7 +230,6 @@ class Guard:
         self.base_backoff, self.backoff, self.max_backoff = backoff, backoff, max_backoff
         self.steps: deque[tuple[int, float]] = deque(maxlen=window)
         self.plain_left = 0
-        self.backoffs = 0
 
     def allow_speculation(self) -> bool:
         if self.plain_left > 0:
@@ -246,7 +245,6 @@ class Guard:
         if rate < self.margin * plain_rate:
             self.plain_left = self.backoff
             self.backoff = min(self.max_backoff, self.backoff * 2)
-            self.backoffs += 1
             self.steps.clear()
         elif rate > plain_rate:
             self.backoff = self.base_backoff

@@ -90,9 +90,6 @@ class Sampler:
         i = inverse_cdf(z, self.rng.random())
         return i if keep is None else int(keep[i])
 
-    def draw(self, p: np.ndarray) -> int:
-        return draw(p, self.rng)
-
 
 def draw(p: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from p (weights need not sum to 1): one uniform per token keeps seeded runs reproducible."""

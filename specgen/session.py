@@ -8,7 +8,7 @@ method on a session: `run(prompt) -> Completion` for generate, bench and doctor 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from . import methods as M
@@ -105,13 +105,13 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     session = Session(target, ctx, cfg.target, draft, draft_ctx, cfg.draft if draft is not None else None)
     if not any(m.name == "auto" for m in chosen):
         return session
-    curve_of = curves or (lambda model, context: cost_curve(model, context))
+    curve_of = curves or cost_curve
     costs = curve_of(target, ctx)
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
-    timed = cfg.seed is None  # a seed asks for reproducible runs: no clocks
-    return Session(target, ctx, cfg.target, draft, draft_ctx, session.draft_label, costs, draft_costs,
-                   TimedContext(ctx, costs) if timed else None,
-                   TimedContext(draft_ctx, draft_costs) if timed and draft_costs is not None else None)
+    if cfg.seed is not None:  # a seed asks for reproducible runs: no clocks
+        return replace(session, costs=costs, draft_costs=draft_costs)
+    return replace(session, costs=costs, draft_costs=draft_costs, timed_target_ctx=TimedContext(ctx, costs),
+                   timed_draft_ctx=TimedContext(draft_ctx, draft_costs) if draft_costs is not None else None)
 
 
 def cost_curve(model: Model, ctx: Context, refresh: bool = False) -> CostCurve:

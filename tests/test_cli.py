@@ -140,8 +140,29 @@ def test_calibrate_shows_the_cost_curve(isolated_home, smollm2_path):
     assert "(cached)" in again.stdout
 
 
-def test_auto_stats_line_reports_its_choices():
-    proc = specgen("generate", "-m", SMOLLM2, "--method", "auto", "-n", "24", "--no-chat",
-                   "one two three four one two three four one two three")
+def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
+    """With a seed auto plans from the cached calibration alone; a flat cost curve written there
+    makes a long lookup match worth drafting whatever this machine's timings are."""
+    from specgen import backend
+    from specgen.costs import CostCurve, cache_key, save_cached
+    from specgen.host import cpu_name
+
+    key = cache_key(str(smollm2_path), backend.build_info().system_info, 1, 1024, cpu_name())
+    save_cached(isolated_home / "calibration" / f"{key}.json", CostCurve([1, 32], [0.010, 0.012]))
+    proc = specgen("generate", "-m", str(smollm2_path), "--method", "auto", "-n", "24", "--no-chat", "--seed", "0",
+                   "--threads", "1", "--ctx", "1024", "one two three four one two three four one two three",
+                   env={"SPECGEN_HOME": str(isolated_home)})
     assert proc.returncode == 0, proc.stderr
     assert "steps:" in proc.stderr and "lookup" in proc.stderr.split("steps:")[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", SMOLLM2, "--threads", "0"], "--threads must be at least 1, found 0"),
+    (["rpc-server", "--port", "0"], "--port must be in 1..65535, found 0"),
+    (["rpc-server", "--threads", "0"], "--threads must be at least 1, found 0"),
+    (["doctor", "--threads", "0"], "--threads must be at least 1, found 0"),
+])
+def test_bad_options_are_usage_errors(args, message):
+    proc = specgen(*args)
+    assert_one_line_error(proc, message)
+    assert proc.returncode == 2

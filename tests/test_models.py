@@ -125,6 +125,7 @@ def test_resolve_paths_names_and_errors(tmp_path, isolated_home):
         models.resolve("nope")
 
 
+@pytest.mark.real
 def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
     """Real llama.cpp quantize: a Q8_0 of smollm2 that loads and is smaller than F32 would be."""
     from specgen.backend import LlamaModel

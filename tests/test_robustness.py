@@ -112,13 +112,20 @@ def test_ctrl_c_flushes_text_prints_stats_and_exits_130():
     assert " tok/s" in err.decode()  # partial stats
 
 
-def test_ctrl_c_with_json_writes_the_interrupted_record():
-    proc = start(*COUNTING, "--json", "1, 2, 3, 4, 5,")
-    time.sleep(4)  # load (about a second), then generate for a while
+def test_ctrl_c_with_json_writes_the_interrupted_record(tmp_path):
+    # The first prompt fails at once (too long for the context), so its error record says that
+    # loading and calibration are done and the second prompt is being generated.
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("word " * 9000 + "\n1, 2, 3, 4, 5,\n")
+    proc = start(*COUNTING, "--json", "-f", str(prompts))
+    first = json.loads(proc.stdout.readline())
+    assert first["finish_reason"] == "error"
+    time.sleep(1)  # the second prompt: tens of tokens a second even on a busy machine
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     record = json.loads(out)
+    assert record["prompt_index"] == 1
     assert record["finish_reason"] == "interrupted" and record["n_tokens"] > 0 and record["text"]
 
 
@@ -214,7 +221,8 @@ def test_doctor_reports_build_cache_and_speed():
     proc = specgen("doctor", "-m", SMOLLM2)
     assert "llama.cpp build:" in proc.stdout and "cache:" in proc.stdout
     assert f"speed check: {SMOLLM2}.gguf:" in proc.stdout and "tok/s plain decoding" in proc.stdout
-    assert proc.returncode == (1 if "warning:" in proc.stdout else 0), proc.stdout + proc.stderr
+    # `make` built llama.cpp for this very host: nothing to warn about.
+    assert proc.returncode == 0 and "ok: no problems found" in proc.stdout, proc.stdout + proc.stderr
 
 
 def free_port():
@@ -230,12 +238,12 @@ def test_rpc_server_takes_the_offloaded_layers():
     server = subprocess.Popen([sys.executable, "-m", "specgen", "rpc-server", "--port", str(port), "--threads", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
+        deadline, listening = time.time() + 30, False
+        while not listening and time.time() < deadline and server.poll() is None:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
+                listening = s.connect_ex(("127.0.0.1", port)) == 0
             time.sleep(0.2)
+        assert listening, f"rpc-server did not listen on {port}: {server.poll()=}"
         args = ["generate", "-m", F32, "--method", "plain", "-n", "12", "--json", "Name a colour."]
         remote = specgen(*args, "--rpc", f"127.0.0.1:{port}", "--gpu-layers", "99")
         assert remote.returncode == 0, remote.stderr
