@@ -241,15 +241,16 @@ class ModelDrafter:
         self.draft_calls += 1
         while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)
+        self._proposed(g.tree)
         if self.sampling:
-            return self._proposed(g.tree)  # every drawn child stays: see _to_expand
-        return self.restrict(g.best(budget), g.tree)
+            return g.tree  # every drawn child stays: see _to_expand
+        return self.restrict(g.best(budget))
 
-    def restrict(self, nodes: list[int], tree: DraftTree | None = None) -> DraftTree:
-        """The last proposal (or `tree`, its unpruned growth) cut to `nodes` (ancestor-closed) and
-        re-indexed; the draft's KV bookkeeping follows, so observe() keeps what it can."""
+    def restrict(self, nodes: list[int]) -> DraftTree:
+        """The last proposal cut to `nodes` (ancestor-closed) and re-indexed; the draft's KV
+        bookkeeping follows, so observe() keeps what it can."""
         assert self._grow is not None, "restrict() follows a propose()"
-        pruned, new_index = (tree or self._last_tree).subtree([0, *nodes])
+        pruned, new_index = self._last_tree.subtree([0, *nodes])
         self._grow.reindex(new_index)
         return self._proposed(pruned)
 

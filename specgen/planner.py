@@ -18,7 +18,6 @@ from .costs import Cost
 from .tree import DraftTree
 
 
-
 # --- value of a tree -----------------------------------------------------------------------------
 
 
@@ -110,6 +109,18 @@ MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24)  # lower edges
 MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (32,)
 
 
+LOOKUP_NODE, DRAFT_MODEL_NODE = "lookup", "draft"
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """What a drafted node's acceptance was estimated from: its source and the bin of that
+    source's estimate (lookup: effective match length; draft model: q)."""
+
+    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE
+    bin: int
+
+
 class AcceptanceModel:
     """How likely a drafted node is accepted given its parent was, learned online.
 
@@ -141,10 +152,10 @@ class AcceptanceModel:
     def lookup_p(self, match_len: int, depth: int) -> float:
         return self.lookup.mean(self.lookup_bin(match_len, depth))
 
-    def lookup_evidence(self, match_len: int, depth: int) -> "NodeEvidence":
+    def lookup_evidence(self, match_len: int, depth: int) -> NodeEvidence:
         return NodeEvidence(LOOKUP_NODE, self.lookup_bin(match_len, depth))
 
-    def draft_evidence(self, q: float) -> "NodeEvidence":
+    def draft_evidence(self, q: float) -> NodeEvidence:
         return NodeEvidence(DRAFT_MODEL_NODE, self.q_bin(q))
 
     def new_text(self) -> None:
@@ -152,7 +163,7 @@ class AcceptanceModel:
             bins.hits *= 0.5
             bins.trials *= 0.5
 
-    def observe(self, tree: DraftTree, evidence: Sequence["NodeEvidence | None"], path: Sequence[int]) -> None:
+    def observe(self, tree: DraftTree, evidence: Sequence[NodeEvidence | None], path: Sequence[int]) -> None:
         """Each node whose parent was accepted was tested: accepted iff it is on the path.
         `evidence[v]`: which estimate node v was planned with (None for the root)."""
         on_path = {0, *path}
@@ -162,18 +173,6 @@ class AcceptanceModel:
             e = evidence[v]
             bins = self.draft if e.source == DRAFT_MODEL_NODE else self.lookup
             bins.update(e.bin, v in on_path)
-
-
-LOOKUP_NODE, DRAFT_MODEL_NODE = "lookup", "draft"
-
-
-@dataclass(frozen=True)
-class NodeEvidence:
-    """What a drafted node's acceptance was estimated from: its source and the bin of that
-    source's estimate (lookup: effective match length; draft model: q)."""
-
-    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE
-    bin: int
 
 
 # --- the draft model's first-token acceptance and cost per drafted token --------------------------
