@@ -141,19 +141,23 @@ def test_calibrate_shows_the_cost_curve(isolated_home, smollm2_path):
 
 
 def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
-    """With a seed auto plans from the cached calibration alone; a flat cost curve written there
-    makes a long lookup match worth drafting whatever this machine's timings are."""
+    """With a seed auto plans from the cached calibration alone, not from this machine's timings.
+    The curve written there makes a batch cost 1 + (B - 1)/2 single decodes: drafting after a
+    1-2 token match does not pay, after the repeated passage it does, so auto mixes both."""
     from specgen import backend
     from specgen.costs import CostCurve, cache_key, save_cached
     from specgen.host import cpu_name
 
     key = cache_key(str(smollm2_path), backend.build_info().system_info, 1, 1024, cpu_name())
-    save_cached(isolated_home / "calibration" / f"{key}.json", CostCurve([1, 32], [0.010, 0.012]))
+    sizes = [1, 2, 4, 8, 16, 32]
+    save_cached(isolated_home / "calibration" / f"{key}.json",
+                CostCurve(sizes, [0.010 * (1 + 0.5 * (b - 1)) for b in sizes]))
     proc = specgen("generate", "-m", str(smollm2_path), "--method", "auto", "-n", "24", "--no-chat", "--seed", "0",
                    "--threads", "1", "--ctx", "1024", "one two three four one two three four one two three",
                    env={"SPECGEN_HOME": str(isolated_home)})
     assert proc.returncode == 0, proc.stderr
-    assert "steps:" in proc.stderr and "lookup" in proc.stderr.split("steps:")[1]
+    steps = proc.stderr.split("steps: ")[1].split(" · ")[0]
+    assert "lookup" in steps and "plain" in steps, proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
