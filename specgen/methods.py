@@ -7,14 +7,14 @@ tests all read this table; nothing else spells out a method's name or hyperparam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .auto import AutoDrafter
-from .costs import CostCurve
-from .drafters import LookupDrafter, ModelDrafter
 from .errors import ConfigError, ModelError
-from .protocol import Context, Drafter, Model
-from .sampling import SamplingParams
+
+if TYPE_CHECKING:  # the builders import what they build: the CLI reads this table at start-up
+    from .costs import CostCurve
+    from .protocol import Context, Drafter, Model
+    from .sampling import SamplingParams
 
 # Whether a method drafts with a second model.
 NO_DRAFT, NEEDS_DRAFT, DRAFT_IF_GIVEN = "no", "needs", "if given"
@@ -48,12 +48,24 @@ class Method:
         return self.build(dict(self.params), kit)
 
 
+def _lookup(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+    from .drafters import LookupDrafter
+
+    return LookupDrafter(**params)
+
+
 def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+    from .drafters import LookupDrafter, ModelDrafter
+
     lookup = LookupDrafter() if params.pop("lookup", False) else None
     return ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, **params)
 
 
 def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+    from .auto import AutoDrafter
+    from .drafters import LookupDrafter, ModelDrafter
+    from .sampling import SamplingParams
+
     draft_params, lookup, model = params.pop("draft"), LookupDrafter(), None
     if kit.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
@@ -79,8 +91,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tree", "the draft model drafts a best-first tree", NEEDS_DRAFT, _model, _TREE),
     Method("staged", "a tree from the draft model, with prompt lookup drafting for the draft", NEEDS_DRAFT, _model,
            {**_TREE, "lookup": True}),
-    Method("lookup", "prompt lookup: n-gram matches in the prompt and the output, no model", NO_DRAFT,
-           lambda params, kit: LookupDrafter(**params)),
+    Method("lookup", "prompt lookup: n-gram matches in the prompt and the output, no model", NO_DRAFT, _lookup),
 )}
 NAMES = tuple(METHODS)
 
