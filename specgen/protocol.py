@@ -8,12 +8,15 @@ only sees these types. p = the target's distribution, q = the draft's, everywher
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from .tree import DraftTree
 from .verify import Verdict
+
+if TYPE_CHECKING:
+    from .vocab import SubsetMap
 
 
 @dataclass
@@ -65,6 +68,9 @@ class Model(Protocol):
     # Whether part of a sequence can be dropped (llama_memory_seq_rm): false for recurrent and
     # hybrid models, whose state rejected drafts would corrupt.
     can_rollback: bool
+    # A draft derived with a frequency-ranked vocabulary: which target token each of its ids is
+    # (vocab.SubsetMap); None for a model with its own full vocabulary.
+    subset_of_target: "SubsetMap | None"
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 

@@ -19,7 +19,7 @@ from .kv import prefill
 from .prompts import Prompt
 from .protocol import Context, Drafter, Model
 from .stats import RunStats
-from .vocab import check_compatible, sample_ids
+from .vocab import SubsetContext, check_compatible, check_subset, sample_ids
 
 TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
 DRAFT_SEQS = 64  # the draft also needs one per branch it expands
@@ -99,9 +99,14 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     ctx = target.new_context(n_ctx, n_seq_max=TARGET_SEQS if speculative else 1, n_threads=cfg.threads)
     draft_ctx = None
     if draft is not None:
-        ids = sample_ids(min(target.n_vocab, draft.n_vocab))
-        check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, str(cfg.draft))
         draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)
+        subset = draft.subset_of_target
+        if subset is None:
+            ids = sample_ids(min(target.n_vocab, draft.n_vocab))
+            check_compatible(target.vocab_info(ids), draft.vocab_info(ids), cfg.target, str(cfg.draft))
+        else:  # every draft method then works in target ids, through this one adapter
+            check_subset(target, draft, subset, cfg.target, str(cfg.draft))
+            draft_ctx = SubsetContext(draft_ctx, subset, target.n_vocab)
     session = Session(target, ctx, cfg.target, draft, draft_ctx, cfg.draft if draft is not None else None)
     if not any(m.name == "auto" for m in chosen):
         return session

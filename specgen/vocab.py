@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from .errors import ModelError
-from .protocol import VocabInfo
+from .protocol import Batch, Context, Model, VocabInfo
 
 # Vocab sizes may differ by padding rows (e.g. Qwen2.5 7B 152064 vs 0.5B 151936) without any
 # difference in the tokens both can produce.
@@ -33,3 +37,54 @@ def check_compatible(target: VocabInfo, draft: VocabInfo, target_name: str, draf
         if token in draft_text and draft_text[token] != text:
             raise ModelError(f"{prefix} token {token} is {draft_text[token]!r} in the draft but {text!r} "
                              "in the target")
+
+
+@dataclass(frozen=True)
+class SubsetMap:
+    """A draft whose vocabulary is a subset of its target's (FR-Spec: the target's most frequent
+    tokens): draft id i stands for target id `target_ids[i]`; a target token outside the subset
+    reaches the draft as the draft's `unk`."""
+
+    target_ids: np.ndarray  # int64, one per draft id, strictly within the target's vocabulary
+    unk: int
+
+
+def check_subset(target: Model, draft: Model, subset: SubsetMap, target_name: str, draft_name: str) -> None:
+    """A subset draft is usable when every draft id's text is its target id's text (the map agrees
+    with both tokenizers), and BOS/EOS map onto the target's."""
+    prefix = f"draft {draft_name} (a vocabulary subset) does not match target {target_name}:"
+    ids = subset.target_ids
+    if len(ids) != draft.n_vocab or (len(ids) and (ids.min() < 0 or ids.max() >= target.n_vocab)):
+        raise ModelError(f"{prefix} its map has {len(ids)} ids for {draft.n_vocab} draft tokens, expected one "
+                         f"target id in 0..{target.n_vocab - 1} each")
+    for role, d, t in (("BOS", draft.bos, target.bos), ("EOS", draft.eos, target.eos)):
+        if 0 <= d < len(ids) and ids[d] != t:
+            raise ModelError(f"{prefix} its {role} {d} maps to target id {ids[d]}, expected {t}")
+    drafted = dict(draft.vocab_info(sample_ids(draft.n_vocab)).samples)
+    wanted = dict(target.vocab_info([int(ids[i]) for i in drafted]).samples)
+    for i, text in drafted.items():
+        if wanted.get(int(ids[i])) != text:
+            raise ModelError(f"{prefix} draft token {i} is {text!r} but maps to target token {int(ids[i])}, "
+                             f"which is {wanted.get(int(ids[i]))!r}")
+
+
+class SubsetContext:
+    """A subset draft's context seen in target ids: batches are translated to draft ids, logits
+    come back over the target's vocabulary (-inf outside the subset, so q is zero there and
+    rejection sampling over it stays exact). Everything else (KV edits by sequence id) passes
+    through: positions and sequences do not depend on the vocabulary."""
+
+    def __init__(self, ctx: Context, subset: SubsetMap, n_target: int):
+        self.inner, self.subset, self.n_target = ctx, subset, n_target
+        self._to_draft = np.full(n_target, subset.unk, dtype=np.int64)
+        self._to_draft[subset.target_ids] = np.arange(len(subset.target_ids))
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        mapped = Batch([int(t) for t in self._to_draft[batch.tokens]], batch.positions, batch.seq_ids, batch.logits)
+        rows = self.inner.decode(mapped)
+        out = np.full((len(rows), self.n_target), -np.inf, dtype=np.float32)
+        out[:, self.subset.target_ids] = rows
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)

@@ -27,6 +27,7 @@ class FakeModel:
         self.script = script or {}
         self.chat_template = chat_template
         self.can_rollback = True  # False: as a recurrent/hybrid model, whose state cannot be cut back
+        self.subset_of_target = None
 
     def logits_for(self, history: tuple[int, ...]) -> np.ndarray:
         digest = hashlib.blake2b(repr(history).encode(), digest_size=8).digest()
@@ -120,3 +121,24 @@ class NoisyDraft(FakeModel):
         digest = hashlib.blake2b(b"draft" + repr(history).encode(), digest_size=8).digest()
         rng = np.random.default_rng(int.from_bytes(digest, "little"))
         return self.target.logits_for(history) + rng.normal(0.0, self.noise, self.n_vocab).astype(np.float32)
+
+
+class SubsetDraft(FakeModel):
+    """A NoisyDraft of `target` whose vocabulary is the subset `keep` of the target's (FR-Spec):
+    draft id i is target token keep[i]; target tokens outside reach it as `unk`, and it knows
+    nothing of them (its view of the history is as lossy as a real cut draft's)."""
+
+    def __init__(self, target: FakeModel, keep: list[int], noise: float = 1.0, unk: int = 0):
+        from specgen.vocab import SubsetMap
+
+        super().__init__(len(keep), keep.index(target.eos), keep.index(target.bos), target.sharpness)
+        self.noisy = NoisyDraft(target, noise)
+        self.keep = np.array(keep, dtype=np.int64)
+        self.subset_of_target = SubsetMap(self.keep, unk)
+        self.name = "subset-draft"
+
+    def logits_for(self, history: tuple[int, ...]) -> np.ndarray:
+        return self.noisy.logits_for(tuple(int(self.keep[t]) for t in history))[self.keep]
+
+    def piece(self, token: int) -> bytes:
+        return self.noisy.piece(int(self.keep[token]))

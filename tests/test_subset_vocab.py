@@ -1,0 +1,121 @@
+"""Drafts whose vocabulary is a subset of the target's (FR-Spec): every draft method stays lossless
+(greedy token for token, sampled in distribution), KV caches hold the committed text in draft ids,
+and a map that disagrees with the tokenizers is refused in one line."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fakes import FakeModel, NoisyDraft, SubsetDraft
+from specgen.config import RunConfig
+from specgen.costs import CostCurve
+from specgen.engine import TokenEvent
+from specgen.errors import ModelError
+from specgen.methods import METHODS
+from specgen.prompts import Prompt
+from specgen.protocol import Batch
+from specgen.session import Runner, open_session
+from specgen.stats import RunStats
+from specgen.vocab import SubsetContext, SubsetMap, check_subset
+
+LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
+KEEP = [0, 1, 2, 3, 4, 5, 6, 8, 9, 11, 13]  # 7, 10, 12, 14, 15 are missing: the draft cannot propose them
+DRAFT_METHODS = ("chain", "tree", "staged", "auto")
+FLAT = CostCurve([1, 32], [0.010, 0.012])
+
+
+def session(target, draft, seed=None):
+    cfg = RunConfig(target="t", draft="d", chat=False, max_tokens=40, seed=seed)
+    chosen = [METHODS[m] for m in ("plain", *DRAFT_METHODS)]
+    curves = lambda model, ctx: CostCurve([1, 32], [0.002, 0.0022]) if model is draft else CostCurve(FLAT.sizes, FLAT.seconds)
+    return open_session(cfg, chosen, target, draft, curves), cfg
+
+
+def run(sess, cfg, method, text, **kw):
+    return Runner(replace(cfg, method=method, **kw), sess).run(Prompt(0, text))
+
+
+def tokens(sess, cfg, method, text, **kw):
+    """The generated token ids (and the run's stats): a text can hide tokens with empty pieces."""
+    stats = RunStats()
+    events = Runner(replace(cfg, method=method, **kw), sess).stream(Prompt(0, text), stats)
+    return [e.token for e in events if isinstance(e, TokenEvent)], stats
+
+
+@pytest.mark.parametrize("text", ["\x03\x04\x05\x06\x03", "\x09\x08\x07\x0a", "\x0b"])
+def test_every_draft_method_is_lossless_with_a_subset_draft(text):
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    draft = SubsetDraft(target, KEEP, noise=0.5)
+    sess, cfg = session(target, draft)
+    plain = run(sess, cfg, "plain", text)
+    drafted = 0
+    for method in DRAFT_METHODS:
+        done = run(sess, cfg, method, text)
+        assert done.text == plain.text, method
+        drafted += done.stats.drafted
+        if method != "auto":
+            assert done.stats.accepted > 0, method  # the subset draft really drafts and is accepted
+    assert drafted > 0
+
+
+def test_the_draft_cache_holds_the_committed_text_in_draft_ids():
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    draft = SubsetDraft(target, KEEP, noise=0.5, unk=0)
+    sess, cfg = session(target, draft)
+    prompt = "\x03\x04\x05\x06\x03"
+    generated, _ = tokens(sess, cfg, "chain", prompt, max_tokens=20)
+    raw = sess.draft_ctx.inner
+    assert set(raw.kv) == {0}
+    held = [raw.kv[0][p] for p in sorted(raw.kv[0])]
+    committed = target.tokenize(prompt) + generated
+    to_draft = {t: i for i, t in enumerate(KEEP)}
+    assert held == [to_draft.get(t, 0) for t in committed[:len(held)]] and len(held) >= len(committed) - 2
+
+
+def test_subset_context_translates_tokens_and_spreads_logits():
+    target = FakeModel(n_vocab=16)
+    draft = SubsetDraft(target, KEEP, unk=2)
+    ctx = SubsetContext(draft.new_context(64, n_seq_max=2), draft.subset_of_target, 16)
+    out = ctx.decode(Batch([0, 7, 13], [0, 1, 2], [(0,), (0,), (0,)], [False, False, True]))
+    assert ctx.inner.kv[0] == {0: 0, 1: 2, 2: KEEP.index(13)}  # 7 is not in the subset: unk
+    assert out.shape == (1, 16) and np.isneginf(out[0, [7, 10, 12, 14, 15]]).all()
+    assert np.isfinite(out[0, KEEP]).all()
+
+
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_sampled_output_with_a_subset_draft_matches_plain_distribution(method):
+    """Rejection sampling with q over the subset (zero elsewhere): tokens the draft cannot propose
+    still come out as often as plain sampling gives them."""
+    target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3})
+    draft = SubsetDraft(target, [0, 1, 2, 3], noise=1.0)  # 4 and 5 are missing
+    n, runs = 3, 300
+    plain, spec = np.zeros((n, 6)), np.zeros((n, 6))
+    accepted = 0
+    sess, cfg = session(target, draft)
+    for seed in range(runs):
+        p, _ = tokens(sess, cfg, "plain", "\x02\x03", max_tokens=n, temperature=1.0, seed=seed)
+        s, stats = tokens(sess, cfg, method, "\x02\x03", max_tokens=n, temperature=1.0, seed=70_000 + seed)
+        accepted += stats.accepted
+        for counts, toks in ((plain, p), (spec, s)):
+            for pos, tok in enumerate(toks):
+                counts[pos, tok] += 1
+    assert accepted > runs // 2  # drafts were accepted: rejection sampling was exercised
+    for pos in range(n):
+        a, b = plain[pos], spec[pos]
+        keep = (a + b) > 0
+        chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()
+        assert chi2 < 20.5, f"position {pos}: {a} vs {b}"  # df <= 5, p = 0.001
+
+
+def test_a_map_that_disagrees_with_the_tokenizers_is_refused():
+    target = FakeModel(n_vocab=16)
+    draft = SubsetDraft(target, KEEP)
+    check_subset(target, draft, draft.subset_of_target, "t", "d")
+    swapped = np.array(KEEP)
+    swapped[[5, 6]] = swapped[[6, 5]]
+    with pytest.raises(ModelError, match=r"draft d \(a vocabulary subset\) does not match target t: draft token 5 "
+                                         r"is b'<5>' but maps to target token 6, which is b'<6>'"):
+        check_subset(target, draft, SubsetMap(swapped, 0), "t", "d")
+    with pytest.raises(ModelError, match="its map has 3 ids for 11 draft tokens"):
+        check_subset(target, draft, SubsetMap(np.array([0, 1, 2]), 0), "t", "d")
