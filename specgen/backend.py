@@ -23,6 +23,7 @@ import llama_cpp as L
 
 from .errors import ModelError, SpecgenError
 from .protocol import Batch, VocabInfo
+from .vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY, SubsetMap
 
 GGUF_MAGIC = b"GGUF"
 
@@ -94,6 +95,7 @@ class LlamaModel:
         self.name: str = self.meta("general.name") or Path(self.path).stem
         # Recurrent/hybrid models cannot drop part of a sequence, which rejected drafts need.
         self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self.subset_of_target = self._subset_map()
         template = L.llama_model_chat_template(self._model, None)
         self.chat_template: str | None = template.decode("utf-8", errors="replace") if template else None
         self._pieces: dict[int, bytes] = {}
@@ -102,6 +104,18 @@ class LlamaModel:
         buf = ctypes.create_string_buffer(4096)
         n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def _subset_map(self) -> SubsetMap | None:
+        """A vocabulary-subset draft's map to its target's ids, from the GGUF's specgen.* metadata
+        (read with the gguf package: llama.cpp's metadata API renders arrays as text)."""
+        unk = self.meta(SUBSET_UNK_KEY)
+        if unk is None:
+            return None
+        from gguf import GGUFReader
+
+        field = GGUFReader(self.path).get_field(SUBSET_IDS_KEY)
+        ids = np.array(field.contents() if field is not None else [], dtype=np.int64)
+        return SubsetMap(ids, int(unk))
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
