@@ -17,6 +17,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Lossless speculative decoding for GGUF models on your own machine.")
 models_app = typer.Typer(no_args_is_help=True, help="List, pull and locate the models in models.txt.")
 app.add_typer(models_app, name="models")
+draft_app = typer.Typer(no_args_is_help=True, help="Derive cheap draft models from a target.")
+app.add_typer(draft_app, name="draft")
 
 EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
@@ -32,7 +34,8 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
     prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", help="Many prompts: .txt (one per line) or .jsonl."),
     target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
-    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), or 'none'."),
+    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), 'self' (derived "
+                                        "from the target: see `specgen draft derive`) or 'none'."),
     method: Optional[str] = typer.Option(None, "--method", help="Decoding method (default: auto). " + "; ".join(
         f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
     max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens to generate [256]."),
@@ -319,6 +322,32 @@ def doctor(
     if warnings:
         raise typer.Exit(1)
     print("ok: no problems found")
+
+
+@draft_app.command("derive")
+def draft_derive(
+    target: str = typer.Argument(..., help="Target model: GGUF path or models.txt name."),
+    qtype: str = typer.Option("Q2_K", "--type", help="Quantization type of the draft."),
+    vocab: int = typer.Option(32768, "--vocab", help="Normal tokens kept, the ones the model writes most."),
+    corpus: List[Path] = typer.Option([], "--corpus", help="Text files whose tokens count too (repeatable)."),
+) -> None:
+    """Derive a draft of TARGET with a frequency-ranked vocabulary (FR-Spec) and print its path.
+
+    The target is quantized, made to write after a built-in multilingual prompt set,
+    and cut to the tokens it used most (plus every control, user-defined and byte token).
+    Its output layer, most of a small model's cost, shrinks with it.
+    `-d self` uses the default derivation; derived drafts are cached.
+
+    \b
+    Example:
+      specgen draft derive gemma-3-270m-f32 --vocab 32768
+      specgen generate -m gemma-3-270m-f32 -d self "..."
+    """
+    from .subset import self_draft
+
+    if vocab < 1:
+        raise ConfigError(f"--vocab must be at least 1, found {vocab}")
+    print(self_draft(target, qtype, vocab, corpus))
 
 
 @models_app.command("list")

@@ -82,7 +82,10 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None) -> S
     target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
     draft = None
     if cfg.draft is not None and any(m.draft != M.NO_DRAFT for m in chosen):
-        draft = backend.LlamaModel(models.resolve(cfg.draft), gpu_layers=cfg.draft_gpu_layers)
+        from .subset import SELF, self_draft
+
+        path = self_draft(cfg.target) if cfg.draft == SELF else models.resolve(cfg.draft)
+        draft = backend.LlamaModel(path, gpu_layers=cfg.draft_gpu_layers)
     return open_session(cfg, chosen, target, draft)
 
 

@@ -80,3 +80,28 @@ def test_a_subset_draft_keeps_every_method_lossless(subset_drafts, method):
 def test_a_map_that_disagrees_with_the_tokenizers_is_one_line(subset_drafts):
     proc = specgen("generate", "-m", TARGET, "-d", str(subset_drafts[1]), "--method", "chain", "-n", "4", "hi")
     assert_one_line_error(proc, "(a vocabulary subset) does not match target")
+
+
+def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
+    """`-d self`: gemma's F32 target with its own derived draft (Q2_K, vocabulary cut to the tokens
+    it writes most). Derived on first use (about a minute on 2 cores), then cached."""
+    import json
+
+    derive = specgen("draft", "derive", "gemma-3-270m-f32")
+    assert derive.returncode == 0, derive.stderr
+    path = Path(derive.stdout.strip())
+    from specgen.backend import LlamaModel
+
+    draft = LlamaModel(path)
+    assert 256 < draft.n_vocab < 64_000 and draft.subset_of_target is not None  # cut from 262,144
+    args = ["generate", "-m", "gemma-3-270m-f32", "-d", "self", "-n", "32", "--json",
+            "The history of the city begins in the twelfth century, when"]
+    plain = json.loads(specgen(*args, "--method", "plain").stdout)
+    for method in ("chain", "tree", "staged", "auto"):
+        proc = specgen(*args, "--method", method)
+        assert proc.returncode == 0, proc.stderr
+        record = json.loads(proc.stdout)
+        assert record["text"] == plain["text"], method
+        if method == "chain":
+            assert record["accepted"] > 0
+    assert specgen("draft", "derive", "gemma-3-270m-f32").stdout.strip() == str(path)  # cached

@@ -119,3 +119,14 @@ def test_a_map_that_disagrees_with_the_tokenizers_is_refused():
         check_subset(target, draft, SubsetMap(swapped, 0), "t", "d")
     with pytest.raises(ModelError, match="its map has 3 ids for 11 draft tokens"):
         check_subset(target, draft, SubsetMap(np.array([0, 1, 2]), 0), "t", "d")
+
+
+def test_the_cut_keeps_what_the_tokenizer_needs_and_the_most_used_normal_tokens():
+    from specgen.subset import BYTE, CONTROL, NORMAL, USER_DEFINED, kept_ids
+
+    tokens = ["<pad>", "<eos>", "<unused0>", "<0x0A>", "<start_of_turn>", "the", "cat", "zebra", "Ġ", "dog"]
+    types = np.array([CONTROL, CONTROL, CONTROL, BYTE, USER_DEFINED, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL])
+    ranked = [9, 2, 5, 8, 7, 6]  # most used first; the control token 2 does not count as a normal token
+    assert kept_ids(types, tokens, ranked, 2).tolist() == [0, 1, 3, 4, 5, 9]
+    # A byte-level BPE vocabulary also keeps its byte characters ("Ġ" spells a space), ranked or not.
+    assert kept_ids(types, tokens, ranked, 2, byte_level=True).tolist() == [0, 1, 3, 4, 5, 8, 9]
