@@ -16,7 +16,8 @@ TARGET = "smollm2-135m-instruct-f32"
 
 
 def with_subset_map(src: Path, dst: Path, target_ids: list[int], unk: int) -> Path:
-    """A copy of `src` whose metadata says draft id i is target id target_ids[i]."""
+    """A copy of `src` whose metadata says draft id i is target id target_ids[i], right or wrong
+    (subset.cut_vocabulary only writes maps that are right)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(src)
@@ -47,7 +48,10 @@ def subset_drafts(tmp_path_factory, smollm2_path):
 
     n = LlamaModel(smollm2_path).n_vocab
     out = tmp_path_factory.mktemp("subset")
-    good = with_subset_map(smollm2_path, out / "identity.gguf", list(range(n)), 0)
+    from specgen.subset import cut_vocabulary
+
+    good = out / "identity.gguf"
+    cut_vocabulary(smollm2_path, good, np.arange(n))  # a cut that keeps everything: the map is the identity
     swapped = list(range(n))
     swapped[1000], swapped[1001] = 1001, 1000
     bad = with_subset_map(smollm2_path, out / "swapped.gguf", swapped, 0)
