@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .costs import Cost, CostCurve
@@ -44,10 +44,10 @@ class _Step:
     context: int  # committed tokens before the root
     started: float = 0.0  # perf_counter at propose()
     draft_calls: int = 0
-    uses_draft: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.uses_draft = self.tree.n_drafted > 0 and self.evidence[1].source == DRAFT_MODEL_NODE
+    @property
+    def uses_draft(self) -> bool:
+        return self.tree.n_drafted > 0 and self.evidence[1].source == DRAFT_MODEL_NODE
 
 
 class AutoDrafter:

@@ -284,10 +284,24 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
+def remembered_sha256(path: Path) -> str:
+    """file_sha256, remembered by the file's path, size and mtime: a model given as a path is
+    described on every `-d self` and `bench --json` run, and hashing gigabytes costs seconds."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    memo = specgen_home() / "sha256" / key
+    if memo.is_file():
+        return memo.read_text().strip()
+    sha = file_sha256(path)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(sha + "\n")
+    return sha
+
+
 def describe(spec: str, path: Path) -> dict[str, str]:
-    """name, path and sha256 (the one models.txt checked on pull for a name, else hashed now)."""
+    """name, path and sha256 (the one models.txt checked on pull for a name, else the file's)."""
     entry = None if looks_like_path(spec) else load_manifest().get(spec)
-    sha = (expected_sha(entry) if entry else None) or file_sha256(path)
+    sha = (expected_sha(entry) if entry else None) or remembered_sha256(path)
     return {"name": spec, "path": str(path), "sha256": sha}
 
 

@@ -27,8 +27,6 @@ from .vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 ROW_TENSORS = ("token_embd.weight", "output.weight")  # one row per vocabulary entry
-
-
 DERIVE_VERSION = 1  # bump when what a derived draft contains changes
 DEFAULT_TYPE, DEFAULT_VOCAB = "Q2_K", 32768
 RANK_TOKENS = 96  # tokens the model writes after each ranking prompt
@@ -162,15 +160,14 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
     from .host import specgen_home
     from .render import count_progress, spinner
 
-    if vocab < 1:
-        raise ModelError(f"--vocab must be at least 1, found {vocab}")
     texts = []
     for path in corpus:
         try:
             texts.append(path.read_text(encoding="utf-8", errors="replace"))
         except OSError as e:
             raise ModelError(f"cannot read corpus file {path}: {e.strerror}") from None
-    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, ranking_prompts(), RANK_TOKENS,
+    prompts = ranking_prompts()
+    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, prompts, RANK_TOKENS,
                                      [hashlib.sha256(t.encode()).hexdigest() for t in texts]]).encode()).hexdigest()
     dst = specgen_home() / "drafts" / f"{target.stem}-{qtype.lower()}-v{vocab}-{key[:12]}.gguf"
     if dst.is_file():
@@ -181,7 +178,6 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
         with spinner(f"deriving a draft of {target.name}: llama.cpp quantize -> {qtype}"):
             backend.quantize(target, quantized, qtype)
         model = backend.LlamaModel(quantized)
-        prompts = ranking_prompts()
         with count_progress(len(prompts), f"ranking its vocabulary by what it writes ({len(prompts)} prompts)") as done:
             ranked = rank_by_use(model, prompts, texts, on_prompt=done)
         from gguf import GGUFReader

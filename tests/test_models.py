@@ -137,3 +137,16 @@ def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
     assert out.stat().st_size > smollm2_path.stat().st_size
     assert models.expected_sha(e) == sha(out.read_bytes())
     assert LlamaModel(out).n_vocab == 49152
+
+
+def test_a_files_sha256_is_remembered_until_the_file_changes(isolated_home, tmp_path, monkeypatch):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(60))
+    hashed = []
+    real = models.file_sha256
+    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
+    first = models.describe(str(f), f)["sha256"]
+    assert first == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert models.describe(str(f), f)["sha256"] == first and len(hashed) == 1  # remembered
+    f.write_bytes(b"GGUF" + bytes(61))  # a new size: hashed again
+    assert models.describe(str(f), f)["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 2
