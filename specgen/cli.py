@@ -24,11 +24,6 @@ EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
 
 
-def check_threads(threads: int | None) -> None:
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be at least 1, found {threads}")
-
-
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
@@ -108,7 +103,8 @@ def generate(
 @app.command()
 def bench(
     target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
-    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), or 'none'."),
+    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), 'self' (derived "
+                                        "from the target: see `specgen draft derive`) or 'none'."),
     suite: Optional[str] = typer.Option(None, "--suite", help="builtin | humaneval | a Spec-Bench "
                                         "question.jsonl path [builtin]."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated; plain always runs "
@@ -214,6 +210,7 @@ def rpc_server(
     import signal
 
     from . import backend
+    from .config import check_threads
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1..65535, found {port}")
@@ -245,6 +242,7 @@ def calibrate(
 
     from . import backend, models
     from .auto import LONG_PROMPT
+    from .config import check_threads
     from .session import TARGET_SEQS, cost_curve
 
     check_threads(threads)
@@ -283,11 +281,11 @@ def doctor(
     import platform
 
     from . import __version__, backend, build, doctor as d, models
-    from .config import read_yaml
+    from .config import check_threads, read_yaml
     from .host import DEFAULT_CONFIG, cpu_flags, cpu_name, specgen_home
 
-    info = backend.build_info()
     check_threads(threads)
+    info = backend.build_info()
     flags = cpu_flags()
     plan = build.plan_build()
     installed_by_us = build.installed_for(plan)

@@ -85,6 +85,12 @@ def _is_endpoint(server: str) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
+def check_threads(threads: int | None) -> None:
+    """--threads, as every command takes it (also those without a RunConfig)."""
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, found {threads}")
+
+
 def check_ranges(cfg: RunConfig) -> None:
     from . import methods
 
@@ -97,8 +103,7 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise ConfigError(f"--threads must be at least 1, found {cfg.threads}")
+    check_threads(cfg.threads)
     if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")
     if cfg.ctx < 16:
