@@ -115,7 +115,7 @@ class AutoDrafter:
             c_draft_1 = self.c_draft(1, context)
             catch_up = self.c_draft.read(self.model.backlog, context) - c_draft_1
             k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1), depth,
-                                              catch_up)
+                                              catch_up, tokens_left=max_depth + 1)
             if k > 0 and draft_rate > plan.rate:
                 return self._propose_with_model(depth, k, c_target, context, started)
             self._relax_draft(c_draft_1)

@@ -203,6 +203,7 @@ class LlamaContext:
         self.n_batch = min(n_batch, L.llama_n_batch(self._ctx), L.llama_n_ubatch(self._ctx))
         self.n_threads = threads
         self.n_vocab = model.n_vocab
+        self.columns = None
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.n_batch, 0, n_seq_max)
 
@@ -277,14 +278,24 @@ _FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16"
            "Q2_K": L.LLAMA_FTYPE_MOSTLY_Q2_K}
 
 
-def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
-    """Write `src` re-quantized to `ftype` (llama.cpp's quantize; requantizing allowed)."""
+# Types a vocabulary matrix (embedding, output) may take on its own: 32-wide blocks fit any n_embd
+# a model is likely to have, where the K-quants' 256-wide blocks do not (gemma-3-270m: 640).
+HEAD_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "F16": 1}  # ggml_type ids
+
+
+def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None, head_type: str | None = None) -> None:
+    """Write `src` re-quantized to `ftype` (llama.cpp's quantize; requantizing allowed), with the
+    token embedding and output matrices in `head_type` when given (else llama.cpp's choice)."""
     _init()
     if ftype not in _FTYPES:
         raise ModelError(f"unknown quantization type {ftype!r}: expected one of {', '.join(_FTYPES)}")
+    if head_type is not None and head_type not in HEAD_TYPES:
+        raise ModelError(f"unknown head type {head_type!r}: expected one of {', '.join(HEAD_TYPES)}")
     params = L.llama_model_quantize_default_params()
     params.nthread = n_threads or default_threads()
     params.ftype = _FTYPES[ftype]
+    if head_type is not None:
+        params.token_embedding_type = params.output_tensor_type = HEAD_TYPES[head_type]
     params.allow_requantize = True
     rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:

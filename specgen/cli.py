@@ -326,31 +326,40 @@ def doctor(
 def draft_derive(
     target: str = typer.Argument(..., help="Target model: GGUF path or models.txt name."),
     qtype: str = typer.Option("Q2_K", "--type", help="Quantization type of the draft."),
-    vocab: int = typer.Option(32768, "--vocab", help="Normal tokens kept, the ones the model writes most."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="Normal tokens kept, the ones the model uses most "
+                                        "[default: chosen by measurement]."),
+    head: Optional[str] = typer.Option(None, "--head", help="Type of the embedding/output matrix: Q4_0, Q5_0, "
+                                       "Q8_0 or F16 [default: chosen by measurement]."),
     corpus: List[Path] = typer.Option([], "--corpus", help="Text files whose tokens count too (repeatable)."),
 ) -> None:
     """Derive a draft of TARGET with a frequency-ranked vocabulary (FR-Spec) and print its path.
 
-    The target is quantized, made to write after a built-in multilingual prompt set,
-    and cut to the tokens it used most (plus every control, user-defined and byte token).
-    Its output layer, most of a small model's cost, shrinks with it.
+    The target is quantized and made to write after a built-in multilingual prompt set;
+    the vocabulary is cut to the tokens it used most (plus every control, user-defined and
+    byte token), so its output layer, most of a small model's cost, shrinks with it.
+    Unless given, the vocabulary size and the output matrix's type are chosen by measuring
+    each candidate's cost and its agreement with the target on held-out prompts.
     `-d self` uses the default derivation; derived drafts are cached.
 
     \b
     Example:
-      specgen draft derive gemma-3-270m-f32 --vocab 32768
+      specgen draft derive gemma-3-270m-f32
       specgen generate -m gemma-3-270m-f32 -d self "..."
     """
+    from .backend import HEAD_TYPES
     from .subset import self_draft
 
-    if vocab < 1:
+    if vocab is not None and vocab < 1:
         raise ConfigError(f"--vocab must be at least 1, found {vocab}")
-    print(self_draft(target, qtype, vocab, corpus))
+    if head is not None and head.upper() not in HEAD_TYPES:
+        raise ConfigError(f"--head must be one of {', '.join(HEAD_TYPES)}, found {head!r}")
+    print(self_draft(target, qtype, vocab, head.upper() if head else None, corpus))
 
 
 @models_app.command("list")
 def models_list() -> None:
-    """Models in models.txt: name, source, size, and whether the file is present."""
+    """Models in models.txt (name, source, size, whether the file is present), then the drafts
+    `specgen draft derive` made (use them by path, or with -d self)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -363,10 +372,18 @@ def models_list() -> None:
         source = {"pypi": "PyPI", "path": "local file"}.get(entry.kind, "URL (needs internet)" if entry.internet else "URL")
         if entry.kind == "derive":
             source = "{1} of {0}".format(*entry.derive_from())
+        elif entry.kind == "self":
+            source = f"self-draft of {entry.self_of}" + "".join(f" {k}={v}" for k, v in entry.options.items())
         present = models.is_present(entry)
         size = models.cached_path(entry).stat().st_size if present else entry.size
         table.add_row(entry.name, source, models.human_size(size), "yes" if present else "no")
-    Console(soft_wrap=True).print(table)
+    console = Console(soft_wrap=True)
+    console.print(table)
+    drafts = models.derived_drafts()
+    if drafts:
+        console.print(f"\nDerived drafts ({models.drafts_dir()}; use one with -d PATH):")
+        for path in drafts:
+            console.print(f"  {path.name}  {models.human_size(path.stat().st_size)}", highlight=False)
 
 
 @models_app.command("pull")

@@ -288,15 +288,28 @@ class ModelDrafter:
             self.lookup.observe(verdict, committed)
 
     def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
-        q = distribution(logits, self.params) if self.sampling else _softmax(logits)
+        q = distribution(logits, self.params) if self.sampling else softmax(logits)  # over the draft's columns
         if q.max() < self.min_prob:
             return []  # the draft is unsure here: stop this branch (decided before any draw)
         if self.sampling:
-            g.tree.q_rows[node] = q
             picks = _draw_without_replacement(q, self.branching, self.rng)
+            g.tree.q_rows[node] = self._over_target_vocab(q)
         else:
             picks = _top_k(q, self.branching)
-        return [g.add(tok, node, float(q[tok])) for tok in picks]
+        return [g.add(self._token(c), node, float(q[c])) for c in picks]
+
+    def _token(self, column: int) -> int:
+        columns = self.cache.ctx.columns
+        return int(column) if columns is None else int(columns[column])
+
+    def _over_target_vocab(self, q: np.ndarray) -> np.ndarray:
+        """q as verification reads it: indexed by token id, zero where the draft has no column."""
+        columns = self.cache.ctx.columns
+        if columns is None:
+            return q
+        full = np.zeros(self.cache.ctx.n_vocab, dtype=q.dtype)
+        full[columns] = q
+        return full
 
     def _expand(self, g: "_Growth", expand: list[int], limit: int) -> list[int]:
         """One draft decode for `expand` (plus a lookup run after the best node); new children."""
@@ -329,7 +342,7 @@ class ModelDrafter:
         for j, tok in enumerate(run):
             row = out[b + j]
             child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
-            if child is None or tok != int(np.argmax(row)):
+            if child is None or tok != self._token(int(np.argmax(row))):
                 self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
                 break
             g.claim(node, child, seq)
@@ -425,7 +438,7 @@ def _top_k(values: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
+def softmax(logits: np.ndarray) -> np.ndarray:
     x = np.exp(logits - logits.max(), dtype=np.float32)
     x /= x.sum(dtype=np.float64)
     return x

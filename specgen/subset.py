@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import math
 import tempfile
+import time
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -22,14 +25,21 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from .errors import ModelError
-from .protocol import Model
+from .costs import CostCurve
+from .kv import evaluate
+from .protocol import Batch, Context, Model
 from .vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 ROW_TENSORS = ("token_embd.weight", "output.weight")  # one row per vocabulary entry
-DERIVE_VERSION = 1  # bump when what a derived draft contains changes
-DEFAULT_TYPE, DEFAULT_VOCAB = "Q2_K", 32768
-RANK_TOKENS = 96  # tokens the model writes after each ranking prompt
+DERIVE_VERSION = 2  # bump when what a derived draft contains changes
+DEFAULT_TYPE = "Q2_K"
+RANK_TOKENS = 128  # tokens the model writes after each ranking prompt
+RANK_TEMPERATURE, RANK_PARALLEL, RANK_PROMPT_TOKENS = 1.0, 16, 256
+HOLD_OUT = 4  # every 4th ranking prompt judges the candidates instead of ranking
+HEAD_CHOICES = (None, "Q4_0")  # tried when --head is not given (None: the quantization type's own)
+VOCAB_CHOICES = (None, 65536, 32768)  # tried when --vocab is not given (None: no cut)
+COST_ROUNDS = 12  # timed draft tokens per candidate, in turns; the fastest counts
 
 
 def _gpt2_byte_chars() -> set[str]:
@@ -112,26 +122,126 @@ def cut_vocabulary(src: Path, dst: Path, keep: np.ndarray) -> None:
     writer.close()
 
 
-def rank_by_use(model: Model, prompts: Sequence[str], corpus: Sequence[str] = (), max_tokens: int = RANK_TOKENS,
-                on_prompt: Callable[[], None] = lambda: None) -> np.ndarray:
-    """Token ids, most used first: counted in the prompts, in what `model` writes after each of
-    them (greedy: its own words, in the languages it writes), and in `corpus`. Ties (and tokens
-    never seen) keep id order, which tokenizers roughly sort by frequency already."""
-    from .engine import GenerationRequest, TokenEvent, generate
-    from .sampling import SamplingParams
-    from .stats import RunStats
+@dataclass
+class Usage:
+    """How a model uses its vocabulary over the ranking prompts (see count_use): expected counts
+    per token over the prompts that rank (`fit`, with any corpus) and over every HOLD_OUT-th prompt
+    (`held_out`), whose texts (prompt + continuation tokens, prompt length) judge the candidates."""
 
-    counts = np.zeros(model.n_vocab, dtype=np.int64)
-    ctx = model.new_context(1024, n_seq_max=1)
-    for text in prompts:
-        tokens = model.tokenize(text)
-        request = GenerationRequest(tokens, max_tokens, SamplingParams())
-        written = [e.token for e in generate(model, ctx, request, RunStats()) if isinstance(e, TokenEvent)]
-        np.add.at(counts, tokens + written, 1)
-        on_prompt()
+    fit: np.ndarray
+    held_out: np.ndarray
+    texts: list[tuple[list[int], int]]
+
+    def ranked(self, everything: bool = True) -> np.ndarray:
+        """Token ids, most used first; ties (tokens never seen) keep id order."""
+        return np.argsort(-(self.fit + self.held_out if everything else self.fit), kind="stable")
+
+
+def count_use(model: Model, prompts: Sequence[str], corpus: Sequence[str] = (), max_tokens: int = RANK_TOKENS,
+              temperature: float = RANK_TEMPERATURE, parallel: int = RANK_PARALLEL, seed: int = 0,
+              on_prompt: Callable[[], None] = lambda: None) -> Usage:
+    """Count the tokens `model` itself uses. Each prompt is continued by the model (sampled, or
+    greedy when held out; `parallel` prompts at a time in separate sequences of one context), and every position of
+    prompt and continuation counts twice: the token there, and the model's whole next-token
+    distribution p there. The expected count reaches the tokens a few thousand sampled ones miss
+    (the capital letter opening a multiple-choice option, the rarer words of a language it
+    writes). Corpus tokens count as read."""
+    counts = np.zeros((2, model.n_vocab), dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    encoded = [model.tokenize(text)[:RANK_PROMPT_TOKENS] for text in prompts]
+    longest = max((len(t) for t in encoded), default=1)
+    # Logits on every row: keep batches small, llama.cpp sizes its output buffer by n_batch rows.
+    ctx = model.new_context(parallel * (longest + max_tokens) + 16, n_seq_max=parallel, n_batch=64)
+    texts: list[tuple[list[int], int]] = []
+
+    def count(fold: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Add each row's p to its fold's counts; return the next token of each row: drawn at
+        `temperature` to rank (variety), greedy for held-out texts (what greedy drafting meets).
+        float32 and one cumulative sum per row: numpy, not the model, is this loop's cost."""
+        x = rows - rows.max(axis=1, keepdims=True)
+        p = np.exp(x)
+        p /= p.sum(axis=1, keepdims=True)
+        for f in (0, 1):
+            counts[f] += p[fold == f].sum(axis=0)
+        if temperature != 1.0:
+            p = np.exp(x / temperature)
+        cdf = np.cumsum(p, axis=1)
+        u = rng.random(len(p)) * cdf[:, -1]
+        return np.array([np.argmax(x[i]) if fold[i] else min(int(np.searchsorted(cdf[i], u[i], side="right")), x.shape[1] - 1)
+                         for i in range(len(p))])
+
+    for first in range(0, len(encoded), parallel):
+        group = {first + s: list(tokens) for s, tokens in enumerate(encoded[first:first + parallel])}
+        ctx.clear()
+        live: dict[int, int] = {}  # prompt index -> its next token
+        for i, tokens in group.items():  # prefill: p at every position
+            fold = int(i % HOLD_OUT == 0)
+            np.add.at(counts[fold], tokens, 1)
+            for off in range(0, len(tokens), ctx.n_batch):
+                batch = Batch()
+                for j, tok in enumerate(tokens[off:off + ctx.n_batch]):
+                    batch.add(tok, off + j, (i - first,), True)
+                drawn = count(np.full(len(batch), fold), ctx.decode(batch))
+            live[i] = int(drawn[-1])
+        written = {i: [] for i in group}
+        for _ in range(max_tokens):  # one token for every live sequence per decode
+            live = {i: tok for i, tok in live.items() if not model.is_eog(tok)}
+            if not live:
+                break
+            batch = Batch()
+            for i, tok in live.items():
+                counts[int(i % HOLD_OUT == 0), tok] += 1
+                batch.add(tok, len(group[i]) + len(written[i]), (i - first,), True)
+                written[i].append(tok)
+            drawn = count(np.array([int(i % HOLD_OUT == 0) for i in live]), ctx.decode(batch))
+            live = {i: int(tok) for i, tok in zip(live, drawn)}
+        for i, tokens in group.items():
+            if i % HOLD_OUT == 0:
+                texts.append((tokens + written[i], len(tokens)))
+            on_prompt()
     for text in corpus:
-        np.add.at(counts, model.tokenize(text, add_special=False), 1)
-    return np.argsort(-counts, kind="stable")
+        np.add.at(counts[0], model.tokenize(text, add_special=False), 1)
+    return Usage(counts[0], counts[1], texts)
+
+
+def greedy_predictions(ctx: Context, texts: Sequence[tuple[list[int], int]]) -> list[int]:
+    """Teacher-forced argmax over every continuation token of `texts` (what greedy decoding would
+    have written there), read in batches with logits on the continuation rows only."""
+    out: list[int] = []
+    for tokens, start in texts:
+        ctx.clear()
+        for off in range(0, len(tokens) - 1, ctx.n_batch):
+            batch = Batch()
+            for j, tok in enumerate(tokens[off:min(off + ctx.n_batch, len(tokens) - 1)]):
+                batch.add(tok, off + j, (0,), off + j >= start - 1)
+            rows = ctx.decode(batch)
+            if len(rows):
+                best = np.argmax(rows, axis=1)
+                out.extend(int(t) for t in (best if ctx.columns is None else ctx.columns[best]))
+    return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to derive the draft, and what it measured against the target."""
+
+    head: str | None  # type of the embedding/output matrix; None: llama.cpp's choice for the draft's type
+    vocab: int | None  # normal tokens kept; None: the whole vocabulary (no cut)
+    cost_s: float = math.nan  # c_q(1): one draft token
+    agreement: float = math.nan  # greedy agreement with the target on held-out continuations
+    speed: float = math.nan  # modelled speed of a greedy chain, tokens/s (chain_speed)
+
+    @property
+    def label(self) -> str:
+        return f"head {self.head or 'default'}, vocabulary {self.vocab or 'whole'}"
+
+
+def chain_speed(agreement: float, draft_s: float, target: CostCurve, max_depth: int = 16) -> float:
+    """Tokens per second of a greedy chain of the best depth d, each drafted token accepted with
+    probability `agreement` independently: E[tokens] = (1 - a^(d+1)) / (1 - a) per step of d draft
+    decodes and one target decode of d + 1 rows. A ranking of candidates, not a prediction."""
+    a = min(agreement, 0.999)
+    return max((1 - a ** (d + 1)) / (1 - a) / (d * draft_s + target(d + 1)) for d in range(1, max_depth + 1))
 
 
 def ranking_prompts() -> list[str]:
@@ -143,22 +253,23 @@ def ranking_prompts() -> list[str]:
 SELF = "self"  # `-d self`: the target's own derived draft
 
 
-def self_draft(target_spec: str, qtype: str = DEFAULT_TYPE, vocab: int = DEFAULT_VOCAB,
+def self_draft(target_spec: str, qtype: str = DEFAULT_TYPE, vocab: int | None = None, head: str | None = None,
                corpus: Sequence[Path] = ()) -> Path:
     """The derived draft of a target given as a path or models.txt name (derived on first use)."""
     from . import models
 
     path = models.resolve(target_spec)
-    return derive_self_draft(path, models.describe(target_spec, path)["sha256"], qtype, vocab, corpus)
+    return derive_self_draft(path, models.describe(target_spec, path)["sha256"], qtype, vocab, head, corpus)
 
 
-def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYPE, vocab: int = DEFAULT_VOCAB,
-                      corpus: Sequence[Path] = ()) -> Path:
-    """A draft derived from `target`: quantized to `qtype`, its vocabulary cut to the `vocab` normal
-    tokens it writes most (see rank_by_use). Cached by the target's sha256 and the options."""
+def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYPE, vocab: int | None = None,
+                      head: str | None = None, corpus: Sequence[Path] = ()) -> Path:
+    """A draft derived from `target`: quantized to `qtype` (its embedding/output matrix in `head`),
+    its vocabulary cut to the `vocab` normal tokens it uses most (see count_use). Left open, head
+    and vocabulary are chosen by measurement (choose). Cached by the target's sha256 and the options."""
     from . import backend
-    from .host import specgen_home
-    from .render import count_progress, spinner
+    from .models import drafts_dir
+    from .render import count_progress, note, spinner
 
     texts = []
     for path in corpus:
@@ -167,27 +278,108 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
         except OSError as e:
             raise ModelError(f"cannot read corpus file {path}: {e.strerror}") from None
     prompts = ranking_prompts()
-    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, prompts, RANK_TOKENS,
+    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, head, prompts, RANK_TOKENS,
                                      [hashlib.sha256(t.encode()).hexdigest() for t in texts]]).encode()).hexdigest()
-    dst = specgen_home() / "drafts" / f"{target.stem}-{qtype.lower()}-v{vocab}-{key[:12]}.gguf"
+    dst = drafts_dir() / f"{target.stem}-{qtype.lower()}-{head or 'auto'}-v{vocab or 'auto'}-{key[:12]}.gguf"
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
+    heads = [head] if head else [h for h in HEAD_CHOICES if h != qtype]
     with tempfile.TemporaryDirectory(prefix="specgen-draft-", dir=dst.parent) as tmp:
-        quantized, cut = Path(tmp) / "quantized.gguf", Path(tmp) / "cut.gguf"
-        with spinner(f"deriving a draft of {target.name}: llama.cpp quantize -> {qtype}"):
-            backend.quantize(target, quantized, qtype)
-        model = backend.LlamaModel(quantized)
-        with count_progress(len(prompts), f"ranking its vocabulary by what it writes ({len(prompts)} prompts)") as done:
-            ranked = rank_by_use(model, prompts, texts, on_prompt=done)
-        from gguf import GGUFReader
-
-        reader = GGUFReader(quantized)
-        byte_level = reader.get_field("tokenizer.ggml.model").contents() == "gpt2"
-        keep = kept_ids(np.array(reader.get_field("tokenizer.ggml.token_type").contents()),
-                        reader.get_field("tokenizer.ggml.tokens").contents(), ranked, vocab, byte_level)
-        del reader, model
-        with spinner(f"cutting its vocabulary to {len(keep)} tokens"):
-            cut_vocabulary(quantized, cut, keep)
-        os.replace(cut, dst)
+        quantized = {h: Path(tmp) / f"quantized-{h or 'default'}.gguf" for h in heads}
+        for h, path in quantized.items():
+            with spinner(f"deriving a draft of {target.name}: llama.cpp quantize -> {qtype}"
+                         + (f", embedding/output {h}" if h else "")):
+                backend.quantize(target, path, qtype, head_type=h)
+        with count_progress(len(prompts), f"counting the tokens it uses ({len(prompts)} prompts)") as done:
+            usage = count_use(backend.LlamaModel(quantized[heads[0]]), prompts, texts, on_prompt=done)
+        n_normal = int(np.sum(_token_types(quantized[heads[0]]) == NORMAL))
+        vocabs = [vocab] if vocab else [v for v in VOCAB_CHOICES if v is None or v < 0.75 * n_normal]
+        chosen = Candidate(heads[0], vocabs[0])
+        if len(heads) * len(vocabs) > 1:
+            candidates = choose(backend.LlamaModel(target), quantized, vocabs, usage, Path(tmp))
+            for c in candidates:
+                note(f"  {c.label}: {1000 * c.cost_s:.1f} ms/token, agreement {c.agreement:.3f}, "
+                     f"chain {c.speed:.1f} tok/s (modelled)")
+            chosen = max(candidates, key=lambda c: c.speed)
+            note(f"chose {chosen.label}")
+        if chosen.vocab is None:
+            os.replace(quantized[chosen.head], dst)
+        else:
+            cut = Path(tmp) / "cut.gguf"
+            with spinner(f"cutting its vocabulary to the {chosen.vocab} tokens it uses most"):
+                cut_vocabulary(quantized[chosen.head], cut, _keep(quantized[chosen.head], usage.ranked(), chosen.vocab))
+            os.replace(cut, dst)
     return dst
+
+
+def choose(target: Model, quantized: dict[str | None, Path], vocabs: Sequence[int | None], usage: Usage,
+           tmp: Path) -> list[Candidate]:
+    """Measure every head type x vocabulary size: c_q(1), greedy agreement with the target on the
+    held-out continuations (vocabularies ranked without them), and the chain speed both give with
+    the target's measured cost curve."""
+    from . import backend
+    from .render import count_progress
+    from .session import cost_curve
+    from .vocab import SubsetContext
+
+    target_ctx = target.new_context(1024, n_seq_max=2, n_batch=64)
+    target_curve = cost_curve(target, target_ctx)
+    reference = greedy_predictions(target_ctx, usage.texts)
+    del target_ctx
+    ranked = usage.ranked(everything=False)
+    found: list[tuple[Candidate, Context]] = []
+    with count_progress(len(quantized) * len(vocabs), "measuring the candidates") as done:
+        for h, src in quantized.items():
+            for v in vocabs:
+                path = src
+                if v is not None:
+                    path = tmp / f"candidate-{h}-{v}.gguf"
+                    cut_vocabulary(src, path, _keep(src, ranked, v))
+                model = backend.LlamaModel(path)
+                ctx = model.new_context(1024, n_batch=64)
+                if model.subset_of_target is not None:
+                    ctx = SubsetContext(ctx, model.subset_of_target, target.n_vocab)
+                agreement = float(np.mean(np.array(greedy_predictions(ctx, usage.texts)) == reference))
+                found.append((Candidate(h, v, agreement=agreement), ctx))
+                done()
+    # Costs last, in turns: a moment the machine is busy (writing the cuts out) then slows every
+    # candidate alike instead of whichever was being timed.
+    costs = np.full((COST_ROUNDS, len(found)), np.inf)
+    for r in range(COST_ROUNDS):
+        for i, (_, ctx) in enumerate(found):
+            costs[r, i] = _decode_seconds(ctx, usage.texts[0][0][:32])
+    best = costs.min(axis=0)
+    return [replace(c, cost_s=float(s), speed=chain_speed(c.agreement, float(s), target_curve))
+            for (c, _), s in zip(found, best)]
+
+
+def _decode_seconds(ctx: Context, context: list[int]) -> float:
+    """Seconds for one greedy draft token after `context`: one decode of one row with logits, and
+    the drafter's work on that row (a softmax and an argmax over the draft's columns: on a small
+    draft with a 262k vocabulary, a visible share)."""
+    from .drafters import softmax
+
+    ctx.clear()
+    evaluate(ctx, context, last_logits=False)
+    batch = Batch()
+    batch.add(context[-1], len(context), (0,), True)
+    started = time.perf_counter()
+    np.argmax(softmax(ctx.decode(batch)[0]))
+    return time.perf_counter() - started
+
+
+def _token_types(path: Path) -> np.ndarray:
+    from gguf import GGUFReader
+
+    return np.array(GGUFReader(path).get_field("tokenizer.ggml.token_type").contents())
+
+
+def _keep(path: Path, ranked: np.ndarray, vocab: int) -> np.ndarray:
+    """kept_ids for the GGUF at `path`."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    return kept_ids(np.array(reader.get_field("tokenizer.ggml.token_type").contents()),
+                    reader.get_field("tokenizer.ggml.tokens").contents(), ranked, vocab,
+                    reader.get_field("tokenizer.ggml.model").contents() == "gpt2")

@@ -75,22 +75,20 @@ def check_subset(target: Model, draft: Model, subset: SubsetMap, target_name: st
 
 
 class SubsetContext:
-    """A subset draft's context seen in target ids: batches are translated to draft ids, logits
-    come back over the target's vocabulary (-inf outside the subset, so q is zero there and
-    rejection sampling over it stays exact). Everything else (KV edits by sequence id) passes
-    through: positions and sequences do not depend on the vocabulary."""
+    """A subset draft's context seen in target ids: batches are translated to draft ids, and the
+    logits columns are the subset's target ids (`columns`): q is zero outside the subset, so
+    rejection sampling against p over the whole vocabulary stays exact. Everything else (KV edits
+    by sequence id) passes through: positions and sequences do not depend on the vocabulary."""
 
     def __init__(self, ctx: Context, subset: SubsetMap, n_target: int):
-        self.inner, self.subset, self.n_target = ctx, subset, n_target
+        self.inner, self.subset, self.n_vocab = ctx, subset, n_target
+        self.columns = subset.target_ids
         self._to_draft = np.full(n_target, subset.unk, dtype=np.int64)
         self._to_draft[subset.target_ids] = np.arange(len(subset.target_ids))
 
     def decode(self, batch: Batch) -> np.ndarray:
         mapped = Batch([int(t) for t in self._to_draft[batch.tokens]], batch.positions, batch.seq_ids, batch.logits)
-        rows = self.inner.decode(mapped)
-        out = np.full((len(rows), self.n_target), -np.inf, dtype=np.float32)
-        out[:, self.subset.target_ids] = rows
-        return out
+        return self.inner.decode(mapped)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

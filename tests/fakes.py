@@ -66,6 +66,7 @@ class FakeContext:
         self.model = model
         self.n_ctx, self.n_seq_max, self.n_batch = n_ctx, n_seq_max, n_batch
         self.n_threads = 1
+        self.n_vocab, self.columns = model.n_vocab, None
         self.kv: dict[int, dict[int, int]] = {}  # seq id -> {position: token}
         self.calls: list[Batch] = []
 

@@ -45,7 +45,8 @@ def generate(target, draft, method, prompt, n=32):
 
 
 @pytest.mark.parametrize("target,draft", [("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1"),
-                                          ("gemma-3-270m-f32", "gemma-3-270m-q2_k")])
+                                          ("gemma-3-270m-f32", "gemma-3-270m-q2_k"),
+                                          ("gemma-3-270m-f32", "gemma-3-270m-f32-self")])
 def test_every_method_equals_plain_on_f32_targets(target, draft):
     for prompt in PROMPTS:
         plain, _, _ = generate(target, draft, "plain", prompt)

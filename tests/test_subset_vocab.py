@@ -73,14 +73,13 @@ def test_the_draft_cache_holds_the_committed_text_in_draft_ids():
     assert held == [to_draft.get(t, 0) for t in committed[:len(held)]] and len(held) >= len(committed) - 2
 
 
-def test_subset_context_translates_tokens_and_spreads_logits():
+def test_subset_context_translates_tokens_and_names_its_columns():
     target = FakeModel(n_vocab=16)
     draft = SubsetDraft(target, KEEP, unk=2)
     ctx = SubsetContext(draft.new_context(64, n_seq_max=2), draft.subset_of_target, 16)
     out = ctx.decode(Batch([0, 7, 13], [0, 1, 2], [(0,), (0,), (0,)], [False, False, True]))
     assert ctx.inner.kv[0] == {0: 0, 1: 2, 2: KEEP.index(13)}  # 7 is not in the subset: unk
-    assert out.shape == (1, 16) and np.isneginf(out[0, [7, 10, 12, 14, 15]]).all()
-    assert np.isfinite(out[0, KEEP]).all()
+    assert out.shape == (1, len(KEEP)) and ctx.columns.tolist() == KEEP and ctx.n_vocab == 16
 
 
 @pytest.mark.parametrize("method", ["chain", "tree"])
@@ -130,3 +129,36 @@ def test_the_cut_keeps_what_the_tokenizer_needs_and_the_most_used_normal_tokens(
     assert kept_ids(types, tokens, ranked, 2).tolist() == [0, 1, 3, 4, 5, 9]
     # A byte-level BPE vocabulary also keeps its byte characters ("Ġ" spells a space), ranked or not.
     assert kept_ids(types, tokens, ranked, 2, byte_level=True).tolist() == [0, 1, 3, 4, 5, 8, 9]
+
+
+def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
+    """Every 4th prompt is held out: its continuation is the model's greedy text (what plain greedy
+    decoding writes), and it counts apart from the prompts that rank."""
+    from specgen.engine import GenerationRequest, generate
+    from specgen.sampling import SamplingParams
+    from specgen.subset import HOLD_OUT, count_use
+
+    a = FakeModel(n_vocab=40).tokenize("a", add_special=False)[0]
+    model = FakeModel(n_vocab=40, sharpness=1.0, script={(a,): 30, (30,): 31, (31,): 30})  # after "a": 30 31 30 ..
+    prompts = ["sofa", "a", "banana", "data", "pizza", "tea"]
+    usage = count_use(model, prompts, max_tokens=12, parallel=4)
+    assert len(usage.texts) == len([i for i in range(len(prompts)) if i % HOLD_OUT == 0]) == 2
+    for (tokens, start), prompt in zip(usage.texts, [prompts[0], prompts[4]]):
+        assert tokens[:start] == model.tokenize(prompt)
+        request = GenerationRequest(model.tokenize(prompt), 12, SamplingParams())
+        greedy = [e.token for e in generate(model, model.new_context(64), request, RunStats()) if isinstance(e, TokenEvent)]
+        assert tokens[start:] == greedy[:len(tokens) - start]
+    # Soft counts: every position spreads one unit of p, plus one for the token there.
+    n_positions = sum(len(model.tokenize(p)) for p in prompts) + sum(len(t) - s for t, s in usage.texts)
+    assert usage.fit.sum() + usage.held_out.sum() >= n_positions
+    assert usage.held_out.sum() < usage.fit.sum()
+    assert sorted(usage.ranked().tolist()) == list(range(40)) and set(usage.ranked()[:2]) == {30, 31}
+
+
+def test_chain_speed_prefers_agreement_and_cheapness():
+    from specgen.subset import chain_speed
+
+    target = CostCurve([1, 4, 16], [0.040, 0.046, 0.070])  # a memory-bound target: batches are cheap
+    assert chain_speed(0.9, 0.005, target) > chain_speed(0.8, 0.005, target)
+    assert chain_speed(0.8, 0.004, target) > chain_speed(0.8, 0.008, target)
+    assert chain_speed(0.0, 0.005, target) < 1 / 0.040  # a useless draft is slower than plain
