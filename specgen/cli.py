@@ -327,9 +327,9 @@ def draft_derive(
     target: str = typer.Argument(..., help="Target model: GGUF path or models.txt name."),
     qtype: str = typer.Option("Q2_K", "--type", help="Quantization type of the draft."),
     vocab: Optional[int] = typer.Option(None, "--vocab", help="Normal tokens kept, the ones the model uses most "
-                                        "[default: chosen by measurement]."),
+                                        "(default: chosen by measurement)."),
     head: Optional[str] = typer.Option(None, "--head", help="Type of the embedding/output matrix: Q4_0, Q5_0, "
-                                       "Q8_0 or F16 [default: chosen by measurement]."),
+                                       "Q8_0 or F16 (default: chosen by measurement)."),
     corpus: List[Path] = typer.Option([], "--corpus", help="Text files whose tokens count too (repeatable)."),
 ) -> None:
     """Derive a draft of TARGET with a frequency-ranked vocabulary (FR-Spec) and print its path.

@@ -308,7 +308,7 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
         else:
             cut = Path(tmp) / "cut.gguf"
             with spinner(f"cutting its vocabulary to the {chosen.vocab} tokens it uses most"):
-                cut_vocabulary(quantized[chosen.head], cut, _keep(quantized[chosen.head], usage.ranked(), chosen.vocab))
+                cut_vocabulary(quantized[chosen.head], cut, kept_ids_of(quantized[chosen.head], usage.ranked(), chosen.vocab))
             os.replace(cut, dst)
     return dst
 
@@ -335,7 +335,7 @@ def choose(target: Model, quantized: dict[str | None, Path], vocabs: Sequence[in
                 path = src
                 if v is not None:
                     path = tmp / f"candidate-{h}-{v}.gguf"
-                    cut_vocabulary(src, path, _keep(src, ranked, v))
+                    cut_vocabulary(src, path, kept_ids_of(src, ranked, v))
                 model = backend.LlamaModel(path)
                 ctx = model.new_context(1024, n_batch=64)
                 if model.subset_of_target is not None:
@@ -375,7 +375,7 @@ def _token_types(path: Path) -> np.ndarray:
     return np.array(GGUFReader(path).get_field("tokenizer.ggml.token_type").contents())
 
 
-def _keep(path: Path, ranked: np.ndarray, vocab: int) -> np.ndarray:
+def kept_ids_of(path: Path, ranked: np.ndarray, vocab: int) -> np.ndarray:
     """kept_ids for the GGUF at `path`."""
     from gguf import GGUFReader
 

@@ -109,3 +109,46 @@ def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
         if method == "chain":
             assert record["accepted"] > 0
     assert specgen("draft", "derive", "gemma-3-270m-f32").stdout.strip() == str(path)  # cached
+
+
+def test_sampled_output_with_a_real_subset_draft_matches_plain(tmp_path, smollm2_path, smollm2_f32):
+    """Rejection sampling with a real cut draft (smollm2 Q4_1 cut to 8,000 tokens, without the
+    target's second choice for the next token): per-position frequencies match plain sampling, the
+    token the draft cannot propose included (two-sample chi-square over the top-k support)."""
+    from specgen.backend import LlamaModel
+    from specgen.drafters import ModelDrafter
+    from specgen.engine import GenerationRequest, TokenEvent, generate
+    from specgen.kv import evaluate
+    from specgen.sampling import SamplingParams
+    from specgen.stats import RunStats
+    from specgen.subset import cut_vocabulary, kept_ids_of
+    from specgen.vocab import SubsetContext
+
+    target, k, n, runs = smollm2_f32, 4, 2, 300
+    prompt = target.tokenize("The capital of France is")
+    ctx = target.new_context(128, n_seq_max=8)
+    second = int(np.argsort(-evaluate(ctx, prompt))[1])
+    keep = [int(i) for i in kept_ids_of(smollm2_path, np.arange(8000), 8000) if i != second]
+    cut_vocabulary(smollm2_path, tmp_path / "cut.gguf", np.array(keep))
+    draft = LlamaModel(tmp_path / "cut.gguf")
+    dctx = SubsetContext(draft.new_context(128, n_seq_max=8), draft.subset_of_target, target.n_vocab)
+    counts = {"plain": np.zeros((n, target.n_vocab)), "chain": np.zeros((n, target.n_vocab))}
+    accepted = 0
+    for seed in range(runs):
+        for name in counts:
+            params = SamplingParams(1.0, top_k=k, seed=seed if name == "plain" else 10_000 + seed)
+            drafter = ModelDrafter(dctx, params, branching=1, max_nodes=n, max_depth=n) if name == "chain" else None
+            stats = RunStats()
+            events = generate(target, ctx, GenerationRequest(prompt, n, params), stats, drafter)
+            for pos, e in enumerate(e for e in events if isinstance(e, TokenEvent)):
+                counts[name][pos, e.token] += 1
+            accepted += stats.accepted if name == "chain" else 0
+    assert accepted > runs // 4  # the cut draft's proposals really were accepted
+    assert counts["plain"][0, second] > runs // 20  # ... and the token it cannot propose is common
+    for pos in range(n):
+        a, b = counts["plain"][pos], counts["chain"][pos]
+        seen = (a + b) > 0
+        chi2 = (((a[seen] - b[seen]) ** 2) / (a[seen] + b[seen])).sum()
+        df = max(1, int(seen.sum()) - 1)
+        critical = df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3  # p = 0.001 (Wilson-Hilferty)
+        assert chi2 < critical, f"position {pos}: chi2 {chi2:.1f} over {seen.sum()} tokens"
