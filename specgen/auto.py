@@ -5,7 +5,8 @@ Each step compares, by expected tokens / expected seconds (planner.py):
   - the lookup trie (free to draft), pruned to its best prefix by acceptance estimates;
   - the draft model (staged: its tree, with lookup drafting for it), when one is loaded and its
     learned acceptance makes a draft chain worth its cost; its tree is then pruned the same way.
-A guard backs off to plain decoding when the realised speed of speculation falls behind plain.
+A guard backs off to plain decoding when the realised speed of speculation falls behind plain;
+a second one benches the draft model when the steps that use it fall behind plain.
 
 This module is the policy; what it learns lives in planner.py (AcceptanceModel, DraftEstimate,
 Guard) and what decodes cost in costs.py.
@@ -65,6 +66,10 @@ class AutoDrafter:
         self.acceptance = AcceptanceModel()
         self.draft = DraftEstimate()
         self.guard = Guard()
+        # The same test for the steps that use the draft model alone: a draft whose steps are
+        # realised slower than plain decoding is benched, whatever its modelled costs promised
+        # (its catch-up, KV edits and tree work are only partly in the model).
+        self.draft_guard = Guard()
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._step: _Step | None = None
@@ -107,7 +112,7 @@ class AutoDrafter:
         accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v]) for v in range(1, len(tree))]
         plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
 
-        if self.model is not None and self.c_draft is not None:
+        if self.model is not None and self.c_draft is not None and self.draft_guard.allow_speculation():
             # A drafted token costs a draft decode plus Python work on a vocabulary-sized row:
             # planned with what drafted tokens really took, once there is a measurement. The
             # first decode also evaluates the committed tokens the draft has not seen (one output
@@ -186,7 +191,10 @@ class AutoDrafter:
                     seconds += step.draft_calls * self.c_draft(1, step.context)
             else:
                 seconds = time.perf_counter() - step.started
-            self.guard.record(len(committed), seconds, 1.0 / self.c_target(1, step.context))
+            plain_rate = 1.0 / self.c_target(1, step.context)
+            self.guard.record(len(committed), seconds, plain_rate)
+            if step.uses_draft:
+                self.draft_guard.record(len(committed), seconds, plain_rate)
         if self.model is not None:
             self.model.observe(verdict, committed)
         if not self._model_owns_lookup:

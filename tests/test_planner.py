@@ -312,3 +312,28 @@ def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
     assert fast == slow
     assert run(0.03, False)[1] != slow[1]  # unseeded, the clock does steer auto (the guard backs off)
     assert slow[0] == plain_tokens(target, prompt, 64, params)
+
+
+def test_a_benched_draft_is_not_used_until_its_backoff_ends():
+    """The draft guard: after draft steps realised slower than plain, auto drafts without the
+    model for the guard's backoff, then tries it again."""
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    dctx = FakeContext(NoisyDraft(target, noise=0.3), n_ctx=512, n_seq_max=64)
+    kit = DraftingKit(SamplingParams(), dctx, FLAT, CostCurve([1, 8], [0.0005, 0.0006]), reproducible=True)
+
+    def choices(auto, steps):
+        out = []
+        for tok in range(10, 10 + steps):
+            auto.propose(16)
+            out.append(auto.last_choice)
+            auto.observe(Verdict([], [tok]), [tok])
+        return out
+
+    fresh = METHODS["auto"].drafter(kit)
+    fresh.reset([0, 9, 8, 7])
+    assert choices(fresh, 1) == ["staged"]  # a cheap draft on a flat target curve is worth a try
+    dctx.clear()
+    benched = METHODS["auto"].drafter(kit)
+    benched.reset([0, 9, 8, 7])
+    benched.draft_guard.plain_left = 3
+    assert choices(benched, 4) == ["plain"] * 3 + ["staged"]
