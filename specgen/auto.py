@@ -45,6 +45,7 @@ class _Step:
     context: int  # committed tokens before the root
     started: float = 0.0  # perf_counter at propose()
     draft_calls: int = 0
+    planned_s: float = 0.0  # a draft step's time as modelled (before the efficiency correction)
 
     @property
     def uses_draft(self) -> bool:
@@ -121,8 +122,9 @@ class AutoDrafter:
             catch_up = self.c_draft.read(self.model.backlog, context) - c_draft_1
             k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1), depth,
                                               catch_up, tokens_left=max_depth + 1)
-            if k > 0 and draft_rate > plan.rate:
-                return self._propose_with_model(depth, k, c_target, context, started)
+            modelled_s = sum(self.draft.alpha ** i for i in range(k + 1)) / draft_rate
+            if k > 0 and draft_rate * self.draft.efficiency > plan.rate:  # as realised so far
+                return self._propose_with_model(depth, k, c_target, context, started, modelled_s)
             self._relax_draft(c_draft_1)
 
         evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v]) for v in range(1, len(tree))]
@@ -147,7 +149,8 @@ class AutoDrafter:
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)
 
-    def _propose_with_model(self, depth: int, k: int, c_target: Cost, context: int, started: float) -> DraftTree:
+    def _propose_with_model(self, depth: int, k: int, c_target: Cost, context: int, started: float,
+                            planned_s: float) -> DraftTree:
         assert self.model is not None and self.c_draft is not None
         calls, t0 = self.model.draft_calls, time.perf_counter()
         tree = self.model.propose(min(depth, k), max_nodes=k)
@@ -163,7 +166,7 @@ class AutoDrafter:
             tree = self.model.restrict(plan.nodes)
         evidence = [None] + [self.acceptance.draft_evidence(q) for q in tree.q[1:]]
         return self._choose(_Step(self.model.last_choice, tree, evidence, context, started,
-                                  self.model.draft_calls - calls))
+                                  self.model.draft_calls - calls, planned_s))
 
     def _relax_draft(self, c_draft_1: float) -> None:
         assert self.c_draft is not None
@@ -195,6 +198,8 @@ class AutoDrafter:
             self.guard.record(len(committed), seconds, plain_rate)
             if step.uses_draft:
                 self.draft_guard.record(len(committed), seconds, plain_rate)
+                if not self.reproducible:
+                    self.draft.observe_step_time(step.planned_s, seconds)
         if self.model is not None:
             self.model.observe(verdict, committed)
         if not self._model_owns_lookup:

@@ -184,6 +184,7 @@ class AcceptanceModel:
 ALPHA_PRIOR = 0.7  # optimistic on purpose: an option the planner never tries is never learned
 ALPHA_EMA = 0.1  # weight of one step's outcome in the first-token acceptance
 STEP_COST_EMA = 0.2  # weight of one proposal's measured cost per drafted token
+EFFICIENCY_EMA = 0.2  # weight of one draft step's planned/realised time
 # What is known of the draft is learned only from the steps that use it. Per step without it, each
 # estimate (acceptance, cost per drafted token, the machine's speed for it) drifts back by this
 # much towards its prior, so one bad stretch (or a cold first decode) cannot rule it out for good.
@@ -199,6 +200,9 @@ class DraftEstimate:
 
     alpha: float = ALPHA_PRIOR
     step_s: float | None = None
+    # Planned over realised seconds of the steps that used the draft: what the model of a draft
+    # step leaves out (catch-up, KV edits, tree work, a bigger verified tree) scales its rate.
+    efficiency: float = 1.0
 
     def step_cost(self, c_draft_1: float) -> float:
         return max(c_draft_1, self.step_s or 0.0)
@@ -210,9 +214,13 @@ class DraftEstimate:
         last = c_draft_1 if self.step_s is None else self.step_s
         self.step_s = (1 - STEP_COST_EMA) * last + STEP_COST_EMA * per_token_s
 
+    def observe_step_time(self, planned_s: float, seconds: float) -> None:
+        self.efficiency += (min(1.0, planned_s / max(seconds, 1e-9)) - self.efficiency) * EFFICIENCY_EMA
+
     def relax(self, c_draft_1: float) -> None:
         """A step without the draft: drift back towards the priors (see RELAX)."""
         self.alpha += (ALPHA_PRIOR - self.alpha) * RELAX
+        self.efficiency += (1.0 - self.efficiency) * RELAX
         if self.step_s is not None:
             self.step_s += (c_draft_1 - self.step_s) * RELAX
 

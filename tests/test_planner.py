@@ -337,3 +337,19 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
     benched.reset([0, 9, 8, 7])
     benched.draft_guard.plain_left = 3
     assert choices(benched, 4) == ["plain"] * 3 + ["staged"]
+
+
+def test_draft_efficiency_follows_realised_step_times_and_relaxes():
+    """Draft steps that take twice the time planned halve the draft's rate in the plan; steps
+    without the draft let it drift back, so it is tried again later."""
+    from specgen.planner import DraftEstimate
+
+    est = DraftEstimate()
+    for _ in range(40):
+        est.observe_step_time(planned_s=0.020, seconds=0.040)
+    assert est.efficiency == pytest.approx(0.5, abs=0.01)
+    est.observe_step_time(planned_s=0.020, seconds=0.010)  # faster than planned: capped at 1
+    assert est.efficiency < 0.61
+    for _ in range(200):
+        est.relax(0.004)
+    assert est.efficiency > 0.95
