@@ -62,6 +62,13 @@ class SummaryRow:
     acceptance_rate: float
     lossless_mismatches: int | None  # greedy: trials whose text differs from plain's; sampled: None
     n_prompts: int
+    # Per prompt (and repeat), method tok/s over plain tok/s: their median, and a 90% bootstrap
+    # interval of `speedup` (prompts resampled). within_noise: the interval holds 1.0, so this
+    # run cannot tell the method from plain decoding.
+    median_speedup: float = 0.0
+    speedup_low: float = 0.0
+    speedup_high: float = 0.0
+    within_noise: bool = False
 
 
 # --- suites --------------------------------------------------------------------------------------
@@ -202,12 +209,33 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
             mismatches = None
             if greedy:
                 mismatches = sum(t.text != by_key[(t.prompt.prompt_id, t.repeat, "plain")].text for t in ts)
+            spread = speedup_spread([by_key[(*k, method)].stats.tokens_per_s for k in timed],
+                                    [by_key[(*k, "plain")].stats.tokens_per_s for k in timed])
             rows.append(SummaryRow(
                 group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
                 round(sum(t.stats.n_committed for t in ts) / calls, 3) if calls else 1.0,
                 round(sum(t.stats.accepted for t in ts) / drafted, 4) if drafted else 0.0,
-                mismatches, len({k[0] for k in keys})))
+                mismatches, len({k[0] for k in keys}), *spread))
     return rows
+
+
+BOOTSTRAP_SAMPLES, BOOTSTRAP_LEVEL = 2000, 0.90
+
+
+def speedup_spread(method_tps: Sequence[float], plain_tps: Sequence[float]) -> tuple[float, float, float, bool]:
+    """(median per-prompt speedup, low, high, within_noise) for paired per-prompt throughputs: the
+    interval is a percentile bootstrap of the ratio of means (prompts resampled with their pairs;
+    seeded, so a report is reproducible from its records)."""
+    import numpy as np
+
+    m, p = np.asarray(method_tps, dtype=float), np.asarray(plain_tps, dtype=float)
+    if len(m) == 0 or not np.all(p > 0):
+        return 0.0, 0.0, 0.0, False
+    idx = np.random.default_rng(0).integers(0, len(m), size=(BOOTSTRAP_SAMPLES, len(m)))
+    ratios = m[idx].mean(axis=1) / p[idx].mean(axis=1)
+    tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return round(float(np.median(m / p)), 3), round(float(low), 3), round(float(high), 3), bool(low <= 1.0 <= high)
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -215,8 +243,17 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
 
 def machine_info(threads: int, build) -> dict:
     """`build`: backend.BuildInfo of the llama.cpp in use."""
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "backend": build.accelerator,
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "load_average": _load(),
+            "backend": build.accelerator,
             "llama_cpp": {"llama_cpp_python": build.llama_cpp_python, "system_info": build.system_info}}
+
+
+def _load() -> list[float] | None:
+    """1, 5 and 15-minute load averages: a busy machine shows here (None where unknown)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow]) -> dict:

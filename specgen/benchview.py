@@ -20,8 +20,11 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F
 def _cell(row: SummaryRow, n_trials: int) -> str:
     if row.method == "plain":
         return f"{row.tokens_per_s:.1f} tok/s"
-    lines = [f"[bold]{row.speedup:.2f}x[/bold]", f"{row.tokens_per_s:.1f} tok/s",
-             f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}"]
+    noise = " [yellow]~noise[/yellow]" if row.within_noise else ""
+    lines = [f"[bold]{row.speedup:.2f}x[/bold]{noise}"]
+    if row.speedup_low < row.speedup_high:  # one prompt has no spread to show
+        lines.append(f"{row.speedup_low:.2f}-{row.speedup_high:.2f} med {row.median_speedup:.2f}")
+    lines += [f"{row.tokens_per_s:.1f} tok/s", f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}"]
     if row.lossless_mismatches is not None:  # greedy runs: say how many texts equal plain's, always
         same = n_trials - row.lossless_mismatches
         colour = "green" if row.lossless_mismatches == 0 else "red"
@@ -30,9 +33,11 @@ def _cell(row: SummaryRow, n_trials: int) -> str:
 
 
 def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: str, trials_per_prompt: int) -> Table:
-    """Rows = groups (+ overall); one column per method: speedup, tok/s, τ · acceptance, mismatches."""
+    """Rows = groups (+ overall); one column per method: speedup (with its 90% interval and the
+    median per-prompt speedup), tok/s, τ · acceptance, mismatches."""
     table = Table(title=header, title_justify="left", show_lines=True,
-                  caption="speedup vs plain · tok/s · τ (tokens per target call) and acceptance · "
+                  caption="speedup vs plain (~noise: its 90% bootstrap interval holds 1.0) · interval, "
+                          "median per-prompt speedup · tok/s · τ (tokens per target call) and acceptance · "
                           "=k/n: texts identical to plain (greedy)", caption_justify="left")
     table.add_column("group", no_wrap=True)
     table.add_column("n", justify="right", min_width=2)

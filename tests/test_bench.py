@@ -10,7 +10,7 @@ import pytest
 
 from fakes import FakeModel, NoisyDraft
 from specgen import bench as b
-from specgen.benchview import check_plot_path, svg_chart
+from specgen.benchview import check_plot_path, summary_table, svg_chart
 from specgen.config import RunConfig
 from specgen.costs import CostCurve
 from specgen.errors import ConfigError, PromptError
@@ -131,6 +131,24 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
+def test_per_prompt_spread_flags_a_difference_within_noise():
+    """Beside the ratio of means: the median per-prompt speedup and a 90% bootstrap interval; a
+    method whose interval holds 1.0 is flagged as within noise."""
+    trials = []
+    for i in range(20):
+        wobble = 1 if i % 2 else -1  # per-prompt noise that averages out
+        trials += [trial(str(i), "qa", "plain", 50), trial(str(i), "qa", "fast", 100 + 5 * wobble),
+                   trial(str(i), "qa", "same", 50 + 10 * wobble)]
+    rows = {r.method: r for r in b.summarize(trials, ["plain", "fast", "same"], greedy=False) if r.group == "qa"}
+    fast, same = rows["fast"], rows["same"]
+    assert 1.9 < fast.speedup_low < fast.speedup == 2.0 < fast.speedup_high < 2.1 and not fast.within_noise
+    assert fast.median_speedup == pytest.approx(2.0, abs=0.1)
+    assert same.speedup_low < 1.0 < same.speedup_high and same.within_noise
+    table = summary_table(list(rows.values()), ["plain", "fast", "same"], "t", 1)
+    cells = {c.header: c._cells[0] for c in table.columns}
+    assert "~noise" in cells["same"] and "~noise" not in cells["fast"]
+
+
 def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),
@@ -241,13 +259,14 @@ def test_bench_cli_small_real_run(tmp_path):
     assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
     report = json.loads(out.read_text())
     assert set(report) == {"machine", "models", "settings", "records", "summary"}
-    assert {"cpu", "cores", "threads", "backend", "llama_cpp"} <= set(report["machine"])
+    assert {"cpu", "cores", "threads", "load_average", "backend", "llama_cpp"} <= set(report["machine"])
     assert len(report["models"]["target"]["sha256"]) == 64 and report["models"]["draft"] is None
     assert len(report["records"]) == 2 * 2
     assert {"group", "prompt_id", "repeat", "text", "tokens_per_s", "finish_reason"} <= set(report["records"][0])
     rows = {(r["group"], r["method"]): r for r in report["summary"]}
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
-                                                "acceptance_rate", "lossless_mismatches", "n_prompts"}
+                                                "acceptance_rate", "lossless_mismatches", "n_prompts",
+                                                "median_speedup", "speedup_low", "speedup_high", "within_noise"}
     recs = {(r["prompt_id"], r["method"]): r for r in report["records"]}
     pids = {pid for pid, _ in recs}
     differing = sum(recs[(pid, "lookup")]["text"] != recs[(pid, "plain")]["text"] for pid in pids)
