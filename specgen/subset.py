@@ -141,9 +141,9 @@ def count_use(model: Model, prompts: Sequence[str], corpus: Sequence[str] = (), 
               temperature: float = RANK_TEMPERATURE, parallel: int = RANK_PARALLEL, seed: int = 0,
               on_prompt: Callable[[], None] = lambda: None) -> Usage:
     """Count the tokens `model` itself uses. Each prompt is continued by the model (sampled, or
-    greedy when held out; `parallel` prompts at a time in separate sequences of one context), and every position of
-    prompt and continuation counts twice: the token there, and the model's whole next-token
-    distribution p there. The expected count reaches the tokens a few thousand sampled ones miss
+    greedy when held out; `parallel` prompts at a time in separate sequences of one context), and
+    every position of prompt and continuation counts twice: the token there, and the model's whole
+    next-token distribution p there. The expected count reaches the tokens a few thousand sampled ones miss
     (the capital letter opening a multiple-choice option, the rarer words of a language it
     writes). Corpus tokens count as read."""
     counts = np.zeros((2, model.n_vocab), dtype=np.float64)
@@ -167,8 +167,8 @@ def count_use(model: Model, prompts: Sequence[str], corpus: Sequence[str] = (), 
             p = np.exp(x / temperature)
         cdf = np.cumsum(p, axis=1)
         u = rng.random(len(p)) * cdf[:, -1]
-        return np.array([np.argmax(x[i]) if fold[i] else min(int(np.searchsorted(cdf[i], u[i], side="right")), x.shape[1] - 1)
-                         for i in range(len(p))])
+        drawn = [min(int(np.searchsorted(row, v, side="right")), x.shape[1] - 1) for row, v in zip(cdf, u)]
+        return np.where(fold == 1, np.argmax(x, axis=1), drawn)
 
     for first in range(0, len(encoded), parallel):
         group = {first + s: list(tokens) for s, tokens in enumerate(encoded[first:first + parallel])}
