@@ -122,9 +122,9 @@ class AutoDrafter:
             catch_up = self.c_draft.read(self.model.backlog, context) - c_draft_1
             k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1), depth,
                                               catch_up, tokens_left=max_depth + 1)
-            modelled_s = sum(self.draft.alpha ** i for i in range(k + 1)) / draft_rate
             if k > 0 and draft_rate * self.draft.efficiency > plan.rate:  # as realised so far
-                return self._propose_with_model(depth, k, c_target, context, started, modelled_s)
+                planned_s = sum(self.draft.alpha ** i for i in range(k + 1)) / draft_rate  # E[tokens] / rate
+                return self._propose_with_model(depth, k, c_target, context, started, planned_s)
             self._relax_draft(c_draft_1)
 
         evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v]) for v in range(1, len(tree))]

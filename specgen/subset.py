@@ -293,11 +293,11 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
                 backend.quantize(target, path, qtype, head_type=h)
         with count_progress(len(prompts), f"counting the tokens it uses ({len(prompts)} prompts)") as done:
             usage = count_use(backend.LlamaModel(quantized[heads[0]]), prompts, texts, on_prompt=done)
-        n_normal = int(np.sum(_token_types(quantized[heads[0]]) == NORMAL))
-        vocabs = [vocab] if vocab else [v for v in VOCAB_CHOICES if v is None or v < 0.75 * n_normal]
+        table = TokenTable.read(quantized[heads[0]])  # quantizing leaves the tokenizer as it was
+        vocabs = [vocab] if vocab else [v for v in VOCAB_CHOICES if v is None or v < 0.75 * table.n_normal]
         chosen = Candidate(heads[0], vocabs[0])
         if len(heads) * len(vocabs) > 1:
-            candidates = choose(backend.LlamaModel(target), quantized, vocabs, usage, Path(tmp))
+            candidates = choose(backend.LlamaModel(target), quantized, table, vocabs, usage, Path(tmp))
             for c in candidates:
                 note(f"  {c.label}: {1000 * c.cost_s:.1f} ms/token, agreement {c.agreement:.3f}, "
                      f"chain {c.speed:.1f} tok/s (modelled)")
@@ -308,13 +308,13 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
         else:
             cut = Path(tmp) / "cut.gguf"
             with spinner(f"cutting its vocabulary to the {chosen.vocab} tokens it uses most"):
-                cut_vocabulary(quantized[chosen.head], cut, kept_ids_of(quantized[chosen.head], usage.ranked(), chosen.vocab))
+                cut_vocabulary(quantized[chosen.head], cut, table.keep(usage.ranked(), chosen.vocab))
             os.replace(cut, dst)
     return dst
 
 
-def choose(target: Model, quantized: dict[str | None, Path], vocabs: Sequence[int | None], usage: Usage,
-           tmp: Path) -> list[Candidate]:
+def choose(target: Model, quantized: dict[str | None, Path], table: TokenTable, vocabs: Sequence[int | None],
+           usage: Usage, tmp: Path) -> list[Candidate]:
     """Measure every head type x vocabulary size: c_q(1), greedy agreement with the target on the
     held-out continuations (vocabularies ranked without them), and the chain speed both give with
     the target's measured cost curve."""
@@ -335,7 +335,7 @@ def choose(target: Model, quantized: dict[str | None, Path], vocabs: Sequence[in
                 path = src
                 if v is not None:
                     path = tmp / f"candidate-{h}-{v}.gguf"
-                    cut_vocabulary(src, path, kept_ids_of(src, ranked, v))
+                    cut_vocabulary(src, path, table.keep(ranked, v))
                 model = backend.LlamaModel(path)
                 ctx = model.new_context(1024, n_batch=64)
                 if model.subset_of_target is not None:
@@ -369,17 +369,28 @@ def _decode_seconds(ctx: Context, context: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def _token_types(path: Path) -> np.ndarray:
-    from gguf import GGUFReader
+@dataclass(frozen=True)
+class TokenTable:
+    """A GGUF's tokenizer arrays as a cut reads them. Read once per derivation: a large
+    vocabulary is hundreds of thousands of strings, and every quantized candidate shares it."""
 
-    return np.array(GGUFReader(path).get_field("tokenizer.ggml.token_type").contents())
+    types: np.ndarray
+    tokens: list[str]
+    byte_level: bool
 
+    @classmethod
+    def read(cls, path: Path) -> "TokenTable":
+        from gguf import GGUFReader
 
-def kept_ids_of(path: Path, ranked: np.ndarray, vocab: int) -> np.ndarray:
-    """kept_ids for the GGUF at `path`."""
-    from gguf import GGUFReader
+        reader = GGUFReader(path)
+        return cls(np.array(reader.get_field("tokenizer.ggml.token_type").contents()),
+                   reader.get_field("tokenizer.ggml.tokens").contents(),
+                   reader.get_field("tokenizer.ggml.model").contents() == "gpt2")
 
-    reader = GGUFReader(path)
-    return kept_ids(np.array(reader.get_field("tokenizer.ggml.token_type").contents()),
-                    reader.get_field("tokenizer.ggml.tokens").contents(), ranked, vocab,
-                    reader.get_field("tokenizer.ggml.model").contents() == "gpt2")
+    @property
+    def n_normal(self) -> int:
+        return int(np.sum(self.types == NORMAL))
+
+    def keep(self, ranked: np.ndarray, n_normal: int) -> np.ndarray:
+        """kept_ids for this vocabulary."""
+        return kept_ids(self.types, self.tokens, ranked, n_normal, self.byte_level)

@@ -121,14 +121,14 @@ def test_sampled_output_with_a_real_subset_draft_matches_plain(tmp_path, smollm2
     from specgen.kv import evaluate
     from specgen.sampling import SamplingParams
     from specgen.stats import RunStats
-    from specgen.subset import cut_vocabulary, kept_ids_of
+    from specgen.subset import TokenTable, cut_vocabulary
     from specgen.vocab import SubsetContext
 
     target, k, n, runs = smollm2_f32, 4, 2, 300
     prompt = target.tokenize("The capital of France is")
     ctx = target.new_context(128, n_seq_max=8)
     second = int(np.argsort(-evaluate(ctx, prompt))[1])
-    keep = [int(i) for i in kept_ids_of(smollm2_path, np.arange(8000), 8000) if i != second]
+    keep = [int(i) for i in TokenTable.read(smollm2_path).keep(np.arange(8000), 8000) if i != second]
     cut_vocabulary(smollm2_path, tmp_path / "cut.gguf", np.array(keep))
     draft = LlamaModel(tmp_path / "cut.gguf")
     dctx = SubsetContext(draft.new_context(128, n_seq_max=8), draft.subset_of_target, target.n_vocab)
