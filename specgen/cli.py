@@ -223,6 +223,33 @@ def rpc_server(
     backend.serve_rpc(f"{host}:{port}", threads)
 
 
+CALIBRATE_BUDGET_S = 8.0  # `specgen calibrate` times more passes than a first run of auto does
+
+
+def calibration_summary(curve, threads: int) -> tuple[str, str | None]:
+    """One line on how the curve was measured, how noisy and how busy the machine was then; and a
+    warning when it was busy or noisy (None when not)."""
+    from datetime import datetime
+
+    from .costs import BUSY_CORES
+
+    when = datetime.fromtimestamp(curve.measured_at).strftime("%Y-%m-%d %H:%M") if curve.measured_at else "unknown"
+    line = f"measured {when} with {threads} threads, {curve.passes} passes; median spread ±{curve.noise * 100:.0f}%"
+    if curve.busy_cores is not None:
+        line += f"; other processes used {curve.busy_cores:.2f} of {os.cpu_count()} cores"
+    warning = None
+    if curve.busy:
+        warning = (f"specgen: warning: the machine was busy (other processes above {BUSY_CORES} cores): this curve "
+                   "is not cached; run `specgen calibrate --refresh` again when it is quiet")
+    elif curve.noise > NOISY_SPREAD:
+        warning = (f"specgen: warning: timings spread by ±{curve.noise * 100:.0f}% between passes (more than "
+                   f"±{NOISY_SPREAD * 100:.0f}%): is something else running?")
+    return line, warning
+
+
+NOISY_SPREAD = 0.10
+
+
 @app.command()
 def calibrate(
     model: str = typer.Argument(..., help="GGUF path or models.txt name."),
@@ -248,12 +275,21 @@ def calibrate(
     check_threads(threads)
     llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
     context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads)
-    curve = cost_curve(llm, context, refresh=refresh)
+    curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)
+    summary, warning = calibration_summary(curve, context.n_threads)
+    print(summary)
+    if warning:
+        print(warning, file=sys.stderr)
     table = Table(title=f"{Path(llm.path).name}: one decode of B tokens ({curve.source})", box=None)
-    for col in ("B", "ms", "x B=1", "ms per token"):
+    for col in ("B", "ms", "x B=1", "ms per token", "spread"):
         table.add_column(col, justify="right")
-    for b, sec, rel in zip(curve.sizes, curve.seconds, curve.relative()):
-        table.add_row(str(b), f"{sec * 1000:.1f}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}")
+    spread = curve.spread or [None] * len(curve.sizes)
+    raw = curve.raw or curve.seconds
+    for b, sec, rel, sp, low in zip(curve.sizes, curve.seconds, curve.relative(), spread, raw):
+        # A raised size: it measured cheaper than a smaller one, but not consistently (noise).
+        note = f" (measured {low * 1000:.1f})" if low < sec * 0.995 else ""
+        table.add_row(str(b), f"{sec * 1000:.1f}{note}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}",
+                      "" if sp is None else f"±{sp * 100:.0f}%")
     Console(soft_wrap=True).print(table)
     if curve.per_token_one_output:
         print(f"one output row (catching up on text): {curve.seconds[0] * 1000:.1f} ms + "

@@ -11,9 +11,12 @@ the curve: with a large vocabulary that is several times cheaper.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+import math
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +30,7 @@ from .protocol import Batch, Context
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32)
 EMA = 0.1  # weight of one live measurement in the running estimate
+SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 
@@ -44,11 +48,28 @@ class CostCurve:
     per_context_at: int = 0  # the context length gamma was measured at (0: not yet)
     per_token_one_output: float = 0.0  # seconds each token past the first adds to a one-output decode
     cache_path: Path | None = None  # where the calibration cache keeps this curve
+    # How it was measured (fit()): per size, how much the passes spread and the raw low quantile
+    # (before noise dips were removed); passes; other processes' CPU use meanwhile; when.
+    spread: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    passes: int = 0
+    busy_cores: float | None = None
+    measured_at: float = 0.0
+    # Between measured sizes: "linear", or "step" (a measured curve: the next measured size's
+    # cost, since an unmeasured size may sit past a tile edge; never cheaper than it looks)
+    between: str = "linear"
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
+    # Per size, live decodes' log(seconds / curve) relative to the scale (an EMA) and how many
+    # there were: a size far off the others is a shape the curve has wrong (suspects()).
+    _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
+    rechecked: dict[int, int] = field(default_factory=dict, repr=False)
 
     TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
 
     def __post_init__(self) -> None:
+        self._rebuild()
+
+    def _rebuild(self) -> None:
         self._table = [0.0] + [self._interpolate(b) for b in range(1, self.TABLE)]
 
     def base(self, b: int) -> float:
@@ -58,7 +79,9 @@ class CostCurve:
         xs, ys = self.sizes, self.seconds
         if b >= xs[-1]:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
-            return ys[-1] + slope * (b - xs[-1])
+            return ys[-1] + max(0.0, slope) * (b - xs[-1])
+        if self.between == "step":
+            return ys[bisect.bisect_left(xs, b)]
         return float(np.interp(b, xs, ys))
 
     def at(self, b: int, context: int, outputs: int | None = None) -> float:
@@ -84,48 +107,147 @@ class CostCurve:
         return lambda b: self(b, context)
 
     def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
-        """Fold a real decode into the scale (machines get busy)."""
-        self.scale = (1 - EMA) * self.scale + EMA * seconds / self.at(b, context, outputs)
+        """Fold a real decode into the scale (machines get busy), and into the size's drift from
+        the others (decodes with logits on every row: the shape was timed that way)."""
+        ratio = seconds / self.at(b, context, outputs)
+        if outputs is None or outputs == b:
+            drift = self._drift.setdefault(b, [0.0, 0])
+            drift[0] += (math.log(ratio / self.scale) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
+            drift[1] += 1
+        self.scale = (1 - EMA) * self.scale + EMA * ratio
+
+    def suspects(self) -> list[int]:
+        """Sizes whose live decodes keep disagreeing with the curve's shape (not its level): at
+        least SHAPE_MIN_DECODES of them, off by more than SHAPE_TOLERANCE, rechecked at most
+        MAX_RECHECKS times each (a cost the curve cannot model, e.g. attention at a long context,
+        must not keep the machine re-measuring)."""
+        return sorted(b for b, (log_ratio, n) in self._drift.items()
+                      if n >= SHAPE_MIN_DECODES and abs(log_ratio) > math.log(SHAPE_TOLERANCE)
+                      and self.rechecked.get(b, 0) < MAX_RECHECKS)
+
+    def reshape(self, samples: dict[int, list[float]]) -> None:
+        """New costs for some sizes, from timings now (samples must include B = 1): each size's
+        ratio to one token, times the curve's one-token cost, so the level stays the curve's."""
+        one = float(np.quantile(samples[1], LOW_QUANTILE))
+        costs = dict(zip(self.sizes, self.seconds))
+        for b in samples:
+            if b != 1:
+                costs[b] = self.seconds[0] * float(np.quantile(samples[b], LOW_QUANTILE)) / one
+                self.rechecked[b] = self.rechecked.get(b, 0) + 1
+                self._drift.pop(b, None)
+        self.sizes, self.seconds = sorted(costs), [costs[b] for b in sorted(costs)]
+        self.spread = self.raw = []  # no longer one measurement's
+        self._rebuild()
 
     def relative(self) -> list[float]:
         return [s / self.seconds[0] for s in self.seconds]
 
+    @property
+    def busy(self) -> bool:
+        """Measured while other processes used more than BUSY_CORES: not the machine's truth."""
+        return self.busy_cores is not None and self.busy_cores > BUSY_CORES
+
+    @property
+    def noise(self) -> float:
+        """The median spread over sizes (0 when unknown)."""
+        return float(np.median(self.spread)) if self.spread else 0.0
+
     def to_json(self) -> dict:
         return {"sizes": self.sizes, "seconds": self.seconds, "per_context": self.per_context,
-                "per_context_at": self.per_context_at, "per_token_one_output": self.per_token_one_output}
+                "per_context_at": self.per_context_at, "per_token_one_output": self.per_token_one_output,
+                "spread": self.spread, "raw": self.raw, "passes": self.passes, "busy_cores": self.busy_cores,
+                "measured_at": self.measured_at, "between": self.between}
+
+
+# Calibration: every size timed in several passes, sizes in a fresh random order each pass, so a
+# burst of noise or a slow drift of the machine's speed lands on different sizes each time.
+MIN_PASSES, MAX_PASSES = 4, 8
+PASS_BUDGET_S = 1.5  # the first pass stops at the size that takes it past this (big models)
+LOW_QUANTILE = 0.25  # a size's cost: noise only ever adds time, so a low quantile of its passes
+# A bigger batch that measured cheaper than a smaller one is kept as the hardware's (quantized
+# kernels tile rows: on AVX-512 8 rows of gemma Q4_K_M cost less than 5, on AVX2 4 less than 3)
+# only when every pass but a few agrees (a one-sided sign test at this level) and by this much.
+DIP_SIGNIFICANCE, MIN_DIP = 0.0625, 0.03
+MIN_STEP = 0.01  # see fit()
+BUSY_CORES = 0.3  # other processes using more than this many cores: the machine is busy
 
 
 def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
-            repeats: int = 2, budget_s: float = 1.0) -> CostCurve:
+            budget_s: float = 4.0, seed: int = 0) -> CostCurve:
     """Time decodes of B copies of `token` after `n_past` committed tokens, in the last sequence id.
 
     Every token asks for logits, as in a tree verification or a draft level: the output layer
     runs once per requested row, and with a large vocabulary (gemma: 262k x 640) it is most of a
     token's work, so a curve timed with one output row would make big trees look nearly free.
     Sequence 0's KV is copied into the spare sequence first so attention spans a realistic
-    context; the spare sequence is removed afterwards. One pass over the sizes, then more passes
-    (keeping each size's fastest time) while the time budget lasts; sizes the first pass could
-    not reach in budget are extrapolated. Last, the largest size up to 16 is timed again with
-    one output row, for what a token costs without the output layer (per_token_one_output).
+    context; the spare sequence is removed afterwards. The first pass goes up in size until
+    PASS_BUDGET_S (larger sizes are extrapolated); then passes in random order until `budget_s`,
+    at least MIN_PASSES. fit() turns the passes into the curve. Last, the largest size up to 16
+    is timed again with one output row, for what a token costs without the output layer.
+    How much CPU other processes used meanwhile is recorded: a busy machine's curve is not kept.
     """
+    from .host import cpu_sample, others_cores
+
     spare = ctx.n_seq_max - 1
     sizes = tuple(b for b in sizes if b <= ctx.n_batch and n_past + b < ctx.n_ctx)
-    best: dict[int, float] = {}
     _timed_decode(ctx, spare, n_past, token, sizes[-1])  # warm-up: page in weights, start threads
-    started = time.perf_counter()
-    for _ in range(repeats):
-        for b in sizes:
-            if time.perf_counter() - started > budget_s and len(best) >= 2:
-                break
-            seconds = _timed_decode(ctx, spare, n_past, token, b)
-            best[b] = min(seconds, best.get(b, seconds))
-    measured = sorted(best)
-    curve = CostCurve(measured, [best[b] for b in measured])
-    m = max((b for b in measured if b <= 16), default=1)
+    before, started = cpu_sample(), time.perf_counter()
+    samples: dict[int, list[float]] = {}
+    for b in sizes:
+        if time.perf_counter() - started > PASS_BUDGET_S and len(samples) >= 2:
+            break
+        samples[b] = [_timed_decode(ctx, spare, n_past, token, b)]
+    rng = random.Random(seed)
+    order = sorted(samples)
+    passes = 1
+    while passes < MAX_PASSES and (passes < MIN_PASSES or time.perf_counter() - started < budget_s):
+        rng.shuffle(order)
+        for b in order:
+            samples[b].append(_timed_decode(ctx, spare, n_past, token, b))
+        passes += 1
+    curve = fit(samples)
+    m = max((b for b in curve.sizes if b <= 16), default=1)
     if m > 1:
-        one = min(_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(repeats))
-        curve.per_token_one_output = max(0.0, one - best[1]) / (m - 1) if 1 in best else 0.0
+        one = float(np.quantile([_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(3)],
+                                LOW_QUANTILE))
+        curve.per_token_one_output = max(0.0, one - curve.seconds[0]) / (m - 1)
+    curve.busy_cores = others_cores(before, cpu_sample())
+    curve.measured_at = time.time()
     return curve
+
+
+def fit(samples: dict[int, list[float]]) -> CostCurve:
+    """The curve from timed passes (samples[b][i]: size b in pass i): each size's low quantile,
+    made non-decreasing except where a bigger size is significantly cheaper (dip()). A noisy
+    low reading cannot make the planner prefer a bigger batch that really costs more, and the
+    tile pattern the hardware shows survives, whatever it is on this CPU."""
+    sizes = sorted(samples)
+    low = {b: float(np.quantile(samples[b], LOW_QUANTILE)) for b in sizes}
+    fitted: dict[int, float] = {}
+    for b in sizes:
+        below = [fitted[a] for a in sizes if a < b and not dip(samples[a], samples[b])]
+        # A size raised over a smaller one sits just above it: at an equal cost the planner would
+        # take the bigger batch, which the noisy reading gives no reason to think is as cheap.
+        fitted[b] = max([low[b], *(c * (1 + MIN_STEP) for c in below)])
+    spread = [relative_spread(samples[b]) for b in sizes]
+    return CostCurve(sizes, [fitted[b] for b in sizes], spread=spread, passes=min(map(len, samples.values())),
+                     raw=[low[b] for b in sizes], between="step")
+
+
+def dip(smaller: list[float], bigger: list[float]) -> bool:
+    """Whether the bigger batch is really cheaper: cheaper in the same pass nearly every time (a
+    one-sided sign test over the passes both were timed in) and by at least MIN_DIP."""
+    pairs = list(zip(smaller, bigger))
+    wins = sum(y < x for x, y in pairs)
+    p_value = sum(math.comb(len(pairs), k) for k in range(wins, len(pairs) + 1)) / 2 ** len(pairs)
+    return p_value <= DIP_SIGNIFICANCE and np.quantile(bigger, LOW_QUANTILE) < (1 - MIN_DIP) * np.quantile(
+        smaller, LOW_QUANTILE)
+
+
+def relative_spread(seconds: list[float]) -> float:
+    """Interquartile range over the low quantile: how much a size's timings moved between passes."""
+    q1, q3 = np.quantile(seconds, [LOW_QUANTILE, 0.75])
+    return float((q3 - q1) / q1) if q1 > 0 else 0.0
 
 
 def measure_context(ctx: Context, curve: CostCurve, n_past: int, token: int,
@@ -173,7 +295,9 @@ def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, cop
     return seconds
 
 
-CURVE_VERSION = 3  # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost)
+# bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost;
+# 4: passes in random order, noise dips removed, how busy the machine was)
+CURVE_VERSION = 4
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = "") -> str:
@@ -184,17 +308,25 @@ def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = 
 
 
 def load_cached(path: Path) -> CostCurve | None:
+    """The cached curve, or None (none, unreadable, or taken on a busy machine)."""
     try:
         data = json.loads(path.read_text())
-        return CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached",
-                         per_context=float(data.get("per_context", 0.0)),
-                         per_context_at=int(data.get("per_context_at", 0)),
-                         per_token_one_output=float(data.get("per_token_one_output", 0.0)))
-    except (OSError, ValueError, KeyError):
+        curve = CostCurve(list(data["sizes"]), list(data["seconds"]), source="cached",
+                          per_context=float(data.get("per_context", 0.0)),
+                          per_context_at=int(data.get("per_context_at", 0)),
+                          per_token_one_output=float(data.get("per_token_one_output", 0.0)),
+                          spread=list(data.get("spread", [])), raw=list(data.get("raw", [])),
+                          passes=int(data.get("passes", 0)), busy_cores=data.get("busy_cores"),
+                          measured_at=float(data.get("measured_at", 0.0)), between=data.get("between", "linear"))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    return None if curve.busy else curve
 
 
 def save_cached(path: Path, curve: CostCurve) -> None:
+    """Keep the curve as this machine's truth, unless it was measured on a busy machine."""
+    if curve.busy:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(curve.to_json()))
@@ -202,17 +334,54 @@ def save_cached(path: Path, curve: CostCurve) -> None:
 
 
 class TimedContext:
-    """A Context that feeds the duration of every decode into a cost curve (delegates the rest)."""
+    """A Context that feeds the duration of every decode into a cost curve (delegates the rest),
+    and re-measures sizes whose live decodes disagree with the curve's shape (CostCurve.suspects)
+    when its spare sequence is free: after clear(), and (`live`: sequence 0 alone holds text
+    between steps, as for the target) before any decode that does not use it."""
 
-    def __init__(self, ctx: Context, curve: CostCurve):
+    def __init__(self, ctx: Context, curve: CostCurve, live: bool = False,
+                 on_reshape: Callable[[CostCurve], None] | None = None):
         self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
+        self.live, self.on_reshape = live, on_reshape
+        self._token = 0
 
     def decode(self, batch: Batch) -> np.ndarray:
+        spare = self.inner.n_seq_max - 1
+        if self.live and len(batch) and all(spare not in ids for ids in batch.seq_ids):
+            self._token = batch.tokens[0]
+            self.recheck()
         t0 = time.perf_counter()
         out = self.inner.decode(batch)
         if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
             self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0], batch.n_outputs)
         return out
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self.recheck()
+
+    def recheck(self) -> list[int]:
+        """Time the suspect sizes and B = 1, interleaved, in the (free) spare sequence at position
+        0 (as calibrated), and reshape the curve with them; returns the sizes re-measured."""
+        from .host import cpu_sample, others_cores
+
+        suspects = [b for b in self.curve.suspects() if b <= self.inner.n_batch]
+        spare = self.inner.n_seq_max - 1
+        if not suspects or spare == 0:
+            return []
+        self.inner.seq_rm(spare, -1, -1)
+        samples: dict[int, list[float]] = {b: [] for b in [1, *suspects]}
+        order, rng = list(samples), random.Random(len(self.curve.rechecked))
+        before = cpu_sample()
+        for _ in range(MIN_PASSES):
+            rng.shuffle(order)
+            for b in order:
+                samples[b].append(_timed_decode(self.inner, spare, 0, self._token, b, copy=False))
+        self.curve.reshape(samples)
+        busy = others_cores(before, cpu_sample())
+        if self.on_reshape is not None and not (busy is not None and busy > BUSY_CORES):
+            self.on_reshape(self.curve)  # kept only when measured on a quiet machine
+        return suspects
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

@@ -54,3 +54,30 @@ def has_nvidia_gpu() -> bool:
         except (OSError, subprocess.TimeoutExpired):
             return False
     return False
+
+
+# --- how busy the rest of the machine is ---------------------------------------------------------
+
+BUSY_STAT_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat: user nice system [idle iowait] irq softirq steal
+
+
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds all processes have used, CPU seconds this process has used);
+    None where /proc/stat cannot be read. Steal counts as used: another VM took that core."""
+    import time
+
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = sum(int(fields[i]) for i in BUSY_STAT_FIELDS if i < len(fields))
+    except (OSError, ValueError, IndexError):
+        return None
+    own = os.times()
+    return time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def others_cores(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float | None:
+    """Cores' worth of CPU that other processes used between two cpu_sample()s (None: unknown)."""
+    if before is None or after is None or after[0] - before[0] <= 0:
+        return None
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, others / (after[0] - before[0]))

@@ -8,6 +8,7 @@ method on a session: `run(prompt) -> Completion` for generate, bench and doctor 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -118,12 +119,24 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
     if cfg.seed is not None:  # a seed asks for reproducible runs: no clocks
         return replace(session, costs=costs, draft_costs=draft_costs)
-    return replace(session, costs=costs, draft_costs=draft_costs, timed_target_ctx=TimedContext(ctx, costs),
-                   timed_draft_ctx=TimedContext(draft_ctx, draft_costs) if draft_costs is not None else None)
+    # Sizes whose live timings disagree with a curve's shape are re-measured, and kept in the cache.
+    return replace(session, costs=costs, draft_costs=draft_costs,
+                   timed_target_ctx=TimedContext(ctx, costs, live=True, on_reshape=_keep),
+                   timed_draft_ctx=TimedContext(draft_ctx, draft_costs, on_reshape=_keep)
+                   if draft_costs is not None else None)
 
 
-def cost_curve(model: Model, ctx: Context, refresh: bool = False) -> CostCurve:
-    """c(B) for a model on this machine: from the calibration cache, else measured (< 1 s) and cached."""
+def _keep(curve: CostCurve) -> None:
+    if curve.cache_path is not None:
+        save_cached(curve.cache_path, curve)
+
+
+def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: float | None = None) -> CostCurve:
+    """c(B) for a model on this machine: from the calibration cache, else measured (a few seconds)
+    and cached, unless other processes kept the machine busy meanwhile (then it serves this run
+    only, and says so on stderr)."""
+    import sys
+
     from . import backend
     from .host import cpu_name, specgen_home
 
@@ -133,8 +146,13 @@ def cost_curve(model: Model, ctx: Context, refresh: bool = False) -> CostCurve:
     curve = None if refresh else load_cached(path)
     if curve is None:
         ctx.clear()
-        curve = measure(ctx, 0, model.tokenize("The", add_special=False)[0])
+        token = model.tokenize("The", add_special=False)[0]
+        curve = measure(ctx, 0, token) if budget_s is None else measure(ctx, 0, token, budget_s=budget_s)
         ctx.clear()
+        if curve.busy:
+            print(f"specgen: warning: other processes used {curve.busy_cores:.1f} of {os.cpu_count()} cores while "
+                  f"timing {model.name}'s decodes; the costs are used for this run only, not cached",
+                  file=sys.stderr)
         save_cached(path, curve)
     curve.cache_path = path
     return curve
