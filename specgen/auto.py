@@ -5,7 +5,8 @@ Each step compares, by expected tokens / expected seconds (planner.py):
   - the lookup trie (free to draft), pruned to its best prefix by acceptance estimates;
   - the draft model (staged: its tree, with lookup drafting for it), when one is loaded and its
     learned acceptance makes a draft chain worth its cost; its tree is then pruned the same way.
-A guard backs off to plain decoding when the realised speed of speculation falls behind plain;
+A guard backs off to plain decoding when the realised speed of speculation falls behind plain
+decoding's speed measured in the same run (plain steps, and plain probes among speculative ones);
 a second one benches the draft model when the steps that use it fall behind plain.
 
 This module is the policy; what it learns lives in planner.py (AcceptanceModel, DraftEstimate,
@@ -22,7 +23,7 @@ from typing import Callable
 from .costs import Cost, CostCurve
 from .drafters import LookupDrafter, ModelDrafter
 from .planner import (DRAFT_MODEL_NODE, MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard,
-                      NodeEvidence, best_chain_length, best_subtree)
+                      NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -71,6 +72,7 @@ class AutoDrafter:
         # realised slower than plain decoding is benched, whatever its modelled costs promised
         # (its catch-up, KV edits and tree work are only partly in the model).
         self.draft_guard = Guard()
+        self.plain = PlainSpeed()  # what the guards compare with (clocks only: not when reproducible)
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._step: _Step | None = None
@@ -101,6 +103,8 @@ class AutoDrafter:
             return self._choose(_Step("plain", DraftTree.root_only(root), [None], context, started))
         if not self.guard.allow_speculation():  # speculation was losing: plain for a while
             return self._choose(_Step("guard", DraftTree.root_only(root), [None], context, started))
+        if self.plain.due() and not self.reproducible:  # what plain decoding takes now, measured
+            return self._choose(_Step("probe", DraftTree.root_only(root), [None], context, started))
 
         found = self.lookup.matches(self.lookup.tokens, self.lookup_matches)
         # How deep a lookup draft could pay, judged by its best match before building anything:
@@ -192,14 +196,19 @@ class AutoDrafter:
                 seconds = self.c_target(len(tree), step.context)
                 if step.uses_draft and self.c_draft is not None:
                     seconds += step.draft_calls * self.c_draft(1, step.context)
+                plain_rate = 1.0 / self.c_target(1, step.context)
             else:
                 seconds = time.perf_counter() - step.started
-            plain_rate = 1.0 / self.c_target(1, step.context)
+                self.plain.observe_speculative(len(committed), seconds)
+                plain_rate = self.plain.rate(1.0 / self.c_target(1, step.context))
             self.guard.record(len(committed), seconds, plain_rate)
             if step.uses_draft:
                 self.draft_guard.record(len(committed), seconds, plain_rate)
                 if not self.reproducible:
                     self.draft.observe_step_time(step.planned_s, seconds)
+        elif step is not None and step.choice in ("probe", "guard") and not self.reproducible:
+            # Only steps that skipped planning: a plain step chosen after it also paid for the plan.
+            self.plain.observe_plain(time.perf_counter() - step.started)
         if self.model is not None:
             self.model.observe(verdict, committed)
         if not self._model_owns_lookup:

@@ -227,6 +227,47 @@ class DraftEstimate:
 
 # --- no-regret guard -----------------------------------------------------------------------------
 
+PROBE_EVERY, MAX_PROBE_EVERY = 16, 256  # speculative steps between plain probes (see PlainSpeed)
+PROBE_CLEAR_WIN = 1.3  # speculation this much faster than plain: probe half as often
+PLAIN_EMA = 0.3  # weight of one plain step in plain decoding's measured time
+
+
+@dataclass
+class PlainSpeed:
+    """Plain decoding's speed, measured in this run: the guard holds speculation to it, not to the
+    cost model, so a wrong curve (a poisoned cache, a machine that got busy) cannot hide a loss.
+
+    Steps that draft nothing are plain steps; when speculation keeps choosing to draft, every
+    `interval` speculative steps one step is a plain probe. A probe costs a step's worth of
+    speedup, so the interval doubles (up to MAX_PROBE_EVERY) while speculation since the last
+    plain step clearly wins (PROBE_CLEAR_WIN), and falls back to PROBE_EVERY when it does not.
+    """
+
+    seconds: float | None = None  # a plain step, EMA; None until one is measured
+    interval: int = PROBE_EVERY
+    since: int = 0  # speculative steps since the last plain one
+    _tokens: int = 0  # committed by those speculative steps
+    _spec_s: float = 0.0  # and their seconds
+
+    def due(self) -> bool:
+        return self.since >= self.interval
+
+    def rate(self, modelled: float) -> float:
+        """Plain tokens per second: measured, or `modelled` until a plain step has been timed."""
+        return 1.0 / self.seconds if self.seconds else modelled
+
+    def observe_plain(self, seconds: float) -> None:
+        if self._spec_s > 0 and self.seconds:
+            wins = self._tokens / self._spec_s > PROBE_CLEAR_WIN / self.seconds
+            self.interval = min(MAX_PROBE_EVERY, self.interval * 2) if wins else PROBE_EVERY
+        self.seconds = seconds if self.seconds is None else self.seconds + (seconds - self.seconds) * PLAIN_EMA
+        self.since, self._tokens, self._spec_s = 0, 0, 0.0
+
+    def observe_speculative(self, tokens: int, seconds: float) -> None:
+        self.since += 1
+        self._tokens += tokens
+        self._spec_s += seconds
+
 
 class Guard:
     """Back off to plain decoding when speculation is realised slower than plain; probe later.

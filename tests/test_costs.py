@@ -158,3 +158,50 @@ def test_a_size_that_keeps_disagreeing_is_rechecked_only_so_often(monkeypatch):
             step(timed, 0, b)
     assert curve.rechecked == {8: costs.MAX_RECHECKS}
     assert curve.base(8) == pytest.approx(linear(8), rel=0.01)  # what timing it found, each time
+
+
+def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_says(monkeypatch):
+    """The curve says one token costs 100 ms and a batch hardly more (a stale cache from a busy
+    machine), so drafting long lookup chains looks like a 9x win; really a token costs 10 ms and
+    each further row 15 ms, so every chain loses to plain decoding. Plain probes measure that, and
+    the guard backs off; without them it would trust the curve and never back off."""
+    import specgen.auto
+    from specgen.engine import GenerationRequest, generate
+    from specgen.methods import METHODS, DraftingKit
+    from specgen.planner import PlainSpeed
+    from specgen.sampling import SamplingParams
+    from specgen.stats import RunStats
+
+    clock = Clock()
+    monkeypatch.setattr(specgen.auto.time, "perf_counter", clock)
+    target = FakeModel(n_vocab=16, sharpness=2.0, script={(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4})
+
+    def run():
+        ctx = TimedFake(clock, lambda b, live: 0.010 + 0.015 * (b - 1), n_ctx=4096, n_seq_max=32)
+        ctx.model = target
+        stale = CostCurve([1, 32], [0.100, 0.105])
+        auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, stale))
+        for _ in generate(target, ctx, GenerationRequest([0, 3, 4, 5, 6, 3, 4], 2000, SamplingParams()), RunStats(), auto):
+            pass
+        return auto.choices
+
+    choices = run()
+    assert choices["probe"] > 0 and choices["guard"] >= choices["lookup"] > 0
+    monkeypatch.setattr(PlainSpeed, "due", lambda self: False)
+    assert run()["guard"] == 0
+
+
+def test_plain_probes_grow_rarer_while_speculation_clearly_wins_and_return_when_it_does_not():
+    from specgen.planner import MAX_PROBE_EVERY, PROBE_EVERY, PlainSpeed
+
+    plain = PlainSpeed()
+    intervals = []
+    for tokens in (3, 3, 3, 3, 3, 3, 3, 1):  # 3 tokens per 20 ms step vs plain's 1 per 10 ms; then 1
+        for _ in range(plain.interval):
+            assert not plain.due()
+            plain.observe_speculative(tokens, 0.020)
+        assert plain.due()
+        plain.observe_plain(0.010)
+        intervals.append(plain.interval)
+    assert intervals == [PROBE_EVERY, 32, 64, 128, MAX_PROBE_EVERY, MAX_PROBE_EVERY, MAX_PROBE_EVERY, PROBE_EVERY]
+    assert plain.rate(modelled=1.0) == pytest.approx(100.0)
