@@ -63,6 +63,8 @@ class CostCurve:
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
     rechecked: dict[int, int] = field(default_factory=dict, repr=False)
+    threads: int = 0  # the thread count the shape is for (0: unknown; see for_threads)
+    _shapes: dict[int, tuple] = field(default_factory=dict, repr=False)  # other thread counts' shapes
 
     TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
 
@@ -124,6 +126,20 @@ class CostCurve:
         return sorted(b for b, (log_ratio, n) in self._drift.items()
                       if n >= SHAPE_MIN_DECODES and abs(log_ratio) > math.log(SHAPE_TOLERANCE)
                       and self.rechecked.get(b, 0) < MAX_RECHECKS)
+
+    def for_threads(self, threads: int) -> None:
+        """The context now runs `threads` threads (another process took cores): the shape changes
+        with them (one thread makes a batch of 8 gemma Q4_K_M tokens cost 6x one token, not 3.7x).
+        Keep each thread count's shape; a count not seen yet starts from the current shape with
+        its sizes open to rechecks again, so live decodes correct it (suspects())."""
+        if threads == self.threads:
+            return
+        if self.threads:
+            self._shapes[self.threads] = (self.sizes, self.seconds, self._drift, self.rechecked)
+        self.sizes, self.seconds, self._drift, self.rechecked = self._shapes.pop(
+            threads, (list(self.sizes), list(self.seconds), {}, {}))
+        self.threads = threads
+        self._rebuild()
 
     def reshape(self, samples: dict[int, list[float]]) -> None:
         """New costs for some sizes, from timings now (samples must include B = 1): each size's
@@ -343,9 +359,11 @@ class TimedContext:
                  on_reshape: Callable[[CostCurve], None] | None = None):
         self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
         self.live, self.on_reshape = live, on_reshape
+        self.curve.threads = ctx.n_threads  # what it was measured (and cached) with
         self._token = 0
 
     def decode(self, batch: Batch) -> np.ndarray:
+        self.curve.for_threads(self.inner.n_threads)
         spare = self.inner.n_seq_max - 1
         if self.live and len(batch) and all(spare not in ids for ids in batch.seq_ids):
             self._token = batch.tokens[0]
@@ -379,8 +397,9 @@ class TimedContext:
                 samples[b].append(_timed_decode(self.inner, spare, 0, self._token, b, copy=False))
         self.curve.reshape(samples)
         busy = others_cores(before, cpu_sample())
-        if self.on_reshape is not None and not (busy is not None and busy > BUSY_CORES):
-            self.on_reshape(self.curve)  # kept only when measured on a quiet machine
+        calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
+        if self.on_reshape is not None and calibrated and not (busy is not None and busy > BUSY_CORES):
+            self.on_reshape(self.curve)  # kept only when timed quiet, with the threads it is cached for
         return suspects
 
     def __getattr__(self, name: str):

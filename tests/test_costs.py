@@ -205,3 +205,19 @@ def test_plain_probes_grow_rarer_while_speculation_clearly_wins_and_return_when_
         intervals.append(plain.interval)
     assert intervals == [PROBE_EVERY, 32, 64, 128, MAX_PROBE_EVERY, MAX_PROBE_EVERY, MAX_PROBE_EVERY, PROBE_EVERY]
     assert plain.rate(modelled=1.0) == pytest.approx(100.0)
+
+
+def test_each_thread_count_keeps_its_own_shape():
+    """When a busy machine takes a core, the context drops to one thread and batches get dearer
+    relative to one token; the curve corrected for that is set aside, not mixed into the
+    two-thread shape, when the core comes back."""
+    curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+    curve.threads = 2
+    curve.for_threads(1)
+    assert curve.base(8) == pytest.approx(linear(8)) and curve.suspects() == []
+    curve.reshape({1: [0.010] * 4, 8: [0.060] * 4})  # one thread: a batch of 8 costs 6x one token
+    assert curve.base(8) == pytest.approx(0.060)
+    curve.for_threads(2)
+    assert curve.base(8) == pytest.approx(linear(8))
+    curve.for_threads(1)
+    assert curve.base(8) == pytest.approx(0.060) and curve.rechecked == {8: 1}
