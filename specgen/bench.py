@@ -256,10 +256,21 @@ def _load() -> list[float] | None:
         return None
 
 
-def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow]) -> dict:
+def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow],
+           calibration: dict | None = None) -> dict:
     """The `bench --json` object; its keys are a contract (scripts and CI read them)."""
-    return {"machine": machine, "models": models, "settings": settings, "records": records,
-            "summary": [dataclasses.asdict(r) for r in rows]}
+    return {"machine": machine, "models": models, "settings": settings, "calibration": calibration or {},
+            "records": records, "summary": [dataclasses.asdict(r) for r in rows]}
+
+
+def calibration_record(curve, start: dict | None = None) -> dict | None:
+    """The cost curve auto planned with (`curve`: costs.CostCurve, or None): as it was when the
+    bench started (`start`: its to_json() then) and what live decodes made of it by the end."""
+    if curve is None:
+        return None
+    return {"source": curve.source, "cache": str(curve.cache_path) if curve.cache_path else None,
+            "at_start": start or curve.to_json(), "at_end": curve.to_json(), "scale_at_end": round(curve.scale, 4),
+            "rechecked_sizes": dict(curve.rechecked), "threads_at_end": curve.threads}
 
 
 def trial_record(trial: Trial, base: dict) -> dict:

@@ -139,6 +139,7 @@ def bench(
     from .benchview import check_plot_path, summary_table, write_plot
     from . import methods as M
     from .config import merged_settings, run_config
+    from .host import cpu_sample, others_cores
     from .render import count_progress
     from .session import Runner, load_session
 
@@ -165,6 +166,9 @@ def bench(
               f"{f' · draft {session.draft_label}' if session.draft_label else ''} · T={cfg.temperature:g}"
               f" · {cfg.max_tokens} tokens · suite {Path(suite_name).name}")
 
+    calibration_at_start = {role: c.to_json() for role, c in (("target", session.costs), ("draft", session.draft_costs))
+                            if c is not None}
+    cpu_at_start = cpu_sample()
     trials: list = []
     interrupted = False
     with count_progress(len(prompts) * len(chosen) * n_repeats, f"bench: {len(prompts)} prompts x "
@@ -174,6 +178,8 @@ def bench(
         except KeyboardInterrupt:
             interrupted = True  # report what finished, then exit 130
 
+    machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
+    machine["load_average_at_end"] = b.machine_info(n_threads, info)["load_average"]
     rows = b.summarize(trials, chosen, greedy=cfg.sampling.greedy)
     console = Console()
     if not console.is_terminal:
@@ -185,7 +191,9 @@ def bench(
         settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(chosen), "suite": suite_name,
                     "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}
         base = {"target": cfg.target, "draft": session.draft_label, "temperature": cfg.temperature}
-        report = b.report(machine, model_info, settings, [b.trial_record(t, base) for t in trials], rows)
+        calibration = {role: b.calibration_record(curve, calibration_at_start.get(role))
+                       for role, curve in (("target", session.costs), ("draft", session.draft_costs))}
+        report = b.report(machine, model_info, settings, [b.trial_record(t, base) for t in trials], rows, calibration)
         json_file.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if plot is not None and rows:
         write_plot(rows, plot, header)

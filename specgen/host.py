@@ -58,7 +58,8 @@ def has_nvidia_gpu() -> bool:
 
 # --- how busy the rest of the machine is ---------------------------------------------------------
 
-BUSY_STAT_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat: user nice system [idle iowait] irq softirq steal
+BUSY_STAT_FIELDS = (0, 1, 2, 5, 6, 7)
+MIN_CPU_WINDOW_S = 0.2  # /proc/stat counts in 10 ms ticks  # /proc/stat: user nice system [idle iowait] irq softirq steal
 
 
 def cpu_sample() -> tuple[float, float, float] | None:
@@ -76,8 +77,9 @@ def cpu_sample() -> tuple[float, float, float] | None:
 
 
 def others_cores(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float | None:
-    """Cores' worth of CPU that other processes used between two cpu_sample()s (None: unknown)."""
-    if before is None or after is None or after[0] - before[0] <= 0:
+    """Cores' worth of CPU that other processes used between two cpu_sample()s (None: unknown, or
+    too short a time apart for /proc/stat's clock ticks to say)."""
+    if before is None or after is None or after[0] - before[0] < MIN_CPU_WINDOW_S:
         return None
     others = (after[1] - before[1]) - (after[2] - before[2])
     return max(0.0, others / (after[0] - before[0]))

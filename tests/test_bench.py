@@ -251,17 +251,23 @@ def run_cli(*args):
 
 @pytest.mark.real
 def test_bench_cli_small_real_run(tmp_path):
-    """smollm2, 2 prompts, 16 tokens: table on stdout, JSON with the stable keys, an SVG chart."""
+    """smollm2, 2 prompts, 16 tokens: table on stdout, JSON with the stable keys (the calibration
+    auto planned with, how busy the machine was), an SVG chart."""
     out, plot = tmp_path / "bench.json", tmp_path / "bench.svg"
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup", "-n", "16", "--limit", "2",
+    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup,auto", "-n", "16", "--limit", "2",
                 "--json", str(out), "--plot", str(plot))
     assert r.returncode == 0, r.stderr
     assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
     report = json.loads(out.read_text())
-    assert set(report) == {"machine", "models", "settings", "records", "summary"}
-    assert {"cpu", "cores", "threads", "load_average", "backend", "llama_cpp"} <= set(report["machine"])
+    assert set(report) == {"machine", "models", "settings", "calibration", "records", "summary"}
+    assert {"cpu", "cores", "threads", "load_average", "load_average_at_end", "others_cores", "backend",
+            "llama_cpp"} <= set(report["machine"])
+    target_curve = report["calibration"]["target"]
+    assert {"sizes", "seconds", "spread", "passes", "busy_cores", "measured_at"} <= set(target_curve["at_start"])
+    assert target_curve["source"] in ("cached", "measured") and target_curve["scale_at_end"] > 0
+    assert report["calibration"]["draft"] is None
     assert len(report["models"]["target"]["sha256"]) == 64 and report["models"]["draft"] is None
-    assert len(report["records"]) == 2 * 2
+    assert len(report["records"]) == 2 * 3
     assert {"group", "prompt_id", "repeat", "text", "tokens_per_s", "finish_reason"} <= set(report["records"][0])
     rows = {(r["group"], r["method"]): r for r in report["summary"]}
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",

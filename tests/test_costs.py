@@ -74,7 +74,15 @@ def test_calibration_passes_visit_sizes_in_a_new_order_each_time():
     assert curve.passes == costs.MIN_PASSES and len(timed) == 6 * costs.MIN_PASSES
     orders = [tuple(timed[i:i + 6]) for i in range(6, len(timed), 6)]
     assert len(set(orders)) > 1 and all(sorted(o) == [1, 2, 3, 4, 5, 6] for o in orders)
-    assert len(curve.spread) == 6 and curve.busy_cores is not None and curve.measured_at > 0
+    assert len(curve.spread) == 6 and curve.measured_at > 0
+
+
+def test_other_processes_cpu_is_what_the_machine_used_less_what_we_used():
+    from specgen.host import others_cores
+
+    assert others_cores((0.0, 100.0, 10.0), (2.0, 104.0, 11.0)) == pytest.approx(1.5)  # 4 s used, 1 s ours
+    assert others_cores((0.0, 100.0, 10.0), (0.01, 100.0, 10.0)) is None  # too short for clock ticks
+    assert others_cores(None, (2.0, 104.0, 11.0)) is None
 
 
 def test_a_curve_measured_on_a_busy_machine_is_not_kept(tmp_path):
