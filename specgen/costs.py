@@ -1,12 +1,15 @@
 """Measured decode costs c(B): seconds for one llama_decode of B tokens, per model and machine.
 
-Measured at start-up in a spare sequence id (then removed), cached per (model file, llama.cpp
-build, threads, context size, CPU) under $SPECGEN_HOME/calibration. Attention makes a decode of
-B tokens after L others cost about c(B) + gamma * B * L: gamma is measured once, at the first
-long prompt, and cached too; live decodes keep a scale current (machines get busy). c(B) asks for
-logits on every row; a decode that asks for one row's logits (catching a draft up on committed
-text) costs about c(1) plus a per-token cost of the network without its output layer, timed with
-the curve: with a large vocabulary that is several times cheaper.
+Measured at start-up in a spare sequence id (then removed), in passes of random size order, and
+fitted so that noise cannot make a bigger batch look cheaper while the hardware's tile pattern
+stays (fit()); cached per (model file, llama.cpp build, threads, context size, CPU) under
+$SPECGEN_HOME/calibration, unless other processes kept the machine busy meanwhile. Live decodes
+keep the level current (a scale: machines get busy) and re-measure sizes whose shape they
+disagree with. Attention makes a decode of B tokens after L others cost about
+c(B) + gamma * B * L: gamma is measured once, at the first long prompt, and cached too. c(B)
+asks for logits on every row; a decode that asks for one row's logits (catching a draft up on
+committed text) costs about c(1) plus a per-token cost of the network without its output layer,
+timed with the curve: with a large vocabulary that is several times cheaper.
 """
 
 from __future__ import annotations
