@@ -45,7 +45,8 @@ def generate(
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first prompt that fails "
                                    "(default: report it and go on)."),
     json_out: bool = typer.Option(False, "--json", help="JSON Lines on stdout, one record per prompt."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="CPU threads [the cores other processes leave free]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers to offload to the GPU."),
     draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers to offload."),
@@ -120,7 +121,8 @@ def bench(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a speedup chart (.svg, or .png with matplotlib)."),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="YAML presets (configs/bench-pair-*.yaml)."),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the model's chat template."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="CPU threads [the cores other processes leave free]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
@@ -261,7 +263,8 @@ NOISY_SPREAD = 0.10
 @app.command()
 def calibrate(
     model: str = typer.Argument(..., help="GGUF path or models.txt name."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="CPU threads [the cores other processes leave free]."),
     ctx: int = typer.Option(4096, "--ctx", help="Context size the curve is for."),
     gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to the GPU."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of using the cache."),
@@ -316,7 +319,8 @@ def doctor(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for the speed check "
                                         "[the default target if present, else the smallest model present]."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the speed check (a few seconds)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="CPU threads [the cores other processes leave free]."),
 ) -> None:
     """Check the installation: llama.cpp build and flags, CPU, cache, models, and a short speed check.
 
