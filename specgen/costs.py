@@ -34,6 +34,7 @@ from .protocol import Batch, Context
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32)
 EMA = 0.1  # weight of one live measurement in the running estimate
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
+COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime
 Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 
@@ -67,6 +68,7 @@ class CostCurve:
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
     rechecked: dict[int, int] = field(default_factory=dict, repr=False)
     threads: int = 0  # the thread count the shape is for (0: unknown; see for_threads)
+    untimed_threads: bool = False  # the shape was carried over from another thread count
     _shapes: dict[int, tuple] = field(default_factory=dict, repr=False)  # other thread counts' shapes
 
     TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
@@ -133,15 +135,30 @@ class CostCurve:
     def for_threads(self, threads: int) -> None:
         """The context now runs `threads` threads (another process took cores): the shape changes
         with them (one thread makes a batch of 8 gemma Q4_K_M tokens cost 6x one token, not 3.7x).
-        Keep each thread count's shape; a count not seen yet starts from the current shape with
-        its sizes open to rechecks again, so live decodes correct it (suspects())."""
+        Keep each thread count's shape; a count not seen yet starts from the current shape, to be
+        rescaled from a few sizes timed at once (TimedContext), with every size open to rechecks
+        again, so live decodes correct the rest (suspects())."""
         if threads == self.threads:
             return
         if self.threads:
             self._shapes[self.threads] = (self.sizes, self.seconds, self._drift, self.rechecked)
+        self.untimed_threads = threads not in self._shapes and bool(self.threads)
         self.sizes, self.seconds, self._drift, self.rechecked = self._shapes.pop(
             threads, (list(self.sizes), list(self.seconds), {}, {}))
         self.threads = threads
+        self._rebuild()
+
+    def rescale(self, samples: dict[int, list[float]]) -> None:
+        """A coarse new shape (samples: a few sizes, B = 1 among them, timed now with this thread
+        count): every size's cost relative to one token is scaled by how much the nearest timed
+        sizes' relative costs changed (log-linear in between), keeping the tile pattern, and c(1)
+        stays the level (the scale follows the machine)."""
+        one = float(np.quantile(samples[1], LOW_QUANTILE))
+        timed = sorted(samples)
+        change = [float(np.quantile(samples[b], LOW_QUANTILE)) / one / (self.base(b) / self.base(1)) for b in timed]
+        log_change = np.interp(np.log(self.sizes), np.log(timed), np.log(change))
+        self.seconds = [self.seconds[0]] + [s * float(np.exp(c)) for s, c in zip(self.seconds[1:], log_change[1:])]
+        self.untimed_threads = False
         self._rebuild()
 
     def reshape(self, samples: dict[int, list[float]]) -> None:
@@ -370,6 +387,7 @@ class TimedContext:
         spare = self.inner.n_seq_max - 1
         if self.live and len(batch) and all(spare not in ids for ids in batch.seq_ids):
             self._token = batch.tokens[0]
+            self.retime()
             self.recheck()
         t0 = time.perf_counter()
         out = self.inner.decode(batch)
@@ -379,7 +397,32 @@ class TimedContext:
 
     def clear(self) -> None:
         self.inner.clear()
+        self.retime()
         self.recheck()
+
+    def retime(self) -> None:
+        """After a change of thread count never timed before: a coarse shape for it, from
+        COARSE_SIZES timed now (cheaper than losing steps, or rechecking size by size, until
+        the live decodes have shown each size's new cost)."""
+        if not self.curve.untimed_threads or self.inner.n_seq_max < 2:
+            return
+        spare = self.inner.n_seq_max - 1
+        self.inner.seq_rm(spare, -1, -1)
+        samples = self._timed_passes([b for b in COARSE_SIZES if b <= min(self.inner.n_batch, self.curve.sizes[-1])],
+                                     COARSE_PASSES)
+        self.curve.rescale(samples)
+
+    def _timed_passes(self, sizes: list[int], passes: int) -> dict[int, list[float]]:
+        """`passes` interleaved timings of B = 1 and `sizes`, in random order, in the spare sequence
+        at position 0 (as calibrated)."""
+        spare = self.inner.n_seq_max - 1
+        samples: dict[int, list[float]] = {b: [] for b in [1, *sizes]}
+        order, rng = list(samples), random.Random(len(self.curve.rechecked))
+        for _ in range(passes):
+            rng.shuffle(order)
+            for b in order:
+                samples[b].append(_timed_decode(self.inner, spare, 0, self._token, b, copy=False))
+        return samples
 
     def recheck(self) -> list[int]:
         """Time the suspect sizes and B = 1, interleaved, in the (free) spare sequence at position
@@ -391,14 +434,8 @@ class TimedContext:
         if not suspects or spare == 0:
             return []
         self.inner.seq_rm(spare, -1, -1)
-        samples: dict[int, list[float]] = {b: [] for b in [1, *suspects]}
-        order, rng = list(samples), random.Random(len(self.curve.rechecked))
         before = cpu_sample()
-        for _ in range(MIN_PASSES):
-            rng.shuffle(order)
-            for b in order:
-                samples[b].append(_timed_decode(self.inner, spare, 0, self._token, b, copy=False))
-        self.curve.reshape(samples)
+        self.curve.reshape(self._timed_passes(suspects, MIN_PASSES))
         busy = others_cores(before, cpu_sample())
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
         if self.on_reshape is not None and calibrated and not (busy is not None and busy > BUSY_CORES):

@@ -144,3 +144,36 @@ def test_truncated_gguf_is_a_model_error(tmp_path, smollm2_path):
     cut.write_bytes(smollm2_path.read_bytes()[:200_000])
     with pytest.raises(ModelError, match="could not load .*cut.gguf"):
         LlamaModel(cut)
+
+
+def test_a_context_without_fixed_threads_follows_the_free_cores(smollm2_path, monkeypatch):
+    """With a thread per core, a CPU-bound process beside us stalls llama.cpp's thread barriers:
+    a context whose threads were not given drops to the cores left free, and comes back when they
+    are free again; one given --threads keeps them."""
+    import specgen.backend as backend
+    import specgen.host as host
+
+    monkeypatch.setattr(backend, "default_threads", lambda: 4)
+    clock = {"wall": 0.0, "cpu": 0.0}  # what /proc/stat would say: all processes' CPU seconds
+
+    def sample():
+        return clock["wall"], clock["cpu"], 0.0  # (wall, all processes' CPU, ours)
+
+    def tick(others_cores):  # a second in which other processes used `others_cores` cores
+        clock["wall"] += 1.0
+        clock["cpu"] += others_cores
+        ctx._follow_free_cores()
+
+    monkeypatch.setattr(host, "cpu_sample", sample)
+    model = LlamaModel(str(smollm2_path))
+    ctx = model.new_context(256)
+    assert ctx.adaptive and ctx.n_threads == 4
+    tick(0.0)
+    tick(2.0)  # a compile on two of the four cores
+    assert ctx.n_threads == 2 and backend.L.llama_n_threads(ctx._ctx) == 2
+    tick(3.9)
+    assert ctx.n_threads == 1
+    tick(0.1)
+    assert ctx.n_threads == 4 and backend.L.llama_n_threads_batch(ctx._ctx) == 4
+    fixed = model.new_context(256, n_threads=3)
+    assert not fixed.adaptive and fixed.n_threads == 3

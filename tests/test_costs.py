@@ -229,3 +229,25 @@ def test_each_thread_count_keeps_its_own_shape():
     assert curve.base(8) == pytest.approx(linear(8))
     curve.for_threads(1)
     assert curve.base(8) == pytest.approx(0.060) and curve.rechecked == {8: 1}
+
+
+def test_a_thread_count_never_timed_gets_a_coarse_shape_at_once(monkeypatch):
+    """Another process takes a core and the context drops to one thread: batches now cost far
+    more relative to one token. A few sizes are timed at once and the whole shape rescaled from
+    them, instead of planning with the two-thread shape until each size has been seen to lose."""
+    clock = Clock()
+    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    one_thread = lambda b: 0.010 * (1 + 0.6 * (b - 1))
+    ctx = TimedFake(clock, lambda b, live: linear(b) if ctx.n_threads == 2 else one_thread(b), n_ctx=512, n_seq_max=4)
+    ctx.n_threads = 2
+    curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+    timed = TimedContext(ctx, curve, live=True)
+    step(timed, 0, 1)
+    assert curve.base(8) == pytest.approx(linear(8))
+    ctx.n_threads = 1
+    step(timed, 0, 1)
+    for b in (2, 4, 6, 8, 12, 16):
+        assert curve.base(b) / curve.base(1) == pytest.approx(one_thread(b) / one_thread(1), rel=0.05), b
+    ctx.n_threads = 2  # the core is back: the two-thread shape, as it was
+    step(timed, 0, 1)
+    assert curve.base(8) == pytest.approx(linear(8))
