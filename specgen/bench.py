@@ -146,18 +146,29 @@ def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
 # --- running -------------------------------------------------------------------------------------
 
 
+def conversations(prompt: BenchPrompt, answers: Sequence[str]) -> list[Prompt]:
+    """The prompt of each turn: turn i follows the earlier turns and `answers` to them."""
+    turns = [Prompt(0, prompt.turns[0])]
+    for answer, question in zip(answers, prompt.turns[1:]):
+        turns.append(turns[-1].followed_by(answer, question))
+    return turns
+
+
 def run_turns(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
-    """All turns of a prompt, each fed after the model's own previous answer; stats summed over turns."""
+    """All turns of a prompt, each fed after the model's own previous answer; stats summed over turns.
+    Returns the answers joined by blank lines."""
+    answers, total, reason = run_answers(runner, prompt, max_tokens)
+    return "\n\n".join(answers), total, reason
+
+
+def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[list[str], RunStats, str]:
     total, answers, reason = RunStats(), [], "length"
-    conversation = Prompt(0, prompt.turns[0])
-    for i, turn in enumerate(prompt.turns):
-        if i:
-            conversation = conversation.followed_by(answers[-1], turn)
-        done = runner.run(conversation, max_tokens)
+    for i in range(len(prompt.turns)):
+        done = runner.run(conversations(prompt, answers)[i], max_tokens)
         total.add(done.stats)
         answers.append(done.text)
         reason = done.finish_reason
-    return "\n\n".join(answers), total, reason
+    return answers, total, reason
 
 
 def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: int) -> list[tuple[BenchPrompt, str, int]]:
@@ -165,17 +176,33 @@ def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: in
     return [(p, m, r) for r in range(repeats) for p in prompts for m in methods]
 
 
+# Another tool's run of a prompt (llama.cpp's, say): given the prompt and plain's answers to its
+# turns (a later turn follows plain's earlier answers), the text it wrote and its counters.
+ExternalRun = Callable[[BenchPrompt, Sequence[str]], tuple[str, RunStats]]
+
+
 def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeats: int,
-              on_trial: Callable[[Trial], None] = lambda t: None) -> list[Trial]:
-    """Warm up every method on the first prompt (not recorded), then run the schedule."""
+              on_trial: Callable[[Trial], None] = lambda t: None,
+              external: dict[str, ExternalRun] | None = None) -> list[Trial]:
+    """Warm up every method on the first prompt (not recorded), then run the schedule; `external`
+    runs go right after specgen's methods on each prompt, interleaved as they are."""
     for runner in runners.values():
         run_turns(runner, BenchPrompt("warmup", "warmup", prompts[0].turns[:1]), WARMUP_TOKENS)
     trials = []
+    plain_answers: dict[str, list[str]] = {}
     for prompt, method, repeat in schedule(prompts, list(runners), repeats):
-        text, stats, reason = run_turns(runners[method], prompt)
-        trial = Trial(prompt, method, repeat, text, stats, reason)
+        answers, stats, reason = run_answers(runners[method], prompt)
+        if method == "plain":
+            plain_answers[prompt.prompt_id] = answers
+        trial = Trial(prompt, method, repeat, "\n\n".join(answers), stats, reason)
         trials.append(trial)
         on_trial(trial)
+        if method == list(runners)[-1]:
+            for name, run in (external or {}).items():
+                text, stats = run(prompt, plain_answers[prompt.prompt_id])
+                trial = Trial(prompt, name, repeat, text, stats, "length")
+                trials.append(trial)
+                on_trial(trial)
     return trials
 
 

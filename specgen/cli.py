@@ -124,6 +124,11 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads",
                                           help="CPU threads [the cores other processes leave free]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", help="A folder holding llama.cpp's "
+                                             "llama-speculative-simple: run the same prompts through it too."),
+    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", help="With --llama-cpp: one llama.cpp "
+                                                  "configuration per use, e.g. ngram-mod or draft-simple,ngram-map-k "
+                                                  "[the n-gram types, and draft-simple with a draft]."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
 
@@ -131,13 +136,14 @@ def bench(
     Examples:
       specgen bench -m smollm2-135m-instruct-q4_1 --methods lookup,auto -n 64
       specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --per-group 2 --json a.json --plot a.svg
+      specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
     """
     import dataclasses
     import json
 
     from rich.console import Console
 
-    from . import backend, bench as b, models
+    from . import backend, bench as b, llamacpp, models
     from .benchview import check_plot_path, summary_table, write_plot
     from . import methods as M
     from .config import merged_settings, run_config
@@ -159,10 +165,17 @@ def bench(
     prompts = b.select(pool, values.get("per_group"), values.get("limit"))
     n_repeats = values.get("repeats") or 1
 
+    binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
+    if spec_type and binary is None:
+        raise ConfigError("--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
     session = load_session(cfg, chosen)
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = backend.build_info()
     n_threads = cfg.threads or backend.default_threads()
+    external = {}
+    if binary is not None:
+        external = llama_cpp_runs(binary, spec_type, session, runners["plain"], n_threads)
+    columns = [*chosen, *external]
     machine = b.machine_info(n_threads, info)
     header = (f"{machine['cpu']} · {n_threads} threads · {machine['backend']} · target {cfg.target}"
               f"{f' · draft {session.draft_label}' if session.draft_label else ''} · T={cfg.temperature:g}"
@@ -173,24 +186,25 @@ def bench(
     cpu_at_start = cpu_sample()
     trials: list = []
     interrupted = False
-    with count_progress(len(prompts) * len(chosen) * n_repeats, f"bench: {len(prompts)} prompts x "
-                        f"{len(chosen)} methods x {n_repeats}") as advance:
+    with count_progress(len(prompts) * len(columns) * n_repeats, f"bench: {len(prompts)} prompts x "
+                        f"{len(columns)} methods x {n_repeats}") as advance:
         try:
-            b.run_bench(prompts, runners, n_repeats, on_trial=lambda t: (trials.append(t), advance()))
+            b.run_bench(prompts, runners, n_repeats, on_trial=lambda t: (trials.append(t), advance()),
+                        external=external)
         except KeyboardInterrupt:
             interrupted = True  # report what finished, then exit 130
 
     machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
     machine["load_average_at_end"] = b.machine_info(n_threads, info)["load_average"]
-    rows = b.summarize(trials, chosen, greedy=cfg.sampling.greedy)
+    rows = b.summarize(trials, columns, greedy=cfg.sampling.greedy)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=30 + 14 * len(chosen))  # piped: wide enough, never truncated
-    console.print(summary_table(rows, chosen, header, n_repeats))
+        console = Console(width=30 + sum(max(14, len(c) + 4) for c in columns))  # piped: never truncated
+    console.print(summary_table(rows, columns, header, n_repeats))
     if json_file is not None:
         model_info = {"target": models.describe(cfg.target, Path(session.target.path)),
                       "draft": models.describe(cfg.draft, Path(session.draft.path)) if session.draft else None}
-        settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(chosen), "suite": suite_name,
+        settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(columns), "suite": suite_name,
                     "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}
         base = {"target": cfg.target, "draft": session.draft_label, "temperature": cfg.temperature}
         calibration = {role: b.calibration_record(curve, calibration_at_start.get(role))
@@ -201,6 +215,32 @@ def bench(
         write_plot(rows, plot, header)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def llama_cpp_runs(binary: Path, given: list[str] | None, session, plain, n_threads: int) -> dict:
+    """bench's external runs: one per llama.cpp --spec-type, each prompt's turns rendered as specgen's
+    plain run read them (its own answers before a later turn)."""
+    from . import bench as b, llamacpp
+    from .stats import RunStats
+
+    draft = session.draft
+    if draft is not None and draft.subset_of_target is not None:
+        draft = None  # a vocabulary-cut draft (-d self) is a GGUF only specgen can pair with its target
+    types = llamacpp.spec_types(given, draft is not None)
+    setup = llamacpp.Setup(binary, Path(session.target.path), Path(draft.path) if draft is not None else None,
+                           plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
+
+    def runner(spec: str):
+        def run(prompt, answers):
+            total, texts = RunStats(), []
+            for conversation, answer in zip(b.conversations(prompt, answers), answers):
+                text, stats = llamacpp.run(setup, spec, plain.prompt_text(conversation))
+                total.add(stats)
+                texts.append(llamacpp.clip_to(text, answer))
+            return "\n\n".join(texts), total
+        return run
+
+    return {llamacpp.method_name(spec): runner(spec) for spec in types}
 
 
 @app.command("rpc-server")

@@ -163,14 +163,20 @@ def use_chat(cfg: RunConfig, model: Model) -> bool:
     return cfg.chat if cfg.chat is not None else bool(model.chat_template)
 
 
-def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
-    """Prompt tokens: through the chat template, or (base models) the turns joined by blank lines."""
+def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
+    """The prompt as text: through the chat template, or (base models) the turns joined by blank lines."""
     messages = prompt.messages(system)
     if not chat:
-        text = "\n\n".join(m["content"] for m in messages)
+        return "\n\n".join(m["content"] for m in messages)
+    return model.format_chat(messages)
+
+
+def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
+    """Prompt tokens (render_prompt's text; special tokens parsed only in a chat template's text)."""
+    text = render_prompt(model, prompt, chat, system)
+    if not chat:
         return model.tokenize(text, add_special=True, parse_special=False)
-    rendered = model.format_chat(messages)
-    tokens = model.tokenize(rendered, add_special=True, parse_special=True)
+    tokens = model.tokenize(text, add_special=True, parse_special=True)
     # Templates usually write the BOS text themselves; tokenizing with add_special adds another.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:
         tokens = tokens[1:]
@@ -213,6 +219,10 @@ class Runner:
         if self._auto is None:
             self._auto = self.method.drafter(self.session.kit(self.method, self.cfg))
         return self._auto
+
+    def prompt_text(self, prompt: Prompt) -> str:
+        """The text this runner's model reads for `prompt` (what another tool must be given)."""
+        return render_prompt(self.session.target, prompt, self.chat, self.cfg.system)
 
     def stream(self, prompt: Prompt, stats: RunStats, max_tokens: int | None = None) -> Iterator[Event]:
         tokens = encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)

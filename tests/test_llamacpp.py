@@ -1,0 +1,106 @@
+"""`bench --llama-cpp DIR`: llama.cpp's speculative decoding on the same prompts, beside specgen's rows."""
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_one_line_error, specgen
+from conftest import SMOLLM2
+from specgen import llamacpp
+from specgen.errors import ConfigError, SpecgenError
+from specgen.sampling import SamplingParams
+
+# What llama-speculative-simple prints (its stdout: prompt echo, then the text; stderr: the log).
+STDOUT = "\n\n<bos>The capital of France is Paris. The capital of France is Paris. The capital\n\n"
+STDERR = """0.01.775.968 I encoded   20 tokens in    0.033 seconds, speed:  612.952 t/s
+0.01.775.987 I decoded   97 tokens in    0.587 seconds, speed:  165.354 t/s
+0.01.776.012 I n_draft   = 3
+0.01.776.024 I n_predict = 97
+0.01.776.036 I n_drafted = 72
+0.01.776.048 I n_accept  = 70
+"""
+
+
+def test_the_text_after_the_prompt_echo_and_the_counters_are_read():
+    text, stats = llamacpp.parse(STDOUT, STDERR, "The capital of France is")
+    assert text == " Paris. The capital of France is Paris. The capital"  # not the later copy of the prompt
+    assert (stats.n_tokens, stats.drafted, stats.accepted) == (97, 72, 70)
+    assert stats.decode_s == pytest.approx(0.587) and stats.prefill_s == pytest.approx(0.033)
+    assert stats.target_calls == 27  # each step commits its accepted tokens and one more
+    with pytest.raises(SpecgenError, match="printed no 'decoded N tokens' line: failed to load model"):
+        llamacpp.parse("", "llama_model_load: error\nfailed to load model\n", "x")
+
+
+def test_a_run_past_max_tokens_is_clipped_to_what_plain_wrote_when_it_agrees():
+    assert llamacpp.clip_to(" Paris. The capital of", " Paris.") == " Paris."
+    assert llamacpp.clip_to(" Lyon. The", " Paris.") == " Lyon. The"
+
+
+def test_flags_follow_the_bench_settings():
+    setup = llamacpp.Setup(Path("/b/llama-speculative-simple"), Path("t.gguf"), Path("d.gguf"), 128, 2, 4096)
+    greedy = llamacpp.command(setup, "ngram-mod", "hi")
+    assert greedy[greedy.index("--temp") + 1] == "0" and greedy[greedy.index("--top-k") + 1] == "1"
+    assert "-md" not in greedy and greedy[greedy.index("--spec-type") + 1] == "ngram-mod"
+    assert greedy[greedy.index("-n") + 1] == "128" and greedy[greedy.index("-t") + 1] == "2"
+    sampled = llamacpp.command(setup.__class__(**{**setup.__dict__, "sampling": SamplingParams(0.8, 0, 0.95, 7)}),
+                               "draft-simple,ngram-map-k", "hi")
+    assert sampled[sampled.index("--temp") + 1] == "0.8" and sampled[sampled.index("--top-p") + 1] == "0.95"
+    assert sampled[sampled.index("--seed") + 1] == "7" and sampled[sampled.index("-md") + 1] == "d.gguf"
+
+
+def test_configurations_default_to_the_ngram_types_and_draft_types_need_a_draft():
+    assert llamacpp.spec_types(None, False) == list(llamacpp.DEFAULT_SPEC_TYPES)
+    assert llamacpp.spec_types(None, True)[-1] == "draft-simple"
+    with pytest.raises(ConfigError, match="--spec-type draft-simple needs a draft model"):
+        llamacpp.spec_types(["draft-simple"], False)
+
+
+FAKE = '''#!{python}
+"""A stand-in llama-speculative-simple: echoes the prompt, writes N words, logs like llama.cpp."""
+import json, sys
+args = sys.argv[1:]
+prompt, n = args[args.index("-p") + 1], int(args[args.index("-n") + 1])
+with open({log!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+sys.stdout.write("\\n\\n<bos>" + prompt + " word" * (n + 3) + "\\n\\n")
+sys.stderr.write("I encoded   12 tokens in    0.010 seconds, speed: 1200 t/s\\n")
+sys.stderr.write("I decoded %4d tokens in    0.250 seconds, speed: 10 t/s\\n" % (n + 3))
+sys.stderr.write("I n_drafted = 10\\nI n_accept  = 6\\n")
+'''
+
+
+@pytest.mark.real
+def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path):
+    folder, log, out = tmp_path / "bin", tmp_path / "calls.jsonl", tmp_path / "bench.json"
+    folder.mkdir()
+    fake = folder / llamacpp.BINARY
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log)))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    proc = specgen("bench", "-m", SMOLLM2, "--methods", "lookup", "--limit", "1", "-n", "8",
+                   "--llama-cpp", str(folder), "--spec-type", "ngram-mod", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "llama.cpp ngram-mod" in proc.stdout
+    report = json.loads(out.read_text())
+    row = next(r for r in report["summary"] if r["method"] == "llama.cpp ngram-mod" and r["group"] == "overall")
+    assert row["tokens_per_s"] == pytest.approx(11 / 0.25) and row["acceptance_rate"] == pytest.approx(0.6)
+    assert report["settings"]["methods"] == ["plain", "lookup", "llama.cpp ngram-mod"]
+    # The builtin suite's first prompt has two turns: the second follows plain's own first answer.
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 2 and calls[0][calls[0].index("-m") + 1].endswith("smollm2-135m-instruct-q4_1.gguf")
+    first, second = (call[call.index("-p") + 1] for call in calls)
+    plain = next(r for r in report["records"] if r["method"] == "plain")["text"]
+    assert first.count("<|im_start|>user") == 1  # the chat template's text, as specgen's own run read it
+    assert second.startswith(first) and plain.split("\n\n")[0] in second
+    record = next(r for r in report["records"] if r["method"] == "llama.cpp ngram-mod")
+    assert record["text"] == " word" * 11 + "\n\n" + " word" * 11
+
+
+def test_llama_cpp_options_are_checked_before_running(tmp_path):
+    assert_one_line_error(specgen("bench", "-m", SMOLLM2, "--llama-cpp", str(tmp_path / "nope")),
+                          "--llama-cpp expects a folder holding llama-speculative-simple")
+    assert_one_line_error(specgen("bench", "-m", SMOLLM2, "--llama-cpp", str(tmp_path)), "without it")
+    assert_one_line_error(specgen("bench", "-m", SMOLLM2, "--spec-type", "ngram-mod"),
+                          "--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
