@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .costs import Cost, CostCurve
-from .drafters import LookupDrafter, ModelDrafter
-from .planner import (DRAFT_MODEL_NODE, MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard,
+from .drafters import LookupDrafter, ModelDrafter, continuation_tree
+from .history import History
+from .planner import (DRAFT_MODEL_NODE, LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard,
                       NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
 from .tree import DraftTree
 from .verify import Verdict
@@ -34,6 +35,7 @@ SIBLING_MASS_CAP = 0.95
 # certainty, and an uncapped 1.0 would make every depth look free.
 MAX_CHAIN_ACCEPT = 0.97
 USEFUL_DEPTH_EVERY = 16  # steps between recomputing how deep lookup chains can pay
+HISTORY_BELOW = 10  # other texts are searched when this text's best match is shorter than this
 
 
 @dataclass
@@ -56,7 +58,8 @@ class _Step:
 class AutoDrafter:
     def __init__(self, c_target: CostCurve, lookup: LookupDrafter, model: ModelDrafter | None = None,
                  c_draft: CostCurve | None = None, *, max_nodes: int, max_depth: int, lookup_matches: int,
-                 reproducible: bool = False, on_long_prompt: Callable[[list[int]], None] | None = None):
+                 reproducible: bool = False, on_long_prompt: Callable[[list[int]], None] | None = None,
+                 history: History | None = None):
         """Hyperparameters (max_nodes, max_depth: of a tree; lookup_matches: earlier occurrences a
         lookup trie is built from) come from methods.py's table."""
         self.c_target, self.c_draft = c_target, c_draft
@@ -76,13 +79,25 @@ class AutoDrafter:
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._step: _Step | None = None
-        self._depth_cache: list[int] | None = None
+        self._depth_cache: dict[str, list[int]] = {}  # per source, per match-length bin
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
         # Called with the prompt's tokens after a long prompt's prefill: times the costs' context term.
         self.on_long_prompt = on_long_prompt
+        # Other texts to draft from (earlier texts of this process, the store, a corpus): each
+        # finished text joins it (finish_text(), or the next reset()).
+        self.history = history
+        self._text_kept = True
+
+    def finish_text(self) -> None:
+        """The current text is done: later texts (and, through the store, later runs) may draw on it."""
+        if self.history is not None and not self._text_kept:
+            self.history.add_text(self.lookup.tokens)
+        self._text_kept = True
 
     def reset(self, tokens: list[int]) -> None:
+        self.finish_text()
+        self._text_kept = False
         self.acceptance.new_text()
         if self.model is not None:
             self.model.reset(tokens)
@@ -106,15 +121,20 @@ class AutoDrafter:
         if self.plain.due() and not self.reproducible:  # what plain decoding takes now, measured
             return self._choose(_Step("probe", DraftTree.root_only(root), [None], context, started))
 
-        found = self.lookup.matches(self.lookup.tokens, self.lookup_matches)
+        # Continuations of earlier occurrences of the text's end: in this text, else (or when
+        # its match is short) in the nearest other source that has one (history.py).
+        found = self.lookup.continuations(self.lookup.matches(self.lookup.tokens, self.lookup_matches), depth)
+        if self.history is not None and (not found or found[0].match_len < HISTORY_BELOW):
+            found += self.history.continuations(self.lookup.tokens, depth, self.lookup_matches)
         # How deep a lookup draft could pay, judged by its best match before building anything:
         # on a steep cost curve most matches cannot pay, and then the step stays cheap.
-        lookup_depth = self._useful_depth(self.lookup.match_length(*found[0]), c_target) if found else 0
+        best = max(found, key=lambda c: self.acceptance.lookup_p(c.match_len, 1, c.source), default=None)
+        lookup_depth = self._useful_depth(best.match_len, c_target, best.source) if best else 0
         if lookup_depth == 0 and self.model is None:
             return self._choose(_Step("plain", DraftTree.root_only(root), [None], context, started))
-        tree, match_len = self.lookup.candidates(min(depth, lookup_depth), found)
+        tree, sources, match_len = continuation_tree(root, found, min(depth, lookup_depth))
         tdepth = tree.depths()
-        accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v]) for v in range(1, len(tree))]
+        accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v], sources[v]) for v in range(1, len(tree))]
         plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
 
         if self.model is not None and self.c_draft is not None and self.draft_guard.allow_speculation():
@@ -131,24 +151,28 @@ class AutoDrafter:
                 return self._propose_with_model(depth, k, c_target, context, started, planned_s)
             self._relax_draft(c_draft_1)
 
-        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v]) for v in range(1, len(tree))]
+        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v])
+                             for v in range(1, len(tree))]
         pruned, new_index = tree.subtree([0, *plan.nodes])
         kept = [None] * len(pruned)
         for old, new in new_index.items():
             kept[new] = evidence[old]
-        return self._choose(_Step("lookup" if plan.nodes else "plain", pruned, kept, context, started))
+        # Named by the source of the first drafted node: "lookup" (this text), "history", "store", "corpus".
+        return self._choose(_Step(kept[1].source if plan.nodes else "plain", pruned, kept, context, started))
 
-    def _useful_depth(self, match_len: int, c_target: Cost) -> int:
+    def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE) -> int:
         """How deep a lookup chain from a match of `match_len` tokens could pay (0: not at all),
         from the current acceptance estimates, taken at the top of each match-length bin so
         the answer errs towards trying. Recomputed only every USEFUL_DEPTH_EVERY steps: it moves
         slowly, and on a small model every step's Python time is a visible share."""
-        if self._depth_cache is None or self.choices.total() % USEFUL_DEPTH_EVERY == 0:
-            self._depth_cache = [self._chain_depth(top, c_target) for top in MATCH_BIN_TOPS]
-        return self._depth_cache[AcceptanceModel.lookup_bin(match_len, 1)]
+        if self.choices.total() % USEFUL_DEPTH_EVERY == 0:
+            self._depth_cache.clear()
+        if source not in self._depth_cache:
+            self._depth_cache[source] = [self._chain_depth(top, c_target, source) for top in MATCH_BIN_TOPS]
+        return self._depth_cache[source][AcceptanceModel.lookup_bin(match_len, 1)]
 
-    def _chain_depth(self, match_len: int, c_target: Cost) -> int:
-        accept = [1.0] + [min(MAX_CHAIN_ACCEPT, self.acceptance.lookup_p(match_len, d))
+    def _chain_depth(self, match_len: int, c_target: Cost, source: str) -> int:
+        accept = [1.0] + [min(MAX_CHAIN_ACCEPT, self.acceptance.lookup_p(match_len, d, source))
                           for d in range(1, self.max_depth + 1)]
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)

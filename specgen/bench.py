@@ -190,7 +190,12 @@ def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeat
         run_turns(runner, BenchPrompt("warmup", "warmup", prompts[0].turns[:1]), WARMUP_TOKENS)
     trials = []
     plain_answers: dict[str, list[str]] = {}
+    last_repeat = None
     for prompt, method, repeat in schedule(prompts, list(runners), repeats):
+        if repeat != last_repeat:  # a prompt may draft from earlier prompts' texts, never from its own
+            for runner in runners.values():  # (the warm-up's, or an earlier repeat's)
+                runner.session.forget_texts()
+            last_repeat = repeat
         answers, stats, reason = run_answers(runners[method], prompt)
         if method == "plain":
             plain_answers[prompt.prompt_id] = answers

@@ -19,6 +19,8 @@ models_app = typer.Typer(no_args_is_help=True, help="List, pull and locate the m
 app.add_typer(models_app, name="models")
 draft_app = typer.Typer(no_args_is_help=True, help="Derive cheap draft models from a target.")
 app.add_typer(draft_app, name="draft")
+cache_app = typer.Typer(no_args_is_help=True, help="What specgen keeps between runs besides models.")
+app.add_typer(cache_app, name="cache")
 
 EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
@@ -52,6 +54,10 @@ def generate(
     draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers to offload."),
     rpc: Optional[str] = typer.Option(None, "--rpc", help="llama.cpp RPC servers HOST:PORT,... to offload "
                                       "--gpu-layers onto (see `specgen rpc-server`)."),
+    corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
+                                                (documents or code being edited); repeat for more."),
+    store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
+                                         "past generations in the specgen cache [generate: on; bench: off]."),
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -69,7 +75,8 @@ def generate(
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
-        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc))
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store,
+        corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)
     runner = Runner(cfg, load_session(cfg))
     sink = TextSink()
@@ -124,6 +131,10 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads",
                                           help="CPU threads [the cores other processes leave free]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
+    corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
+                                                (documents or code being edited); repeat for more."),
+    store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
+                                         "past generations in the specgen cache [generate: on; bench: off]."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
     spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", help="With --llama-cpp: one llama.cpp "
@@ -153,7 +164,8 @@ def bench(
 
     values = merged_settings(config, dict(
         target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, seed=seed, chat=chat,
-        threads=threads, ctx=ctx, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats))
+        threads=threads, ctx=ctx, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats,
+        store=store, corpus=",".join(map(str, corpus)) if corpus else None))
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
         if values.get(key) is not None and values[key] < 1:
@@ -168,7 +180,7 @@ def bench(
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
     if spec_type and binary is None:
         raise ConfigError("--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
-    session = load_session(cfg, chosen)
+    session = load_session(cfg, chosen, store_default=False)  # past runs' texts would favour auto
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = backend.build_info()
     n_threads = cfg.threads or backend.default_threads()
@@ -408,6 +420,30 @@ def doctor(
     if warnings:
         raise typer.Exit(1)
     print("ok: no problems found")
+
+
+@cache_app.command("clear")
+def cache_clear(
+    calibration: bool = typer.Option(False, "--calibration", help="Also the measured decode costs (measured "
+                                     "again on next use)."),
+) -> None:
+    """Delete the store of past generations that auto drafts from (one file per tokenizer).
+
+    \b
+    Example:
+      specgen cache clear
+    """
+    import shutil
+
+    from .host import specgen_home
+
+    folders = ["history", *(["calibration"] if calibration else [])]
+    for name in folders:
+        folder = specgen_home() / name
+        files = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        size = sum(p.stat().st_size for p in files)
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"{name}: removed {len(files)} files ({size / 1e6:.1f} MB) from {folder}")
 
 
 @draft_app.command("derive")

@@ -33,10 +33,16 @@ class RunConfig:
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
     rpc: str | None = None  # llama.cpp RPC servers, "host:port,host:port"
+    corpus: str | None = None  # text files auto also drafts from, "a.txt,b.md" (history.py)
+    store: bool | None = None  # the persistent store of past texts; None: on for generate, off for bench
 
     @property
     def rpc_servers(self) -> list[str]:
         return [s.strip() for s in self.rpc.split(",") if s.strip()] if self.rpc else []
+
+    @property
+    def corpus_files(self) -> list[Path]:
+        return [Path(p.strip()).expanduser() for p in self.corpus.split(",") if p.strip()] if self.corpus else []
 
     @property
     def sampling(self) -> SamplingParams:
@@ -108,6 +114,10 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")
     if cfg.ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, found {cfg.ctx}")
+    for path in cfg.corpus_files:
+        if not path.is_file():
+            raise ConfigError(f"--corpus expects a text file, found {str(path)!r} "
+                              f"({'a directory' if path.is_dir() else 'no such file'})")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

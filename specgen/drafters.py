@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .history import Continuation
 from .kv import evaluate, keep_branch, prefill
+from .planner import LOOKUP_NODE
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
@@ -98,25 +100,10 @@ class LookupDrafter:
             length += 1
         return length
 
-    def candidates(self, max_depth: int, found: list[tuple[int, int]]) -> tuple[DraftTree, list[int]]:
-        """A trie of the continuations of the earlier occurrences `found` (from matches()), and for
-        each node the match length (see match_length) of the occurrence that proposed it: the
-        acceptance key."""
-        tree = DraftTree.root_only(self.tokens[-1])
-        match_len = [0]
-        kids: list[dict[int, int]] = [{}]
-        for n, start in found:
-            node, length = 0, None
-            for tok in self.tokens[start:start + max_depth]:
-                child = kids[node].get(tok)
-                if child is None:
-                    length = length or self.match_length(n, start)
-                    child = tree.add(tok, node)
-                    kids[node][tok] = child
-                    kids.append({})
-                    match_len.append(length)
-                node = child
-        return tree, match_len
+    def continuations(self, found: list[tuple[int, int]], k: int) -> list[Continuation]:
+        """The matches() `found`, as continuations of up to k tokens keyed by true match length."""
+        return [Continuation(self.tokens[start:start + k], LOOKUP_NODE, self.match_length(n, start))
+                for n, start in found]
 
     def propose(self, max_depth: int) -> DraftTree:
         draft = self.lookup(min(self.k, max_depth)) if max_depth > 0 else []
@@ -128,6 +115,27 @@ class LookupDrafter:
             full = len(verdict.path) == self._last_draft
             self.k = min(self.k_max, self.k + 2) if full else max(self.k_min, self.k - 1)
         self._extend(committed)
+
+
+def continuation_tree(root: int, continuations: list[Continuation], max_depth: int
+                      ) -> tuple[DraftTree, list[str], list[int]]:
+    """A trie of continuations (first given, first placed), and per node the source and match
+    length of the continuation that proposed it: its acceptance key."""
+    tree = DraftTree.root_only(root)
+    sources, match_len = [""], [0]
+    kids: list[dict[int, int]] = [{}]
+    for cont in continuations:
+        node = 0
+        for tok in cont.tokens[:max_depth]:
+            child = kids[node].get(tok)
+            if child is None:
+                child = tree.add(tok, node)
+                kids[node][tok] = child
+                kids.append({})
+                sources.append(cont.source)
+                match_len.append(cont.match_len)
+            node = child
+    return tree, sources, match_len
 
 
 class DraftCache:

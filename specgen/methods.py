@@ -13,6 +13,7 @@ from .errors import ConfigError, ModelError
 
 if TYPE_CHECKING:  # the builders import what they build: the CLI reads this table at start-up
     from .costs import CostCurve
+    from .history import History
     from .protocol import Context, Drafter, Model
     from .sampling import SamplingParams
 
@@ -30,6 +31,7 @@ class DraftingKit:
     draft_costs: CostCurve | None = None  # c_draft(B), for auto with a draft model
     reproducible: bool = False  # a seed was given: plan from the curves, never from clocks
     on_long_prompt: Callable[[list[int]], None] | None = None
+    history: "History | None" = None  # other texts auto drafts from (history.py)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
         # prices): on a long prompt where lookup does the work, it never does.
         model = ModelDrafter(kit.draft_ctx, SamplingParams(), lookup=lookup, lazy_prefill=True, **draft_params)
     return AutoDrafter(kit.costs, lookup, model, kit.draft_costs if model is not None else None,
-                       reproducible=kit.reproducible, on_long_prompt=kit.on_long_prompt, **params)
+                       reproducible=kit.reproducible, on_long_prompt=kit.on_long_prompt, history=kit.history,
+                       **params)
 
 
 _TREE = dict(branching=2, max_nodes=6, max_depth=4)

@@ -121,7 +121,7 @@ class NodeEvidence:
     """What a drafted node's acceptance was estimated from: its source and the bin of that
     source's estimate (lookup: effective match length; draft model: q)."""
 
-    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE
+    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE | a history.py source
     bin: int
 
 
@@ -141,6 +141,14 @@ class AcceptanceModel:
     def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
         self.lookup = BetaBins(np.array(self.LOOKUP_PRIOR))
+        # Other texts than the current one (history.py's sources) are learned separately: a match
+        # in last week's generations says less than the same match in this text.
+        self.sources: dict[str, BetaBins] = {LOOKUP_NODE: self.lookup}
+
+    def bins(self, source: str) -> BetaBins:
+        if source not in self.sources:
+            self.sources[source] = BetaBins(np.array(self.LOOKUP_PRIOR))
+        return self.sources[source]
 
     @staticmethod
     def q_bin(q: float) -> int:
@@ -153,17 +161,17 @@ class AcceptanceModel:
     def draft_p(self, q: float) -> float:
         return self.draft.mean(self.q_bin(q))
 
-    def lookup_p(self, match_len: int, depth: int) -> float:
-        return self.lookup.mean(self.lookup_bin(match_len, depth))
+    def lookup_p(self, match_len: int, depth: int, source: str = LOOKUP_NODE) -> float:
+        return self.bins(source).mean(self.lookup_bin(match_len, depth))
 
-    def lookup_evidence(self, match_len: int, depth: int) -> NodeEvidence:
-        return NodeEvidence(LOOKUP_NODE, self.lookup_bin(match_len, depth))
+    def lookup_evidence(self, match_len: int, depth: int, source: str = LOOKUP_NODE) -> NodeEvidence:
+        return NodeEvidence(source, self.lookup_bin(match_len, depth))
 
     def draft_evidence(self, q: float) -> NodeEvidence:
         return NodeEvidence(DRAFT_MODEL_NODE, self.q_bin(q))
 
     def new_text(self) -> None:
-        for bins in (self.lookup, self.draft):
+        for bins in (*self.sources.values(), self.draft):
             bins.hits *= 0.5
             bins.trials *= 0.5
 
@@ -175,7 +183,7 @@ class AcceptanceModel:
             if tree.parents[v] not in on_path:
                 continue
             e = evidence[v]
-            bins = self.draft if e.source == DRAFT_MODEL_NODE else self.lookup
+            bins = self.draft if e.source == DRAFT_MODEL_NODE else self.bins(e.source)
             bins.update(e.bin, v in on_path)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import methods as M
 from .config import RunConfig
+from .history import History
 from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, measure_context, save_cached
 from .engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from .kv import prefill
@@ -40,13 +41,20 @@ class Session:
     # from the cached curves alone, never from clocks, so their trees repeat exactly)
     timed_target_ctx: Context | None = None
     timed_draft_ctx: Context | None = None
+    history: History | None = None  # other texts auto drafts from: earlier ones, the store, a corpus
+
+    def forget_texts(self) -> None:
+        """Earlier texts of this process stop counting as a source (bench: a warm-up, a repeat)."""
+        if self.history is not None:
+            self.history.forget_texts()
 
     def kit(self, method: M.Method, cfg: RunConfig) -> M.DraftingKit:
         """What `method`'s drafter is built from; auto gets the timed contexts."""
         if method.name != "auto":
             return M.DraftingKit(cfg.sampling, self.draft_ctx)
         return M.DraftingKit(cfg.sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
-                             reproducible=self.timed_target_ctx is None, on_long_prompt=self.measure_context_once)
+                             reproducible=self.timed_target_ctx is None, on_long_prompt=self.measure_context_once,
+                             history=self.history)
 
     def context_for(self, method: M.Method) -> Context:
         return self.timed_target_ctx if method.name == "auto" and self.timed_target_ctx else self.target_ctx
@@ -69,10 +77,11 @@ class Session:
                 save_cached(curve.cache_path, curve)
 
 
-def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None) -> Session:
+def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, store_default: bool = True) -> Session:
     """Resolve (pulling if needed) and load the target, and the draft when a method can use one.
 
-    `method_names`: every method these models will run (bench runs several on one session)."""
+    `method_names`: every method these models will run (bench runs several on one session);
+    `store_default`: whether auto uses the persistent store of past texts unless cfg.store says."""
     from . import backend, models
 
     chosen = [M.get(name) for name in (method_names or (cfg.method,))]
@@ -87,11 +96,26 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None) -> S
 
         path = self_draft(cfg.target) if cfg.draft == SELF else models.resolve(cfg.draft)
         draft = backend.LlamaModel(path, gpu_layers=cfg.draft_gpu_layers)
-    return open_session(cfg, chosen, target, draft)
+    return open_session(cfg, chosen, target, draft, store_default=store_default)
+
+
+def open_history(cfg: RunConfig, target: Model, store_default: bool) -> History:
+    """auto's sources beyond the current text: this process's earlier texts, the persistent store
+    of the target's tokenizer (`store`: on unless cfg.store says otherwise), and --corpus files."""
+    from .history import Store, store_path, vocab_key
+    from .host import specgen_home
+    from .prompts import decode_utf8
+
+    use_store = cfg.store if cfg.store is not None else store_default
+    info = target.vocab_info(sample_ids(target.n_vocab))
+    store = Store(store_path(specgen_home(), vocab_key(info))) if use_store else None
+    corpus = [target.tokenize(decode_utf8(path.read_bytes(), str(path)), add_special=False)
+              for path in cfg.corpus_files]
+    return History(store, corpus)
 
 
 def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draft: Model | None = None,
-                 curves: Callable[[Model, Context], CostCurve] | None = None) -> Session:
+                 curves: Callable[[Model, Context], CostCurve] | None = None, store_default: bool = True) -> Session:
     """Contexts, checks and (for auto) cost curves and timing wrappers for loaded models.
     `curves`: how a model's cost curve is had (default: the calibration cache, else measured)."""
     for method in chosen:
@@ -114,6 +138,7 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     session = Session(target, ctx, cfg.target, draft, draft_ctx, cfg.draft if draft is not None else None)
     if not any(m.name == "auto" for m in chosen):
         return session
+    session = replace(session, history=open_history(cfg, target, store_default))
     curve_of = curves or cost_curve
     costs = curve_of(target, ctx)
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
@@ -245,6 +270,8 @@ class Runner:
                     reason = event.reason
         except KeyboardInterrupt:
             raise Interrupted(Completion(prompt.index, "".join(pieces), stats, "interrupted")) from None
+        if self._auto is not None:
+            self._auto.finish_text()  # later prompts (and, with the store, later runs) draft from it
         return Completion(prompt.index, "".join(pieces), stats, reason)
 
     def record(self, result: Completion) -> dict[str, Any]:

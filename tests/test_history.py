@@ -1,0 +1,113 @@
+"""Drafting from other texts than the current one: earlier texts of this process, the persistent
+store (bounded, safe with several writers), a corpus; auto learns each source apart and stays lossless."""
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from fakes import FakeContext, FakeModel
+from specgen.costs import CostCurve
+from specgen.engine import GenerationRequest, TokenEvent, generate
+from specgen.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join
+from specgen.methods import METHODS, DraftingKit
+from specgen.sampling import SamplingParams
+from specgen.stats import RunStats
+
+FLAT = CostCurve([1, 32], [0.010, 0.012])
+
+
+def test_the_longest_match_is_found_and_newest_first_among_equals():
+    quote = list(range(100, 140))  # a 40-token passage
+    tokens = join([[1, 2, 3, 9, 9], quote + [7, 7], [5, 2, 3, 8], [6, 2, 3, 4]])
+    index = TextIndex(tokens)
+    context = [50, 51] + quote[:30]
+    (length, start), *_ = index.matches(context, 4)
+    assert length == 30 and index.continuation(start, 5) == quote[30:35]  # found as a 30-token match
+    assert index.continuation(start, 40) == quote[30:] + [7, 7]  # and stops at the text's end
+    short = index.matches([0, 2, 3], 4)  # "2 3" recurs, but 2 tokens are below min_n
+    assert short == []
+    again = TextIndex(join([[4, 2, 3, 5], [4, 2, 3, 6]])).matches([4, 2, 3], 4)
+    assert [TextIndex(join([[4, 2, 3, 5], [4, 2, 3, 6]])).continuation(s, 1) for _, s in again] == [[6], [5]]
+
+
+def test_no_match_spans_two_texts():
+    index = TextIndex(join([[1, 2, 3], [4, 5, 6]]))
+    assert index.matches([2, 3, 4, 5], 4) == []  # 3 | 4 across the separator is not text
+
+
+def test_sources_are_searched_nearest_first(tmp_path):
+    store = Store(tmp_path / "h.u32")
+    store.append([10, 11, 12, 13, 14])
+    history = History(store, corpus=[[10, 11, 12, 99]])
+    assert [(c.source, c.tokens) for c in history.continuations([10, 11, 12], 2, 4)] == [(STORE, [13, 14])]
+    history.add_text([10, 11, 12, 77, 78])
+    assert history.continuations([10, 11, 12], 2, 4)[0].source == PROCESS
+    history.forget_texts()
+    assert History(None, corpus=[[10, 11, 12, 99]]).continuations([10, 11, 12], 2, 4)[0].source == CORPUS
+    assert list(Store(tmp_path / "h.u32").read()) == [10, 11, 12, 13, 14, SEPARATOR, 10, 11, 12, 77, 78, SEPARATOR]
+
+
+def test_the_store_keeps_its_newest_whole_texts_when_it_grows_too_big(tmp_path):
+    store = Store(tmp_path / "h.u32", max_tokens=30, keep_tokens=15)
+    for i in range(10):
+        store.append([i] * 5)  # 6 tokens each with the separator
+    data = list(store.read())
+    assert len(data) <= 30 and data[-6:] == [9] * 5 + [SEPARATOR]
+    texts = [t for t in " ".join(map(str, data)).split(str(SEPARATOR)) if t.strip()]
+    assert all(len(set(t.split())) == 1 and len(t.split()) == 5 for t in texts)  # no text cut in half
+
+
+def _writer(path, i):
+    store = Store(path, max_tokens=400, keep_tokens=200)
+    for j in range(40):
+        store.append([i * 1000 + j] * 7)
+
+
+def test_several_processes_can_write_at_once(tmp_path):
+    path = tmp_path / "h.u32"
+    procs = [multiprocessing.Process(target=_writer, args=(path, i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    data = Store(path).read()
+    chunks = np.split(data, np.nonzero(data == SEPARATOR)[0] + 1)
+    texts = [c[:-1] for c in chunks if len(c)]
+    assert texts and all(len(t) == 7 and len(set(t.tolist())) == 1 for t in texts)  # whole, unmixed
+    assert len(data) <= 400
+
+
+LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
+
+
+def run_auto(auto, target, prompt, n):
+    ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
+    events = generate(target, ctx, GenerationRequest(prompt, n, SamplingParams()), RunStats(), auto)
+    tokens = [e.token for e in events if isinstance(e, TokenEvent)]
+    auto.finish_text()
+    return tokens
+
+
+def test_a_later_prompt_drafts_from_an_earlier_output_and_stays_lossless():
+    """The second of two prompts that lead to the same text drafts from the first one's output
+    ("history"), learned apart from this text's own matches; every output equals plain's."""
+    script = {(9, 8): 3, (8, 3): 4, **LOOPY}
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=script)
+    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, FLAT, history=History()))
+    first = run_auto(auto, target, [0, 9, 8], 24)
+    before = auto.choices["history"]
+    second = run_auto(auto, target, [0, 2, 9, 8], 24)
+    plain = lambda prompt: [e.token for e in generate(target, FakeContext(target, n_ctx=512), GenerationRequest(
+        prompt, 24, SamplingParams()), RunStats()) if isinstance(e, TokenEvent)]
+    assert first == plain([0, 9, 8]) and second == plain([0, 2, 9, 8])
+    assert before == 0 and auto.choices["history"] > 0
+    assert "history" in auto.acceptance.sources
+
+
+def test_a_corpus_is_drafted_from_when_the_text_itself_has_no_match():
+    passage = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, FLAT, history=History(corpus=[passage])))
+    run_auto(auto, target, [0, 3, 4, 5], 6)
+    assert auto.choices["corpus"] > 0
