@@ -55,9 +55,9 @@ def generate(
     rpc: Optional[str] = typer.Option(None, "--rpc", help="llama.cpp RPC servers HOST:PORT,... to offload "
                                       "--gpu-layers onto (see `specgen rpc-server`)."),
     corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
-                                                (documents or code being edited); repeat for more."),
+                                                "(documents or code being edited); repeat for more."),
     store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
-                                         "past generations in the specgen cache [generate: on; bench: off]."),
+                                         "past generations in the specgen cache (generate: on, bench: off)."),
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -132,9 +132,9 @@ def bench(
                                           help="CPU threads [the cores other processes leave free]."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
     corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
-                                                (documents or code being edited); repeat for more."),
+                                                "(documents or code being edited); repeat for more."),
     store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
-                                         "past generations in the specgen cache [generate: on; bench: off]."),
+                                         "past generations in the specgen cache (generate: on, bench: off)."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
     spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", help="With --llama-cpp: one llama.cpp "

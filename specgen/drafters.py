@@ -19,6 +19,52 @@ from .tree import DraftTree
 from .verify import Verdict
 
 
+class SuffixAutomaton:
+    """The text's suffix automaton, built online (Blumer et al.; O(1) amortised per token): for the
+    text's end, the longest suffix that also ended earlier, however long, where an n-gram index
+    only knows its last few tokens. States keep the end of their first occurrence."""
+
+    def __init__(self) -> None:
+        self.next: list[dict[int, int]] = [{}]
+        self.link, self.length, self.first_end = [-1], [0], [-1]
+        self.last, self.n = 0, 0
+
+    def _state(self, length: int, first_end: int, link: int = -1, nxt: dict[int, int] | None = None) -> int:
+        self.next.append(nxt if nxt is not None else {})
+        self.link.append(link)
+        self.length.append(length)
+        self.first_end.append(first_end)
+        return len(self.length) - 1
+
+    def extend(self, tok: int) -> None:
+        cur = self._state(self.length[self.last] + 1, self.n)
+        p = self.last
+        while p != -1 and tok not in self.next[p]:
+            self.next[p][tok] = cur
+            p = self.link[p]
+        if p == -1:
+            self.link[cur] = 0
+        else:
+            q = self.next[p][tok]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:  # split q: the shorter strings it stood for now also end here
+                clone = self._state(self.length[p] + 1, self.first_end[q], self.link[q], dict(self.next[q]))
+                while p != -1 and self.next[p].get(tok) == q:
+                    self.next[p][tok] = clone
+                    p = self.link[p]
+                self.link[q] = self.link[cur] = clone
+        self.last, self.n = cur, self.n + 1
+
+    def longest_earlier(self) -> tuple[int, int]:
+        """(length, continuation start) of the longest suffix of the text that also ended before
+        its end, at its first occurrence; (0, -1) when none did."""
+        state = self.link[self.last] if self.last else -1
+        if state <= 0:
+            return 0, -1
+        return self.length[state], self.first_end[state] + 1
+
+
 class LookupDrafter:
     """Prompt lookup / n-gram drafting over the prompt and the generated text (model-free).
 
@@ -36,6 +82,7 @@ class LookupDrafter:
         self.max_n, self.min_count_1 = max_n, min_count_1
         self.k, self.k_min, self.k_max = k_init, k_min, k_max
         self.tokens: list[int] = []
+        self.suffixes = SuffixAutomaton()
         # per n: n-gram -> continuation starts of its latest occurrences, newest last
         self.index: list[dict[tuple[int, ...], list[int]]] = []
         self.counts: dict[tuple[int, ...], int] = {}  # single-token n-gram occurrences
@@ -46,6 +93,7 @@ class LookupDrafter:
         self.tokens = []
         self.index = [{} for _ in range(self.max_n + 1)]
         self.counts = {}
+        self.suffixes = SuffixAutomaton()
         self._extend(tokens)
 
     def _extend(self, new: list[int]) -> None:
@@ -63,6 +111,7 @@ class LookupDrafter:
                 if n == 1:
                     self.counts[key] = self.counts.get(key, 0) + 1
             toks.append(tok)
+            self.suffixes.extend(tok)
 
     def lookup(self, k: int) -> list[int]:
         return self.continuation(self.tokens, k)
@@ -74,9 +123,16 @@ class LookupDrafter:
         return []
 
     def matches(self, context: list[int], limit: int) -> list[tuple[int, int]]:
-        """Up to `limit` (match length n, continuation start), longest match first, then newest."""
+        """Up to `limit` (match length n, continuation start), longest match first, then newest.
+        For the text itself, a match longer than the n-gram index's max_n comes first, found by
+        the suffix automaton however long it is (a quoted passage whose last 4-gram recurs often)."""
         found: list[tuple[int, int]] = []
         seen: set[int] = set()
+        if context is self.tokens:
+            length, start = self.suffixes.longest_earlier()
+            if length > self.max_n and start < len(self.tokens):
+                found.append((length, start))
+                seen.add(start)
         for n in range(min(self.max_n, len(context)), 0, -1):
             key = tuple(context[-n:])
             starts = self.index[n].get(key)

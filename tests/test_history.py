@@ -111,3 +111,52 @@ def test_a_corpus_is_drafted_from_when_the_text_itself_has_no_match():
     auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, FLAT, history=History(corpus=[passage])))
     run_auto(auto, target, [0, 3, 4, 5], 6)
     assert auto.choices["corpus"] > 0
+
+
+def test_the_suffix_automaton_finds_the_longest_earlier_match_of_the_texts_end():
+    from specgen.drafters import SuffixAutomaton
+
+    rng = np.random.default_rng(0)
+    text = list(rng.integers(0, 4, 300))
+    sam = SuffixAutomaton()
+    for end in range(len(text)):
+        sam.extend(text[end])
+        prefix = text[:end + 1]
+        best = 0  # brute force: the longest suffix that also ends at some earlier position
+        for e in range(end):
+            k = 0
+            while k <= e and prefix[e - k] == prefix[end - k]:
+                k += 1
+            best = max(best, k)
+        length, start = sam.longest_earlier()
+        assert length == best
+        if best:
+            assert prefix[start - best:start] == prefix[end + 1 - best:]
+
+
+def test_lookup_drafts_a_long_quote_even_when_its_last_ngram_recurs_often():
+    """The text quotes a 30-token passage whose last 4-gram occurs many times later: the n-gram
+    index's newest occurrences all follow that 4-gram elsewhere; the suffix automaton finds the quote."""
+    from specgen.drafters import LookupDrafter
+
+    common = [7, 8, 9, 10]
+    quote = list(range(100, 126)) + common + [200, 201, 202]
+    filler = [t for i in range(8) for t in (50 + i, *common, 60 + i)]
+    lookup = LookupDrafter()
+    lookup.reset([1] + quote + filler + quote[:30])
+    (length, start), *_ = lookup.matches(lookup.tokens, 4)
+    assert length == 30 and lookup.tokens[start:start + 3] == [200, 201, 202]
+
+
+def test_cache_clear_deletes_the_store_and_a_missing_corpus_is_one_line(tmp_path):
+    from clihelp import assert_one_line_error, gen, specgen
+
+    (tmp_path / "history").mkdir()
+    (tmp_path / "history" / "abc.u32").write_bytes(b"\0" * 40)
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "c.json").write_text("{}")
+    proc = specgen("cache", "clear", env={"SPECGEN_HOME": str(tmp_path)})
+    assert proc.returncode == 0 and "history: removed 1 files" in proc.stdout, proc.stderr
+    assert not (tmp_path / "history").exists() and (tmp_path / "calibration" / "c.json").exists()
+    assert_one_line_error(gen("--corpus", str(tmp_path / "missing.txt"), "hi"),
+                          f"--corpus expects a text file, found '{tmp_path / 'missing.txt'}' (no such file)")
