@@ -33,7 +33,7 @@ LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to
 SIBLING_MASS_CAP = 0.95
 # How deep a lookup chain could pay is judged with each acceptance capped here: no estimate is
 # certainty, and an uncapped 1.0 would make every depth look free.
-MAX_CHAIN_ACCEPT = 0.97
+MAX_CHAIN_ACCEPT = 0.99
 USEFUL_DEPTH_EVERY = 16  # steps between recomputing how deep lookup chains can pay
 HISTORY_BELOW = 10  # other texts are searched when this text's best match is shorter than this
 
@@ -144,7 +144,8 @@ class AutoDrafter:
             # row: much cheaper per token than a draft level; the prompt too, the first time).
             c_draft_1 = self.c_draft(1, context)
             catch_up = self.c_draft.read(self.model.backlog, context) - c_draft_1
-            k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1), depth,
+            k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1),
+                                              min(depth, self.model.max_depth),
                                               catch_up, tokens_left=max_depth + 1)
             if k > 0 and draft_rate * self.draft.efficiency > plan.rate:  # as realised so far
                 planned_s = sum(self.draft.alpha ** i for i in range(k + 1)) / draft_rate  # E[tokens] / rate

@@ -31,7 +31,7 @@ from .protocol import Batch, Context
 
 # Every size up to 16: quantized kernels process rows in tiles (on these CPUs 8 rows cost less
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there.
-BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32)
+BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 EMA = 0.1  # weight of one live measurement in the running estimate
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime

@@ -12,7 +12,7 @@ import numpy as np
 
 from .history import Continuation
 from .kv import evaluate, keep_branch, prefill
-from .planner import LOOKUP_NODE
+from .planner import LOOKUP_NODE, MAX_MATCH
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
@@ -146,7 +146,7 @@ class LookupDrafter:
                         return found
         return found
 
-    def match_length(self, n: int, start: int, cap: int = 32) -> int:
+    def match_length(self, n: int, start: int, cap: int = MAX_MATCH) -> int:
         """How far the match of the text's last `n` tokens with the tokens before `start` really
         reaches back (up to `cap`): a 20-token match means a passage is being copied, and its
         continuation is far likelier to be right than a 4-gram's."""

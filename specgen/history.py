@@ -23,6 +23,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .planner import MAX_MATCH
+
 SEPARATOR = 0xFFFFFFFF  # between texts; never a token id
 HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 STORE_MAX, STORE_KEEP = 1_000_000, 500_000  # tokens: the store is cut to its newest STORE_KEEP
@@ -95,7 +97,7 @@ class TextIndex:
                         return sorted(found, key=lambda m: (-m[0], -m[1]))
         return sorted(found, key=lambda m: (-m[0], -m[1]))
 
-    def match_length(self, context: Sequence[int], start: int, cap: int = 32) -> int:
+    def match_length(self, context: Sequence[int], start: int, cap: int = MAX_MATCH) -> int:
         """How many of the context's last tokens equal those before `start` (at most `cap`)."""
         length, toks = 0, self.tokens
         while length < min(cap, len(context), start) and toks[start - length - 1] == context[-length - 1]:

@@ -87,7 +87,7 @@ _TREE = dict(branching=2, max_nodes=6, max_depth=4)
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
-           _auto, dict(max_nodes=24, max_depth=16, lookup_matches=4, draft=dict(branching=1, max_depth=16))),
+           _auto, dict(max_nodes=72, max_depth=64, lookup_matches=4, draft=dict(branching=1, max_depth=16))),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
            dict(branching=1, max_nodes=6, min_prob=0.3)),

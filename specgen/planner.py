@@ -107,10 +107,13 @@ class BetaBins:
 
 
 Q_BINS = 10
+MAX_MATCH = 64  # match lengths are measured up to this many tokens
 # Lookup nodes are keyed by their effective match length: the source occurrence's match length
 # plus the drafted tokens before the node (an accepted parent extends the match by one).
-MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24)  # lower edges
-MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (32,)
+# Lower edges. A continuation of a 40-token match is a passage being copied: llama.cpp's ngram-mod
+# drafts only those (24-token matches, 48-64 tokens at once), and they are accepted nearly always.
+MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24, 40)
+MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (MAX_MATCH,)
 
 
 LOOKUP_NODE, DRAFT_MODEL_NODE = "lookup", "draft"
@@ -136,7 +139,7 @@ class AcceptanceModel:
     halves the old evidence, as prompts differ in how much they repeat.
     """
 
-    LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95)  # per MATCH_BINS
+    LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95, 0.97)  # per MATCH_BINS
 
     def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
