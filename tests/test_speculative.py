@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
-from specgen.drafters import LookupDrafter
+from specgen.drafters import LookupDrafter, continuation_tree
 from specgen.engine import GenerationRequest, TokenEvent, generate
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
@@ -100,13 +100,14 @@ def test_lookup_prefers_longest_match_and_needs_recurring_single_tokens():
     assert d.lookup(2) == [8, 6]  # "6" recurred: its latest continuation
 
 
-def test_lookup_candidates_carry_how_far_each_match_reaches_back():
+def test_lookup_continuations_carry_how_far_each_match_reaches_back():
     d = LookupDrafter(max_n=2)
     text = [1, 2, 3, 4, 5, 6, 7, 90, 91, 8, 6, 7, 92, 2, 3, 4, 5, 6, 7]
     d.reset(text)
-    tree, match_len = d.candidates(max_depth=2, found=d.matches(d.tokens, 2))
+    found = d.continuations(d.matches(d.tokens, 2), 2)
+    tree, sources, match_len = continuation_tree(d.tokens[-1], found, max_depth=2)
     # "6 7" occurred twice: after "1 2 3 4 5" (the text's last 6 tokens match there) and after "8".
     first = tree.children()[0]
     by_token = {tree.tokens[v]: match_len[v] for v in first}
-    assert by_token == {90: 6, 92: 2}
+    assert by_token == {90: 6, 92: 2} and set(sources[1:]) == {"lookup"}
     assert all(match_len[c] == match_len[v] for v in first for c in tree.children()[v])
