@@ -29,6 +29,7 @@ SEPARATOR = 0xFFFFFFFF  # between texts; never a token id
 HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 STORE_MAX, STORE_KEEP = 1_000_000, 500_000  # tokens: the store is cut to its newest STORE_KEEP
 PROCESS, STORE, CORPUS = "history", "store", "corpus"  # source names, nearest first
+NEWEST_MIN, PROCESS_KEEP = 4096, 1_000_000  # tokens: see History
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,12 @@ class History:
 
     def __init__(self, store: "Store | None" = None, corpus: Sequence[Sequence[int]] = ()):
         self.store = store
-        self._texts: list[np.ndarray] = []  # this process's earlier texts
+        # This process's earlier texts, in two indexes so that adding one costs a small rebuild:
+        # the newest texts (rebuilt per text) and the rest (rebuilt when the newest reach a
+        # quarter of its size, keeping the newest PROCESS_KEEP tokens): amortised O(N log N).
+        self._older: list[np.ndarray] = []
+        self._newest: list[np.ndarray] = []
+        self._process: list[TextIndex] = []  # newest first
         self.indexes: dict[str, TextIndex] = {}
         if store is not None:
             stored = store.read()
@@ -128,27 +134,39 @@ class History:
         """A finished text (prompt and output): searched by later texts, and kept in the store."""
         if len(tokens) < 2:
             return
-        self._texts.append(np.asarray(tokens, dtype=np.uint32))
-        self.indexes[PROCESS] = TextIndex(join(self._texts))
+        self._newest.append(np.asarray(tokens, dtype=np.uint32))
+        newest, older = sum(map(len, self._newest)), sum(map(len, self._older))
+        if newest > max(NEWEST_MIN, older // 4):
+            self._older, self._newest = _newest_tokens(self._older + self._newest, PROCESS_KEEP), []
+        self._process = [TextIndex(join(texts)) for texts in (self._newest, self._older) if texts]
         if self.store is not None:
             self.store.append(tokens)
 
     def forget_texts(self) -> None:
-        self._texts.clear()
-        self.indexes.pop(PROCESS, None)
+        self._older, self._newest, self._process = [], [], []
 
     def continuations(self, context: Sequence[int], k: int, limit: int) -> list[Continuation]:
         """From the nearest source that has a match, up to `limit` continuations of up to k tokens."""
-        for source in (PROCESS, STORE, CORPUS):
-            index = self.indexes.get(source)
-            if index is None:
-                continue
+        sources = [*((PROCESS, index) for index in self._process),
+                   *((name, self.indexes[name]) for name in (STORE, CORPUS) if name in self.indexes)]
+        for source, index in sources:
             found = [Continuation(index.continuation(start, k), source, length)
                      for length, start in index.matches(context, limit)]
             found = [c for c in found if c.tokens]
             if found:
                 return found
         return []
+
+
+def _newest_tokens(texts: list[np.ndarray], keep: int) -> list[np.ndarray]:
+    """The newest whole texts holding at most `keep` tokens (at least the newest one)."""
+    kept, total = [], 0
+    for text in reversed(texts):
+        if kept and total + len(text) > keep:
+            break
+        kept.append(text)
+        total += len(text)
+    return kept[::-1]
 
 
 def join(texts: Iterable[Sequence[int]]) -> np.ndarray:

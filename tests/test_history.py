@@ -160,3 +160,19 @@ def test_cache_clear_deletes_the_store_and_a_missing_corpus_is_one_line(tmp_path
     assert not (tmp_path / "history").exists() and (tmp_path / "calibration" / "c.json").exists()
     assert_one_line_error(gen("--corpus", str(tmp_path / "missing.txt"), "hi"),
                           f"--corpus expects a text file, found '{tmp_path / 'missing.txt'}' (no such file)")
+
+
+def test_earlier_texts_stay_searchable_across_index_merges_and_the_oldest_go(monkeypatch):
+    import specgen.history as h
+
+    monkeypatch.setattr(h, "NEWEST_MIN", 100)
+    monkeypatch.setattr(h, "PROCESS_KEEP", 2000)
+    history = History()
+    texts = [[1000 + i] + [5000 + i * 10 + j for j in range(49)] for i in range(100)]  # 50 tokens each
+    for text in texts:
+        history.add_text(text)
+    assert len(history._process) == 2 and sum(map(len, history._older)) <= 2000
+    newest_kept = texts[-30]
+    assert history.continuations(newest_kept[:10], 3, 4)[0].tokens == newest_kept[10:13]
+    assert history.continuations(texts[-1][:10], 3, 4)[0].tokens == texts[-1][10:13]
+    assert history.continuations(texts[0][:10], 3, 4) == []  # past PROCESS_KEEP: forgotten
