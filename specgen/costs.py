@@ -198,6 +198,7 @@ class CostCurve:
 # Calibration: every size timed in several passes, sizes in a fresh random order each pass, so a
 # burst of noise or a slow drift of the machine's speed lands on different sizes each time.
 MIN_PASSES, MAX_PASSES = 4, 8
+MEASURE_BUDGET_S = 4.0  # a first run's calibration (`specgen calibrate` allows more)
 PASS_BUDGET_S = 1.5  # the first pass stops at the size that takes it past this (big models)
 LOW_QUANTILE = 0.25  # a size's cost: noise only ever adds time, so a low quantile of its passes
 # A bigger batch that measured cheaper than a smaller one is kept as the hardware's (quantized
@@ -209,7 +210,7 @@ BUSY_CORES = 0.3  # other processes using more than this many cores: the machine
 
 
 def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
-            budget_s: float = 4.0, seed: int = 0) -> CostCurve:
+            budget_s: float = MEASURE_BUDGET_S, seed: int = 0) -> CostCurve:
     """Time decodes of B copies of `token` after `n_past` committed tokens, in the last sequence id.
 
     Every token asks for logits, as in a tree verification or a draft level: the output layer

@@ -14,9 +14,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import methods as M
 from .config import RunConfig
-from .history import History
-from .costs import CostCurve, TimedContext, cache_key, load_cached, measure, measure_context, save_cached
+from .costs import (MEASURE_BUDGET_S, CostCurve, TimedContext, cache_key, load_cached, measure, measure_context,
+                    save_cached)
 from .engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
+from .history import History
 from .kv import prefill
 from .prompts import Prompt
 from .protocol import Context, Drafter, Model
@@ -156,7 +157,7 @@ def _keep(curve: CostCurve) -> None:
         save_cached(curve.cache_path, curve)
 
 
-def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: float | None = None) -> CostCurve:
+def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: float = MEASURE_BUDGET_S) -> CostCurve:
     """c(B) for a model on this machine: from the calibration cache, else measured (a few seconds)
     and cached, unless other processes kept the machine busy meanwhile (then it serves this run
     only, and says so on stderr)."""
@@ -172,7 +173,7 @@ def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: floa
     if curve is None:
         ctx.clear()
         token = model.tokenize("The", add_special=False)[0]
-        curve = measure(ctx, 0, token) if budget_s is None else measure(ctx, 0, token, budget_s=budget_s)
+        curve = measure(ctx, 0, token, budget_s=budget_s)
         ctx.clear()
         if curve.busy:
             print(f"specgen: warning: other processes used {curve.busy_cores:.1f} of {os.cpu_count()} cores while "
