@@ -186,7 +186,7 @@ def bench(
     n_threads = cfg.threads or backend.default_threads()
     external = {}
     if binary is not None:
-        external = llama_cpp_runs(binary, spec_type, session, runners["plain"], n_threads)
+        external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads)
     columns = [*chosen, *external]
     machine = b.machine_info(n_threads, info)
     header = (f"{machine['cpu']} · {n_threads} threads · {machine['backend']} · target {cfg.target}"
@@ -227,32 +227,6 @@ def bench(
         write_plot(rows, plot, header)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
-
-
-def llama_cpp_runs(binary: Path, given: list[str] | None, session, plain, n_threads: int) -> dict:
-    """bench's external runs: one per llama.cpp --spec-type, each prompt's turns rendered as specgen's
-    plain run read them (its own answers before a later turn)."""
-    from . import bench as b, llamacpp
-    from .stats import RunStats
-
-    draft = session.draft
-    if draft is not None and draft.subset_of_target is not None:
-        draft = None  # a vocabulary-cut draft (-d self) is a GGUF only specgen can pair with its target
-    types = llamacpp.spec_types(given, draft is not None)
-    setup = llamacpp.Setup(binary, Path(session.target.path), Path(draft.path) if draft is not None else None,
-                           plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
-
-    def runner(spec: str):
-        def run(prompt, answers):
-            total, texts = RunStats(), []
-            for conversation, answer in zip(b.conversations(prompt, answers), answers):
-                text, stats = llamacpp.run(setup, spec, plain.prompt_text(conversation))
-                total.add(stats)
-                texts.append(llamacpp.clip_to(text, answer))
-            return "\n\n".join(texts), total
-        return run
-
-    return {llamacpp.method_name(spec): runner(spec) for spec in types}
 
 
 @app.command("rpc-server")

@@ -17,10 +17,15 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, SpecgenError
 from .sampling import SamplingParams
 from .stats import RunStats
+
+if TYPE_CHECKING:
+    from .bench import ExternalRun
+    from .session import Runner, Session
 
 BINARY = "llama-speculative-simple"
 # One run per configuration; a configuration may chain types ("draft-simple,ngram-map-k": llama.cpp
@@ -138,3 +143,29 @@ def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
         tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
         raise SpecgenError(f"{BINARY} --spec-type {spec_type} failed with exit code {proc.returncode}: {tail.strip()}")
     return parse(proc.stdout, proc.stderr, prompt)
+
+
+def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: Runner, n_threads: int
+               ) -> dict[str, ExternalRun]:
+    """bench's external runs: one per llama.cpp --spec-type, each prompt's turns rendered as specgen's
+    plain run read them (its own answers before a later turn)."""
+    from . import bench as b
+
+    draft = session.draft
+    if draft is not None and draft.subset_of_target is not None:
+        draft = None  # a vocabulary-cut draft (-d self) is a GGUF only specgen can pair with its target
+    types = spec_types(given, draft is not None)
+    setup = Setup(binary, Path(session.target.path), Path(draft.path) if draft is not None else None,
+                  plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
+
+    def runner(spec: str) -> ExternalRun:
+        def run_prompt(prompt, answers):
+            total, texts = RunStats(), []
+            for conversation, answer in zip(b.conversations(prompt, answers), answers):
+                text, stats = run(setup, spec, plain.prompt_text(conversation))
+                total.add(stats)
+                texts.append(clip_to(text, answer))
+            return "\n\n".join(texts), total
+        return run_prompt
+
+    return {method_name(spec): runner(spec) for spec in types}
