@@ -80,6 +80,10 @@ class TextIndex:
         """Up to `limit` (match length, continuation start), longest first, then newest."""
         found: list[tuple[int, int]] = []
         seen: set[int] = set()
+        # Most steps match nothing: the shortest n-gram says so with one search (each longer
+        # match contains it), before the longest-first search below.
+        if len(context) < self.min_n or not self._count(self.min_n, context):
+            return found
         for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
             keys = self._keys.get(n)
             if keys is None or not len(keys):
@@ -97,6 +101,13 @@ class TextIndex:
                     if len(found) >= limit:
                         return sorted(found, key=lambda m: (-m[0], -m[1]))
         return sorted(found, key=lambda m: (-m[0], -m[1]))
+
+    def _count(self, n: int, context: Sequence[int]) -> int:
+        keys = self._keys.get(n)
+        if keys is None or not len(keys):
+            return 0
+        key = self._hash(context[-n:][::-1])
+        return int(np.searchsorted(keys, key, "right") - np.searchsorted(keys, key, "left"))
 
     def match_length(self, context: Sequence[int], start: int, cap: int = MAX_MATCH) -> int:
         """How many of the context's last tokens equal those before `start` (at most `cap`)."""
