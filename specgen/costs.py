@@ -181,7 +181,7 @@ class CostCurve:
     @property
     def busy(self) -> bool:
         """Measured while other processes used more than BUSY_CORES: not the machine's truth."""
-        return self.busy_cores is not None and self.busy_cores > BUSY_CORES
+        return is_busy(self.busy_cores)
 
     @property
     def noise(self) -> float:
@@ -207,6 +207,11 @@ LOW_QUANTILE = 0.25  # a size's cost: noise only ever adds time, so a low quanti
 DIP_SIGNIFICANCE, MIN_DIP = 0.0625, 0.03
 MIN_STEP = 0.01  # see fit()
 BUSY_CORES = 0.3  # other processes using more than this many cores: the machine is busy
+
+
+def is_busy(others_cores: float | None) -> bool:
+    """Whether other processes' CPU use (None: unknown) makes timings taken meanwhile untrustworthy."""
+    return others_cores is not None and others_cores > BUSY_CORES
 
 
 def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATCH_SIZES,
@@ -407,16 +412,15 @@ class TimedContext:
         the live decodes have shown each size's new cost)."""
         if not self.curve.untimed_threads or self.inner.n_seq_max < 2:
             return
-        spare = self.inner.n_seq_max - 1
-        self.inner.seq_rm(spare, -1, -1)
         samples = self._timed_passes([b for b in COARSE_SIZES if b <= min(self.inner.n_batch, self.curve.sizes[-1])],
                                      COARSE_PASSES)
         self.curve.rescale(samples)
 
     def _timed_passes(self, sizes: list[int], passes: int) -> dict[int, list[float]]:
         """`passes` interleaved timings of B = 1 and `sizes`, in random order, in the spare sequence
-        at position 0 (as calibrated)."""
+        (emptied first: the callers run when nothing live is in it) at position 0 (as calibrated)."""
         spare = self.inner.n_seq_max - 1
+        self.inner.seq_rm(spare, -1, -1)
         samples: dict[int, list[float]] = {b: [] for b in [1, *sizes]}
         order, rng = list(samples), random.Random(len(self.curve.rechecked))
         for _ in range(passes):
@@ -428,18 +432,15 @@ class TimedContext:
     def recheck(self) -> list[int]:
         """Time the suspect sizes and B = 1, interleaved, in the (free) spare sequence at position
         0 (as calibrated), and reshape the curve with them; returns the sizes re-measured."""
+        suspects = [b for b in self.curve.suspects() if b <= self.inner.n_batch]
+        if not suspects or self.inner.n_seq_max < 2:
+            return []
         from .host import cpu_sample, others_cores
 
-        suspects = [b for b in self.curve.suspects() if b <= self.inner.n_batch]
-        spare = self.inner.n_seq_max - 1
-        if not suspects or spare == 0:
-            return []
-        self.inner.seq_rm(spare, -1, -1)
         before = cpu_sample()
         self.curve.reshape(self._timed_passes(suspects, MIN_PASSES))
-        busy = others_cores(before, cpu_sample())
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
-        if self.on_reshape is not None and calibrated and not (busy is not None and busy > BUSY_CORES):
+        if self.on_reshape is not None and calibrated and not is_busy(others_cores(before, cpu_sample())):
             self.on_reshape(self.curve)  # kept only when timed quiet, with the threads it is cached for
         return suspects
 

@@ -107,9 +107,9 @@ def open_history(cfg: RunConfig, target: Model, store_default: bool) -> History:
     from .host import specgen_home
     from .prompts import decode_utf8
 
-    use_store = cfg.store if cfg.store is not None else store_default
-    info = target.vocab_info(sample_ids(target.n_vocab))
-    store = Store(store_path(specgen_home(), vocab_key(info))) if use_store else None
+    store = None
+    if cfg.store if cfg.store is not None else store_default:
+        store = Store(store_path(specgen_home(), vocab_key(target.vocab_info(sample_ids(target.n_vocab)))))
     corpus = [target.tokenize(decode_utf8(path.read_bytes(), str(path)), add_special=False)
               for path in cfg.corpus_files]
     return History(store, corpus)
