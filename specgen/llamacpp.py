@@ -6,6 +6,11 @@ each prompt through `llama-speculative-simple --spec-type T` for every configura
 and its rows sit beside specgen's in the table, as ratios to specgen's plain decoding measured in
 the same run. llama.cpp prints its own decode time (prompt processing excluded, as ours is).
 
+Its speed counts the tokens asked for (-n), not all it wrote: its last step drafts without a limit
+once fewer than two tokens are left to write (a draft limit of 0 means "none" there), so it often
+writes up to 64 tokens past -n in one cheap batch, which would inflate its tokens per second. Its
+time keeps that last, larger batch; specgen's last step is as long as its draft.
+
 A conversation's later turns get the context specgen's plain run had: the earlier questions and
 plain's own answers, rendered exactly as specgen renders them, so both decode after the same text.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,6 +138,13 @@ def clip_to(text: str, reference: str) -> str:
     return reference if text.startswith(reference) else text
 
 
+def counted_to(stats: RunStats, max_tokens: int) -> RunStats:
+    """`stats` with the tokens written past `max_tokens` left out of its counts (see the module's note):
+    speed is the tokens the user asked for over the time taken to deliver them."""
+    extra = max(0, stats.n_tokens - max_tokens)
+    return replace(stats, n_tokens=stats.n_tokens - extra, n_committed=stats.n_committed - extra)
+
+
 def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
     try:
         proc = subprocess.run(command(setup, spec_type, prompt), capture_output=True, text=True, errors="replace",
@@ -142,7 +154,8 @@ def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
     if proc.returncode != 0:
         tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
         raise SpecgenError(f"{BINARY} --spec-type {spec_type} failed with exit code {proc.returncode}: {tail.strip()}")
-    return parse(proc.stdout, proc.stderr, prompt)
+    text, stats = parse(proc.stdout, proc.stderr, prompt)
+    return text, counted_to(stats, setup.max_tokens)
 
 
 def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: Runner, n_threads: int
