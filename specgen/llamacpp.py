@@ -6,10 +6,14 @@ each prompt through `llama-speculative-simple --spec-type T` for every configura
 and its rows sit beside specgen's in the table, as ratios to specgen's plain decoding measured in
 the same run. llama.cpp prints its own decode time (prompt processing excluded, as ours is).
 
-Its speed counts the tokens asked for (-n), not all it wrote: its last step drafts without a limit
-once fewer than two tokens are left to write (a draft limit of 0 means "none" there), so it often
-writes up to 64 tokens past -n in one cheap batch, which would inflate its tokens per second. Its
-time keeps that last, larger batch; specgen's last step is as long as its draft.
+Its speed is taken over the tokens asked for (-n), not all it wrote. Once fewer than two tokens are
+left to write, its draft limit becomes 0, which its drafters read as "no limit": the last step then
+drafts up to 64 tokens and writes them past -n in one batch (asked for 64, it wrote 129 in one run),
+which would inflate its tokens per second, while that large batch's time would weigh on a count cut
+at -n. So each step's end is read from its debug log (`-v --log-timestamps`), and the speed is that
+of the steps before the first one that started with no limit: N-1 or N tokens, over their time.
+This leaves out one step that specgen's own count includes: it errs in llama.cpp's favour. A build
+that logs no steps is taken at its own printed count.
 
 A conversation's later turns get the context specgen's plain run had: the earlier questions and
 plain's own answers, rendered exactly as specgen renders them, so both decode after the same text.
@@ -40,6 +44,8 @@ WITH_DRAFT_SPEC_TYPES = ("draft-simple",)
 TIMEOUT_S = 600
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DECODED_AT = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) \w decoded\s", re.M)
+_STEP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) D accepted (\d+)/(\d+) draft tokens", re.M)
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
@@ -93,14 +99,15 @@ def command(setup: Setup, spec_type: str, prompt: str) -> list[str]:
                  *(["--seed", str(s.seed)] if s.seed is not None else [])])
     cmd = [str(setup.binary), "-m", str(setup.target), "-p", prompt, "-n", str(setup.max_tokens), *sampling,
            "-c", str(setup.n_ctx), "-b", str(setup.n_ctx), "-ub", "512", "-t", str(setup.threads),
-           "--spec-type", spec_type]
+           "--spec-type", spec_type, "-v", "--log-timestamps"]  # each step's end: see the module's note
     if setup.draft is not None and "draft" in spec_type:
         cmd += ["-md", str(setup.draft), "-td", str(setup.threads)]
     return cmd
 
 
-def parse(stdout: str, stderr: str, prompt: str) -> tuple[str, RunStats]:
-    """The generated text and the counters llama-speculative-simple prints at its end."""
+def parse(stdout: str, stderr: str, prompt: str, max_tokens: int | None = None) -> tuple[str, RunStats]:
+    """The generated text and the counters llama-speculative-simple prints at its end; with
+    `max_tokens`, the counters are of the steps that wrote the tokens asked for (the module's note)."""
     log = stdout + "\n" + stderr
     decoded, encoded = _DECODED.search(log), _ENCODED.search(log)
     if decoded is None:
@@ -111,7 +118,43 @@ def parse(stdout: str, stderr: str, prompt: str) -> tuple[str, RunStats]:
     stats = RunStats(n_tokens=n_tokens, n_committed=n_tokens, target_calls=max(1, n_tokens - accepted),
                      drafted=drafted, accepted=accepted, decode_s=float(decoded.group(2)),
                      prefill_s=float(encoded.group(2)) if encoded else 0.0)
+    if max_tokens is not None and n_tokens > max_tokens:
+        stats = _within(stats, log, max_tokens)
     return _generated(stdout, prompt), stats
+
+
+@dataclass(frozen=True)
+class _Step:
+    end_s: float  # the log's clock when the step had sampled its tokens
+    accepted: int
+    drafted: int
+
+
+def _seconds(match: re.Match) -> float:
+    minutes, seconds, ms, us = (int(g) for g in match.groups()[:4])
+    return minutes * 60 + seconds + ms / 1e3 + us / 1e6
+
+
+def _within(stats: RunStats, log: str, max_tokens: int) -> RunStats:
+    """A run that wrote past `max_tokens`, counted over its steps before the first one that began
+    with fewer than two tokens left (hence no draft limit): see the module's note. The printed
+    totals where the log has no steps, or steps that do not add up to them."""
+    steps = [_Step(_seconds(m), int(m.group(5)), int(m.group(6))) for m in _STEP.finditer(log)]
+    ended = _DECODED_AT.search(log)
+    if ended is None or sum(s.accepted + 1 for s in steps) != stats.n_tokens:
+        return stats
+    start_s = _seconds(ended) - stats.decode_s
+    written, counted = 0, 0
+    for step in steps:
+        if written >= max_tokens - 1:
+            break
+        written, counted = written + step.accepted + 1, counted + 1
+    if counted in (0, len(steps)):
+        return stats  # no limited step (-n 1), or no unlimited one: nothing to leave out
+    kept = steps[:counted]
+    return replace(stats, n_tokens=written, n_committed=written, target_calls=counted,
+                   drafted=sum(s.drafted for s in kept), accepted=sum(s.accepted for s in kept),
+                   decode_s=kept[-1].end_s - start_s)
 
 
 def _int(pattern: re.Pattern, text: str) -> int:
@@ -138,13 +181,6 @@ def clip_to(text: str, reference: str) -> str:
     return reference if text.startswith(reference) else text
 
 
-def counted_to(stats: RunStats, max_tokens: int) -> RunStats:
-    """`stats` with the tokens written past `max_tokens` left out of its counts (see the module's note):
-    speed is the tokens the user asked for over the time taken to deliver them."""
-    extra = max(0, stats.n_tokens - max_tokens)
-    return replace(stats, n_tokens=stats.n_tokens - extra, n_committed=stats.n_committed - extra)
-
-
 def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
     try:
         proc = subprocess.run(command(setup, spec_type, prompt), capture_output=True, text=True, errors="replace",
@@ -154,8 +190,7 @@ def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
     if proc.returncode != 0:
         tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
         raise SpecgenError(f"{BINARY} --spec-type {spec_type} failed with exit code {proc.returncode}: {tail.strip()}")
-    text, stats = parse(proc.stdout, proc.stderr, prompt)
-    return text, counted_to(stats, setup.max_tokens)
+    return parse(proc.stdout, proc.stderr, prompt, setup.max_tokens)
 
 
 def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: Runner, n_threads: int
