@@ -13,7 +13,8 @@ which would inflate its tokens per second, while that large batch's time would w
 at -n. So each step's end is read from its debug log (`-v --log-timestamps`), and the speed is that
 of the steps before the first one that started with no limit: N-1 or N tokens, over their time.
 This leaves out one step that specgen's own count includes: it errs in llama.cpp's favour. A build
-that logs no steps is taken at its own printed count.
+that logs no steps is taken at its own printed count. A run that stopped early counts its
+end-of-generation token; specgen counts tokens of text, so that one is left out.
 
 A conversation's later turns get the context specgen's plain run had: the earlier questions and
 plain's own answers, rendered exactly as specgen renders them, so both decode after the same text.
@@ -120,6 +121,10 @@ def parse(stdout: str, stderr: str, prompt: str, max_tokens: int | None = None) 
                      prefill_s=float(encoded.group(2)) if encoded else 0.0)
     if max_tokens is not None and n_tokens > max_tokens:
         stats = _within(stats, log, max_tokens)
+    elif max_tokens is not None and n_tokens > 0:
+        # Fewer than asked: it stopped at an end-of-generation token, which its count includes and
+        # specgen's (tokens of text) does not.
+        stats = replace(stats, n_tokens=n_tokens - 1)
     return _generated(stdout, prompt), stats
 
 

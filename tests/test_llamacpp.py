@@ -55,8 +55,11 @@ def test_a_run_past_max_tokens_is_timed_over_the_steps_that_wrote_the_tokens_ask
     assert stats.decode_s == pytest.approx(1.5976 - (1.8415 - 0.783), abs=1e-5)  # its time up to token 64
     assert 110 < stats.tokens_per_s < 130  # not 129 / 0.783 = 165, nor 64 / 0.783 = 82
     # Without max_tokens, within it, or with a log that has no steps: llama.cpp's own totals.
-    for out, asked in ((_log(steps, 0.783, 1.8415), None), (_log(steps, 0.783, 1.8415), 129), (STDERR, 64)):
+    for out, asked in ((_log(steps, 0.783, 1.8415), None), (STDERR, 64)):
         assert llamacpp.parse(STDOUT, out, "The capital", max_tokens=asked)[1].n_tokens in (129, 97)
+    # Fewer tokens than asked: it stopped at an end-of-generation token, which is not text.
+    stopped = llamacpp.parse(STDOUT, _log(steps, 0.783, 1.8415), "The capital", max_tokens=200)[1]
+    assert (stopped.n_tokens, stopped.n_committed) == (128, 129)
 
 
 def test_a_run_past_max_tokens_is_clipped_to_what_plain_wrote_when_it_agrees():
