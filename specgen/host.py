@@ -63,8 +63,9 @@ MIN_CPU_WINDOW_S = 0.2  # /proc/stat counts in 10 ms ticks  # /proc/stat: user n
 
 
 def cpu_sample() -> tuple[float, float, float] | None:
-    """(wall seconds, CPU seconds all processes have used, CPU seconds this process has used);
-    None where /proc/stat cannot be read. Steal counts as used: another VM took that core."""
+    """(wall seconds, CPU seconds all processes have used, CPU seconds this process and its finished
+    children have used); None where /proc/stat cannot be read. Steal counts as used: another VM
+    took that core. Children count as ours: bench's llama.cpp runs are not another process's load."""
     import time
 
     try:
@@ -73,7 +74,8 @@ def cpu_sample() -> tuple[float, float, float] | None:
     except (OSError, ValueError, IndexError):
         return None
     own = os.times()
-    return time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system
+    return (time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system + own.children_user + own.children_system)
 
 
 def others_cores(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float | None:
