@@ -47,8 +47,12 @@ class Trial:
     method: str
     repeat: int
     text: str
-    stats: RunStats
+    stats: RunStats  # all turns
     finish_reason: str
+    # Per turn, where a prompt has several (MT-bench's second turn reads the first's answer, so
+    # drafting finds more there: the table shows each turn's speedup).
+    answers: tuple[str, ...] = ()
+    turn_stats: tuple[RunStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class SummaryRow:
     speedup_low: float = 0.0
     speedup_high: float = 0.0
     within_noise: bool = False
+    turn: int | None = None  # a row of one turn (1, 2, ...) of a group's multi-turn prompts; None: all turns
 
 
 # --- suites --------------------------------------------------------------------------------------
@@ -157,18 +162,27 @@ def conversations(prompt: BenchPrompt, answers: Sequence[str]) -> list[Prompt]:
 def run_turns(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[str, RunStats, str]:
     """All turns of a prompt, each fed after the model's own previous answer; stats summed over turns.
     Returns the answers joined by blank lines."""
-    answers, total, reason = run_answers(runner, prompt, max_tokens)
-    return "\n\n".join(answers), total, reason
+    answers, per_turn, reason = run_answers(runner, prompt, max_tokens)
+    return "\n\n".join(answers), total_of(per_turn), reason
 
 
-def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None) -> tuple[list[str], RunStats, str]:
-    total, answers, reason = RunStats(), [], "length"
+def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None
+                ) -> tuple[list[str], list[RunStats], str]:
+    """Each turn's answer and stats; and the last turn's finish reason."""
+    answers, per_turn, reason = [], [], "length"
     for i in range(len(prompt.turns)):
         done = runner.run(conversations(prompt, answers)[i], max_tokens)
-        total.add(done.stats)
+        per_turn.append(done.stats)
         answers.append(done.text)
         reason = done.finish_reason
-    return answers, total, reason
+    return answers, per_turn, reason
+
+
+def total_of(per_turn: Sequence[RunStats]) -> RunStats:
+    total = RunStats()
+    for stats in per_turn:
+        total.add(stats)
+    return total
 
 
 def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: int) -> list[tuple[BenchPrompt, str, int]]:
@@ -177,8 +191,8 @@ def schedule(prompts: Sequence[BenchPrompt], methods: Sequence[str], repeats: in
 
 
 # Another tool's run of a prompt (llama.cpp's, say): given the prompt and plain's answers to its
-# turns (a later turn follows plain's earlier answers), the text it wrote and its counters.
-ExternalRun = Callable[[BenchPrompt, Sequence[str]], tuple[str, RunStats]]
+# turns (a later turn follows plain's earlier answers), its answer and counters for each turn.
+ExternalRun = Callable[[BenchPrompt, Sequence[str]], tuple[list[str], list[RunStats]]]
 
 
 def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeats: int,
@@ -196,16 +210,18 @@ def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeat
             for runner in runners.values():  # (the warm-up's, or an earlier repeat's)
                 runner.session.forget_texts()
             last_repeat = repeat
-        answers, stats, reason = run_answers(runners[method], prompt)
+        answers, per_turn, reason = run_answers(runners[method], prompt)
         if method == "plain":
             plain_answers[prompt.prompt_id] = answers
-        trial = Trial(prompt, method, repeat, "\n\n".join(answers), stats, reason)
+        trial = Trial(prompt, method, repeat, "\n\n".join(answers), total_of(per_turn), reason, tuple(answers),
+                      tuple(per_turn))
         trials.append(trial)
         on_trial(trial)
         if method == list(runners)[-1]:
             for name, run in (external or {}).items():
-                text, stats = run(prompt, plain_answers[prompt.prompt_id])
-                trial = Trial(prompt, name, repeat, text, stats, "length")
+                answers, per_turn = run(prompt, plain_answers[prompt.prompt_id])
+                trial = Trial(prompt, name, repeat, "\n\n".join(answers), total_of(per_turn), "length",
+                              tuple(answers), tuple(per_turn))
                 trials.append(trial)
                 on_trial(trial)
     return trials
@@ -221,7 +237,8 @@ def _mean(xs: Iterable[float]) -> float:
 
 def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> list[SummaryRow]:
     """Rows per group (in order of appearance) and `overall`, per method, over the trials every
-    method finished (an interrupted bench leaves some prompts part-done)."""
+    method finished (an interrupted bench leaves some prompts part-done). A group whose prompts
+    all have several turns also gets a row per turn, right after its own."""
     by_key = {(t.prompt.prompt_id, t.repeat, t.method): t for t in trials}
     complete = [k for k in dict.fromkeys((t.prompt.prompt_id, t.repeat) for t in trials)
                 if all((*k, m) in by_key for m in methods)]
@@ -229,25 +246,38 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
     rows = []
     for group in [*groups, OVERALL]:
         keys = [k for k in complete if group == OVERALL or by_key[(*k, methods[0])].prompt.group == group]
-        # A trial that emitted nothing (the model stopped at once) has no throughput: leave that
-        # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
-        timed = [k for k in keys if all(by_key[(*k, m)].stats.n_tokens > 0 for m in methods)]
-        plain_tps = _mean(by_key[(*k, "plain")].stats.tokens_per_s for k in timed)
-        for method in methods:
-            ts = [by_key[(*k, method)] for k in keys]
-            tps = _mean(by_key[(*k, method)].stats.tokens_per_s for k in timed)
-            calls = sum(t.stats.target_calls for t in ts)
-            drafted = sum(t.stats.drafted for t in ts)
-            mismatches = None
-            if greedy:
-                mismatches = sum(t.text != by_key[(t.prompt.prompt_id, t.repeat, "plain")].text for t in ts)
-            spread = speedup_spread([by_key[(*k, method)].stats.tokens_per_s for k in timed],
-                                    [by_key[(*k, "plain")].stats.tokens_per_s for k in timed])
-            rows.append(SummaryRow(
-                group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
-                round(sum(t.stats.n_committed for t in ts) / calls, 3) if calls else 1.0,
-                round(sum(t.stats.accepted for t in ts) / drafted, 4) if drafted else 0.0,
-                mismatches, len({k[0] for k in keys}), *spread))
+        whole = {k: {m: (by_key[(*k, m)].stats, by_key[(*k, m)].text) for m in methods} for k in keys}
+        rows += _rows(group, None, whole, methods, greedy)
+        n_turns = {len(by_key[(*k, m)].turn_stats) for k in keys for m in methods}
+        if group != OVERALL and len(n_turns) == 1 and min(n_turns) > 1:
+            for turn in range(min(n_turns)):
+                one = {k: {m: (by_key[(*k, m)].turn_stats[turn], by_key[(*k, m)].answers[turn]) for m in methods}
+                       for k in keys}
+                rows += _rows(group, turn + 1, one, methods, greedy)
+    return rows
+
+
+def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunStats, str]]], methods: Sequence[str],
+          greedy: bool) -> list[SummaryRow]:
+    """One row per method over `runs`: per prompt key, per method, its (stats, text)."""
+    # A trial that emitted nothing (the model stopped at once) has no throughput: leave that
+    # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
+    timed = [k for k, by_method in runs.items() if all(st.n_tokens > 0 for st, _ in by_method.values())]
+    plain_tps = _mean(runs[k]["plain"][0].tokens_per_s for k in timed)
+    rows = []
+    for method in methods:
+        stats = [runs[k][method][0] for k in runs]
+        tps = _mean(runs[k][method][0].tokens_per_s for k in timed)
+        calls = sum(st.target_calls for st in stats)
+        drafted = sum(st.drafted for st in stats)
+        mismatches = sum(runs[k][method][1] != runs[k]["plain"][1] for k in runs) if greedy else None
+        spread = speedup_spread([runs[k][method][0].tokens_per_s for k in timed],
+                                [runs[k]["plain"][0].tokens_per_s for k in timed])
+        rows.append(SummaryRow(
+            group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
+            round(sum(st.n_committed for st in stats) / calls, 3) if calls else 1.0,
+            round(sum(st.accepted for st in stats) / drafted, 4) if drafted else 0.0,
+            mismatches, len({k[0] for k in runs}), *spread, turn=turn))
     return rows
 
 
@@ -309,4 +339,6 @@ def trial_record(trial: Trial, base: dict) -> dict:
     """A `generate --json` record plus the bench's own fields."""
     return {**base, "method": trial.method, "text": trial.text, **trial.stats.record_fields(),
             "finish_reason": trial.finish_reason, "group": trial.prompt.group,
-            "prompt_id": trial.prompt.prompt_id, "repeat": trial.repeat, "choices": dict(trial.stats.choices)}
+            "prompt_id": trial.prompt.prompt_id, "repeat": trial.repeat, "choices": dict(trial.stats.choices),
+            **({"turns": [{**st.record_fields(), "choices": dict(st.choices)} for st in trial.turn_stats]}
+               if len(trial.turn_stats) > 1 else {})}

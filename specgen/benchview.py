@@ -43,12 +43,12 @@ def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: st
     table.add_column("n", justify="right", min_width=2)
     for m in methods:
         table.add_column(m, justify="right", no_wrap=True)
-    by_group: dict[str, dict[str, SummaryRow]] = defaultdict(dict)
+    by_group: dict[tuple[str, int | None], dict[str, SummaryRow]] = defaultdict(dict)
     for r in rows:
-        by_group[r.group][r.method] = r
-    for group, cells in by_group.items():
+        by_group[(r.group, r.turn)][r.method] = r
+    for (group, turn), cells in by_group.items():
         n = next(iter(cells.values())).n_prompts
-        label = f"[bold]{group}[/bold]" if group == OVERALL else group
+        label = f"[bold]{group}[/bold]" if group == OVERALL else group if turn is None else f"  turn {turn}"
         table.add_row(label, str(n), *(_cell(cells[m], n * trials_per_prompt) for m in methods))
     return table
 
@@ -67,6 +67,7 @@ def check_plot_path(path: Path) -> None:
 
 
 def _bars(rows: Sequence[SummaryRow]) -> tuple[list[str], list[str], dict[tuple[str, str], float]]:
+    rows = [r for r in rows if r.turn is None]  # a chart shows groups; the table shows their turns too
     groups = list(dict.fromkeys(r.group for r in rows))
     methods = [m for m in dict.fromkeys(r.method for r in rows) if m != "plain"]
     return groups, methods, {(r.group, r.method): r.speedup for r in rows}

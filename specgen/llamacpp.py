@@ -213,12 +213,12 @@ def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: R
 
     def runner(spec: str) -> ExternalRun:
         def run_prompt(prompt, answers):
-            total, texts = RunStats(), []
+            texts, per_turn = [], []
             for conversation, answer in zip(b.conversations(prompt, answers), answers):
                 text, stats = run(setup, spec, plain.prompt_text(conversation))
-                total.add(stats)
                 texts.append(clip_to(text, answer))
-            return "\n\n".join(texts), total
+                per_turn.append(stats)
+            return texts, per_turn
         return run_prompt
 
     return {method_name(spec): runner(spec) for spec in types}

@@ -131,6 +131,27 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
+def test_multi_turn_groups_get_a_row_per_turn():
+    """MT-bench's second turn reads the first's answer: drafting finds more there, and the table
+    shows each turn's speedup beside the group's."""
+    def two_turns(pid, method, tps1, tps2, text2="b"):
+        turns = tuple(RunStats(n_tokens=t, decode_s=1.0, target_calls=t, n_committed=t) for t in (tps1, tps2))
+        return b.Trial(b.BenchPrompt("mt_bench", pid, ("q1", "q2")), method, 0, "a\n\n" + text2,
+                       b.total_of(turns), "length", ("a", text2), turns)
+    trials = [two_turns("1", "plain", 50, 50), two_turns("1", "auto", 60, 150),
+              two_turns("2", "plain", 50, 50), two_turns("2", "auto", 60, 100, text2="c")]
+    rows = {(r.group, r.turn, r.method): r for r in b.summarize(trials, ["plain", "auto"], greedy=True)}
+    assert rows[("mt_bench", 1, "auto")].speedup == pytest.approx(1.2)
+    assert rows[("mt_bench", 2, "auto")].speedup == pytest.approx(2.5)
+    assert rows[("mt_bench", 2, "auto")].lossless_mismatches == 1 == rows[("mt_bench", None, "auto")].lossless_mismatches
+    assert rows[("mt_bench", None, "auto")].speedup == pytest.approx(1.85)  # (210/2 + 160/2) / 2 over 50
+    assert (b.OVERALL, 1, "auto") not in rows  # overall has no turns of its own
+    table = summary_table([r for r in rows.values()], ["plain", "auto"], "t", 1)
+    assert [str(c) for c in table.columns[0]._cells] == ["mt_bench", "  turn 1", "  turn 2", "[bold]overall[/bold]"]
+    record = b.trial_record(trials[1], {})
+    assert [t["tokens_per_s"] for t in record["turns"]] == [60.0, 150.0]
+
+
 def test_per_prompt_spread_flags_a_difference_within_noise():
     """Beside the ratio of means: the median per-prompt speedup and a 90% bootstrap interval; a
     method whose interval holds 1.0 is flagged as within noise."""
@@ -272,7 +293,8 @@ def test_bench_cli_small_real_run(tmp_path):
     rows = {(r["group"], r["method"]): r for r in report["summary"]}
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
                                                 "acceptance_rate", "lossless_mismatches", "n_prompts",
-                                                "median_speedup", "speedup_low", "speedup_high", "within_noise"}
+                                                "median_speedup", "speedup_low", "speedup_high", "within_noise",
+                                                "turn"}
     recs = {(r["prompt_id"], r["method"]): r for r in report["records"]}
     pids = {pid for pid, _ in recs}
     differing = sum(recs[(pid, "lookup")]["text"] != recs[(pid, "plain")]["text"] for pid in pids)
