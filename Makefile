@@ -1,4 +1,5 @@
-# `make run`: set up everything and stream one generation. `make test`: set up, then the test suite.
+# `make run`: set up everything, then `specgen demo` (one prompt decoded plainly and with auto,
+# compared). `make test`: set up, then the test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,7 +21,7 @@ models: setup
 	$(BIN)/specgen models pull $(TEST_MODELS)
 
 run: setup
-	$(BIN)/specgen generate -n 96 "Explain in three sentences why the sky is blue."
+	$(BIN)/specgen demo
 
 test: models
 	$(BIN)/python -m pytest -q

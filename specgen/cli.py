@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -13,51 +14,114 @@ from .errors import ConfigError, SpecgenError
 from .methods import METHODS
 from .render import OutputClosed
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Lossless speculative decoding for GGUF models on your own machine.")
-models_app = typer.Typer(no_args_is_help=True, help="List, pull and locate the models in models.txt.")
+def _conventional_help(params) -> None:
+    """Help as Click and Typer apps have long shown it: a flag takes no value, so nothing stands
+    beside it (Typer 0.29 writes `<bool>` there, `--help` included, and `<str>` beside arguments
+    that a metavar already names), and a help text's brackets
+    are text ("[the cores ...]"), not Rich markup to be swallowed. Valued options name what they
+    take with a metavar (N, MODEL, FILE) where they are declared."""
+    from rich.markup import escape
+
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        if isinstance(param, typer.core.TyperArgument) and param.metavar:
+            # Its metavar already says what it is (MODEL, PROMPT): no `<str>` beside it.
+            param.display_type_rich = lambda ctx: None
+        if param.help:
+            param.help = escape(param.help)
+
+
+class _Command(typer.core.TyperCommand):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _conventional_help(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Group(typer.core.TyperGroup):
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def _typer(**kwargs) -> typer.Typer:
+    return typer.Typer(cls=_Group, no_args_is_help=True, **kwargs)
+
+
+app = _typer(add_completion=False, pretty_exceptions_enable=False,
+             help="Lossless speculative decoding for GGUF models on your own machine.")
+models_app = _typer(help="List, pull and locate the models in models.txt.")
 app.add_typer(models_app, name="models")
-draft_app = typer.Typer(no_args_is_help=True, help="Derive cheap draft models from a target.")
+draft_app = _typer(help="Derive cheap draft models from a target.")
 app.add_typer(draft_app, name="draft")
-cache_app = typer.Typer(no_args_is_help=True, help="What specgen keeps between runs besides models.")
+cache_app = _typer(help="What specgen keeps between runs besides models.")
 app.add_typer(cache_app, name="cache")
 
 EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
 
+# Options more than one command takes, defined once so that a flag means the same everywhere
+# (tests/test_cli_options.py checks the commands against each other). None: not given, so the
+# -c file or configs/default.yaml decides (config.merged_settings).
+Target = Annotated[Optional[str], typer.Option("-m", "--target", metavar="MODEL", help="Target model: GGUF path or models.txt name.")]
+Draft = Annotated[Optional[str], typer.Option("-d", "--draft", metavar="MODEL", help="Draft model (path or name), 'self' (derived "
+                                              "from the target: see `specgen draft derive`) or 'none'.")]
+MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", help="Tokens to generate per answer [256].")]
+Temperature = Annotated[Optional[float], typer.Option("-t", "--temperature", metavar="T", help="0 = greedy [0].")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K", help="Sample from the k most likely tokens (0 = off) [0].")]
+TopP = Annotated[Optional[float], typer.Option("--top-p", metavar="P", help="Nucleus sampling mass in (0, 1] [1].")]
+Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling: same seed, same output.")]
+Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the model's chat template "
+                                              "[on when the model has one].")]
+System = Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help="System message (chat templates).")]
+Config = Annotated[Optional[Path], typer.Option("-c", "--config", metavar="FILE", help="YAML presets (see configs/).")]
+Threads = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="CPU threads [the cores other processes "
+                                                "leave free].")]
+Ctx = Annotated[Optional[int], typer.Option("--ctx", metavar="N", help="Context size in tokens [4096].")]
+GpuLayers = Annotated[Optional[int], typer.Option("--gpu-layers", metavar="N", help="Target layers to offload to the GPU [0].")]
+DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", metavar="N", help="Draft layers to offload [0].")]
+Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp RPC servers HOST:PORT,... to offload "
+                                            "--gpu-layers onto (see `specgen rpc-server`).")]
+Corpus = Annotated[Optional[List[Path]], typer.Option("--corpus", metavar="FILE", help="A text file auto also drafts from "
+                                                      "(documents or code being edited); repeat for more.")]
+Store = Annotated[Optional[bool], typer.Option("--store/--no-store", help="Draft from, and add to, the store of "
+                                               "past generations in the specgen cache (generate: on, bench: off).")]
 
-@app.command()
+
+@app.command(cls=_Command)
 def generate(
-    prompt: Optional[str] = typer.Argument(None, help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
-    prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", help="Many prompts: .txt (one per line) or .jsonl."),
-    target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
-    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), 'self' (derived "
-                                        "from the target: see `specgen draft derive`) or 'none'."),
-    method: Optional[str] = typer.Option(None, "--method", help="Decoding method (default: auto). " + "; ".join(
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
+    prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", metavar="FILE", help="Many prompts: .txt (one per line) or .jsonl."),
+    target: Target = None,
+    draft: Draft = None,
+    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). " + "; ".join(
         f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
-    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens to generate [256]."),
-    temperature: Optional[float] = typer.Option(None, "-t", "--temperature", help="0 = greedy [0]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass in (0, 1]."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed: same seed, same output."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the model's chat template "
-                                        "[on when the model has one]."),
-    system: Optional[str] = typer.Option(None, "--system", help="System message (chat templates)."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="YAML presets (see configs/)."),
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    chat: Chat = None,
+    system: System = None,
+    config: Config = None,
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first prompt that fails "
                                    "(default: report it and go on)."),
     json_out: bool = typer.Option(False, "--json", help="JSON Lines on stdout, one record per prompt."),
-    threads: Optional[int] = typer.Option(None, "--threads",
-                                          help="CPU threads [the cores other processes leave free]."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
-    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers to offload to the GPU."),
-    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers", help="Draft layers to offload."),
-    rpc: Optional[str] = typer.Option(None, "--rpc", help="llama.cpp RPC servers HOST:PORT,... to offload "
-                                      "--gpu-layers onto (see `specgen rpc-server`)."),
-    corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
-                                                "(documents or code being edited); repeat for more."),
-    store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
-                                         "past generations in the specgen cache (generate: on, bench: off)."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    draft_gpu_layers: DraftGpuLayers = None,
+    rpc: Rpc = None,
+    corpus: Corpus = None,
+    store: Store = None,
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -67,9 +131,9 @@ def generate(
       echo "Summarize: ..." | specgen generate -n 64 --json
       specgen generate -m target.gguf -d draft.gguf -f prompts.txt
     """
-    from .config import build_config
+    from .config import build_config, read_yaml
     from .prompts import collect_prompts
-    from .render import TextSink, stats_line, write_json_record
+    from .render import TextSink, note, stats_line, write_json_record
     from .session import Interrupted, Runner, load_session
 
     cfg = build_config(config, dict(
@@ -79,6 +143,13 @@ def generate(
         corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)
     runner = Runner(cfg, load_session(cfg))
+    if target is not None and draft is None and cfg.draft is None and cfg.method == "auto" and \
+            (config is None or "draft" not in read_yaml(config)):
+        # A target of one's own, and nothing said about a draft: auto can only draft from text.
+        note("hint: no draft model, so auto drafts only from text (the prompt, earlier outputs). A draft model "
+             "often makes it faster: `-d self` derives one from this target (once, then cached), or `-d "
+             "SMALLER.gguf` names a smaller model of the same family (its vocabulary is checked against the "
+             "target's). `-d none` silences this.")
     sink = TextSink()
     failed = 0
     for item in items:
@@ -108,36 +179,38 @@ def generate(
         raise typer.Exit(EXIT_SOME_FAILED)
 
 
-@app.command()
+@app.command(cls=_Command)
 def bench(
-    target: Optional[str] = typer.Option(None, "-m", "--target", help="Target model: GGUF path or models.txt name."),
-    draft: Optional[str] = typer.Option(None, "-d", "--draft", help="Draft model (path or name), 'self' (derived "
-                                        "from the target: see `specgen draft derive`) or 'none'."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="builtin | humaneval | a Spec-Bench "
+    target: Target = None,
+    draft: Draft = None,
+    suite: Optional[str] = typer.Option(None, "--suite", metavar="NAME|FILE", help="builtin | humaneval | a Spec-Bench "
                                         "question.jsonl path [builtin]."),
-    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated; plain always runs "
+    methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
                                           "[every method that can run with the models given]."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most N prompts in all."),
-    per_group: Optional[int] = typer.Option(None, "--per-group", help="N prompts per group, spread evenly."),
-    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", help="Tokens per answer."),
-    temperature: Optional[float] = typer.Option(None, "-t", "--temperature", help="0 = greedy [0]."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampled runs."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Run the whole schedule R times [1]."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Write machine, models, settings, records "
-                                             "and summary as one JSON object."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a speedup chart (.svg, or .png with matplotlib)."),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="YAML presets (configs/bench-pair-*.yaml)."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Apply the model's chat template."),
-    threads: Optional[int] = typer.Option(None, "--threads",
-                                          help="CPU threads [the cores other processes leave free]."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size in tokens [4096]."),
-    corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="A text file auto also drafts from "
-                                                "(documents or code being edited); repeat for more."),
-    store: Optional[bool] = typer.Option(None, "--store/--no-store", help="Draft from, and add to, the store of "
-                                         "past generations in the specgen cache (generate: on, bench: off)."),
-    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", help="A folder holding llama.cpp's "
+    limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
+    per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N", help="N prompts per group, spread evenly."),
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    chat: Chat = None,
+    system: System = None,
+    config: Config = None,
+    repeats: Optional[int] = typer.Option(None, "--repeats", metavar="R", help="Run the whole schedule R times [1]."),
+    json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Write machine, models, settings, records "
+                                             "and summary as one JSON object to this file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a speedup chart (.svg, or .png with matplotlib)."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    draft_gpu_layers: DraftGpuLayers = None,
+    rpc: Rpc = None,
+    corpus: Corpus = None,
+    store: Store = None,
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
-    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", help="With --llama-cpp: one llama.cpp "
+    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one llama.cpp "
                                                   "configuration per use, e.g. ngram-mod or draft-simple,ngram-map-k "
                                                   "[the n-gram types, and draft-simple with a draft]."),
 ) -> None:
@@ -163,8 +236,9 @@ def bench(
     from .session import Runner, load_session
 
     values = merged_settings(config, dict(
-        target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, seed=seed, chat=chat,
-        threads=threads, ctx=ctx, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats,
+        target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats,
         store=store, corpus=",".join(map(str, corpus)) if corpus else None))
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
@@ -229,11 +303,89 @@ def bench(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-@app.command("rpc-server")
+# The default target is a base model: it continues text rather than answering. So the demo gives it
+# text to continue where drafting has something to find: code whose next lines reuse its names.
+DEMO_PROMPT = '''\
+class Stack:
+    """A last-in, first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        """Add an item to the top of the stack."""
+        self.items.append(item)
+
+    def pop(self):
+        """Remove and return the item at the top of the stack."""
+        return self.items.pop()
+
+    def peek(self):
+'''
+DEMO_TOKENS = 128
+DEMO_WARMUP_TOKENS = 8
+
+
+@app.command(cls=_Command)
+def demo(
+    prompt: Optional[str] = typer.Argument(None, metavar="TEXT", help="Text to continue [a Python class to finish]."),
+    target: Target = None,
+    draft: Draft = None,
+    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", metavar="N",
+                                             help=f"Tokens to generate per answer [{DEMO_TOKENS}]."),
+    threads: Threads = None,
+    config: Config = None,
+) -> None:
+    """Decode one prompt plainly, then with auto: both speeds, the speedup, and whether the texts match.
+
+    Greedy, so auto must write exactly what plain decoding writes. The continuation streams to
+    stdout (drafted tokens dimmed on a terminal); the comparison goes to stderr.
+
+    \b
+    Examples:
+      specgen demo
+      specgen demo -m my-model.gguf -d self "Once upon a time"
+    """
+    from .config import build_config
+    from .prompts import Prompt
+    from .render import TextSink, note
+    from .session import Runner, load_session
+
+    cfg = build_config(config, dict(target=target, draft=draft, max_tokens=max_tokens or DEMO_TOKENS,
+                                    temperature=0.0, threads=threads, chat=False, store=False))
+    session = load_session(cfg, ["plain", "auto"], store_default=False)
+    plain, auto = (Runner(dataclasses.replace(cfg, method=m), session) for m in ("plain", "auto"))
+    item = Prompt(0, DEMO_PROMPT if prompt is None else prompt)
+    for runner in (plain, auto):  # first decodes run cold: time neither of them
+        runner.run(item, DEMO_WARMUP_TOKENS)
+    session.forget_texts()  # auto may not draft from its own warm-up
+    pair = f"{cfg.target}" + (f" <- {session.draft_label}" if session.draft_label else " (no draft model)")
+    note(f"demo: {pair} · greedy · {cfg.max_tokens} tokens: plain decoding first, then auto")
+    reference = plain.run(item)
+    sink = TextSink()
+    sink.write(item.text)
+    result = auto.run(item, on_text=sink.write)
+    sink.end()
+    print(demo_summary(reference.stats.tokens_per_s, result.stats.tokens_per_s, reference.text == result.text),
+          file=sys.stderr)
+    if reference.text != result.text:
+        at = next((i for i, (x, y) in enumerate(zip(reference.text, result.text)) if x != y),
+                  min(len(reference.text), len(result.text)))
+        note(f"the texts part after {at} characters: on a quantized target, llama.cpp's batch-size-dependent "
+             "rounding can flip a near-tie between two tokens (F32 targets match exactly)")
+
+
+def demo_summary(plain_tps: float, auto_tps: float, identical: bool) -> str:
+    """The demo's last line, e.g. `plain 45.2 tok/s · auto 98.4 tok/s · 2.18x · identical to plain: yes`."""
+    return (f"plain {plain_tps:.1f} tok/s · auto {auto_tps:.1f} tok/s · {auto_tps / plain_tps:.2f}x"
+            f" · identical to plain: {'yes' if identical else 'no'}")
+
+
+@app.command("rpc-server", cls=_Command)
 def rpc_server(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(50052, "--port", help="TCP port."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads [all cores]."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(50052, "--port", metavar="N", help="TCP port."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads [all cores]."),
 ) -> None:
     """Serve this machine's CPU to other specgen/llama.cpp runs over llama.cpp's RPC protocol.
 
@@ -286,13 +438,12 @@ def calibration_summary(curve, threads: int) -> tuple[str, str | None]:
 NOISY_SPREAD = 0.10
 
 
-@app.command()
+@app.command(cls=_Command)
 def calibrate(
-    model: str = typer.Argument(..., help="GGUF path or models.txt name."),
-    threads: Optional[int] = typer.Option(None, "--threads",
-                                          help="CPU threads [the cores other processes leave free]."),
-    ctx: int = typer.Option(4096, "--ctx", help="Context size the curve is for."),
-    gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to the GPU."),
+    model: str = typer.Argument(..., metavar="MODEL", help="GGUF path or models.txt name."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
     refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of using the cache."),
 ) -> None:
     """Measure (or show the cached) cost of one decode of B tokens, the curve `auto` plans with.
@@ -306,10 +457,15 @@ def calibrate(
 
     from . import backend, models
     from .auto import LONG_PROMPT
-    from .config import check_threads
+    from .config import RunConfig, check_threads
     from .session import TARGET_SEQS, cost_curve
 
     check_threads(threads)
+    defaults = RunConfig()
+    ctx = defaults.ctx if ctx is None else ctx
+    gpu_layers = defaults.gpu_layers if gpu_layers is None else gpu_layers
+    if ctx < 16:
+        raise ConfigError(f"--ctx must be at least 16 tokens, found {ctx}")
     llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
     context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads)
     curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)
@@ -340,13 +496,12 @@ def calibrate(
         print(f"context: not measured yet (auto measures it after its first prompt over {LONG_PROMPT} tokens)")
 
 
-@app.command()
+@app.command(cls=_Command)
 def doctor(
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for the speed check "
+    model: Optional[str] = typer.Option(None, "-m", "--model", metavar="MODEL", help="Model for the speed check "
                                         "[the default target if present, else the smallest model present]."),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the speed check (a few seconds)."),
-    threads: Optional[int] = typer.Option(None, "--threads",
-                                          help="CPU threads [the cores other processes leave free]."),
+    threads: Threads = None,
 ) -> None:
     """Check the installation: llama.cpp build and flags, CPU, cache, models, and a short speed check.
 
@@ -396,7 +551,7 @@ def doctor(
     print("ok: no problems found")
 
 
-@cache_app.command("clear")
+@cache_app.command("clear", cls=_Command)
 def cache_clear(
     calibration: bool = typer.Option(False, "--calibration", help="Also the measured decode costs (measured "
                                      "again on next use)."),
@@ -420,15 +575,15 @@ def cache_clear(
         print(f"{name}: removed {len(files)} files ({size / 1e6:.1f} MB) from {folder}")
 
 
-@draft_app.command("derive")
+@draft_app.command("derive", cls=_Command)
 def draft_derive(
-    target: str = typer.Argument(..., help="Target model: GGUF path or models.txt name."),
-    qtype: str = typer.Option("Q2_K", "--type", help="Quantization type of the draft."),
-    vocab: Optional[int] = typer.Option(None, "--vocab", help="Normal tokens kept, the ones the model uses most "
+    target: str = typer.Argument(..., metavar="TARGET", help="Target model: GGUF path or models.txt name."),
+    qtype: str = typer.Option("Q2_K", "--type", metavar="TYPE", help="Quantization type of the draft."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", metavar="K", help="Normal tokens kept, the ones the model uses most "
                                         "(default: chosen by measurement)."),
-    head: Optional[str] = typer.Option(None, "--head", help="Type of the embedding/output matrix: Q4_0, Q5_0, "
+    head: Optional[str] = typer.Option(None, "--head", metavar="TYPE", help="Type of the embedding/output matrix: Q4_0, Q5_0, "
                                        "Q8_0 or F16 (default: chosen by measurement)."),
-    corpus: List[Path] = typer.Option([], "--corpus", help="Text files whose tokens count too (repeatable)."),
+    corpus: List[Path] = typer.Option([], "--corpus", metavar="FILE", help="Text files whose tokens count too (repeatable)."),
 ) -> None:
     """Derive a draft of TARGET with a frequency-ranked vocabulary (FR-Spec) and print its path.
 
@@ -454,7 +609,7 @@ def draft_derive(
     print(self_draft(target, qtype, vocab, head.upper() if head else None, corpus))
 
 
-@models_app.command("list")
+@models_app.command("list", cls=_Command)
 def models_list() -> None:
     """Models in models.txt (name, source, size, whether the file is present), then the drafts
     `specgen draft derive` made (use them by path, or with -d self)."""
@@ -484,8 +639,8 @@ def models_list() -> None:
             console.print(f"  {path.name}  {models.human_size(path.stat().st_size)}", highlight=False)
 
 
-@models_app.command("pull")
-def models_pull(names: List[str] = typer.Argument(..., help="Names from models.txt.")) -> None:
+@models_app.command("pull", cls=_Command)
+def models_pull(names: List[str] = typer.Argument(..., metavar="NAME...", help="Names from models.txt.")) -> None:
     """Download (or derive) models into the cache, checking their sha256."""
     from . import models
 
@@ -503,8 +658,8 @@ def models_pull(names: List[str] = typer.Argument(..., help="Names from models.t
         print(f"{name}: pulled to {path}", file=sys.stderr)
 
 
-@models_app.command("path")
-def models_path(name: str = typer.Argument(..., help="A name from models.txt.")) -> None:
+@models_app.command("path", cls=_Command)
+def models_path(name: str = typer.Argument(..., metavar="NAME", help="A name from models.txt.")) -> None:
     """Print the local path of a model, pulling it first if it is missing."""
     from . import models
 

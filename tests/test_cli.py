@@ -2,6 +2,7 @@
 separation, --json fields, and one-line errors with a non-zero exit."""
 
 import json
+import re
 
 import pytest
 
@@ -176,3 +177,34 @@ def test_bad_options_are_usage_errors(args, message):
     proc = specgen(*args)
     assert_one_line_error(proc, message)
     assert proc.returncode == 2
+
+
+SUMMARY = re.compile(r"^plain [\d.]+ tok/s · auto [\d.]+ tok/s · [\d.]+x · identical to plain: (yes|no)$")
+
+
+def test_demo_compares_auto_with_plain_on_the_same_prompt(isolated_home):
+    # An F32 target is lossless to the token: auto's text must be plain's, and the demo must say so.
+    text = "one two three four five six one two three four five six one two three"
+    proc = specgen("demo", "-m", "smollm2-135m-instruct-f32", "-d", "none", "-n", "24", "--threads", "1", text,
+                   env={"SPECGEN_HOME": str(isolated_home)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(text) and len(proc.stdout) > len(text) + 10  # the prompt, then its continuation
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert SUMMARY.match(summary) and summary.endswith("identical to plain: yes"), proc.stderr
+
+
+def test_demo_summary_line():
+    from specgen.cli import demo_summary
+
+    assert demo_summary(40.0, 90.0, True) == "plain 40.0 tok/s · auto 90.0 tok/s · 2.25x · identical to plain: yes"
+    assert SUMMARY.match(demo_summary(50.0, 45.0, False)).group(1) == "no"
+
+
+def test_a_target_of_ones_own_without_a_draft_gets_one_hint():
+    hint = "hint: no draft model"
+    proc = specgen("generate", "-m", SMOLLM2, "-n", "4", "Name a colour.")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(hint) == 1 and "-d self" in proc.stderr
+    for quiet in (["-d", "none"], ["--method", "plain"]):
+        proc = specgen("generate", "-m", SMOLLM2, "-n", "4", *quiet, "Name a colour.")
+        assert proc.returncode == 0 and hint not in proc.stderr, proc.stderr

@@ -1,0 +1,48 @@
+"""Flags mean the same in every command, and help reads as Typer/Rich help does (no stray markers)."""
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specgen.cli import app
+
+COMMANDS = typer.main.get_command(app).commands
+# generate's options that make sense for one prompt only, or are spelt differently on purpose
+# (bench --json names a file for its one report; generate --json writes records to stdout).
+GENERATE_ONLY = {"prompts", "method", "fail_fast", "json_out"}
+
+
+def options(command: str) -> dict[str, tuple[tuple[str, ...], str]]:
+    """name -> (flags, help without its trailing [default]) of a command's options: a default may
+    differ between commands (demo writes 128 tokens, generate 256), the meaning may not."""
+    return {p.name: (tuple(p.opts + p.secondary_opts), re.sub(r"\s*\\?\[[^\]]*\]\.?$", "", p.help or ""))
+            for p in COMMANDS[command].params if p.param_type_name == "option"}
+
+
+def test_bench_takes_every_sampling_and_model_option_generate_takes_with_the_same_meaning():
+    generate, bench = options("generate"), options("bench")
+    for name in ("top_k", "top_p", "temperature", "seed", "max_tokens", "target", "draft", "system"):
+        assert name in bench, name
+    for name in set(generate) - GENERATE_ONLY:
+        assert bench.get(name) == generate[name], name
+
+
+@pytest.mark.parametrize("command", ["calibrate", "doctor", "demo"])
+def test_shared_options_are_the_same_in_other_commands(command):
+    generate = options("generate")
+    for name, spec in options(command).items():
+        if name in generate:
+            assert spec == generate[name], (command, name)
+
+
+@pytest.mark.parametrize("args", [[], *([name] for name in COMMANDS)])
+def test_help_has_no_stray_type_markers_or_spaces(args):
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"<(bool|int|float|str|text|path|list)[^>]*>", result.output, re.I), result.output
+    # A sentence's end after a space: what is left where Rich took "[the cores ...]" for markup.
+    assert not re.search(r"\w [.,](\s|$)", result.output, re.M), result.output
+    assert "the cores other processes leave free" in result.output or not args or args[0] not in (
+        "generate", "bench", "calibrate", "doctor", "demo")
