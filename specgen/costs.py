@@ -35,6 +35,9 @@ BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 EMA = 0.1  # weight of one live measurement in the running estimate
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime
+# Re-timing suspect sizes may take at most this share of the time live decodes took (after the
+# first recheck): in a short run, measuring must not cost more than a wrong size would.
+RECHECK_SHARE = 0.1
 Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 
@@ -127,9 +130,10 @@ class CostCurve:
         """Sizes whose live decodes keep disagreeing with the curve's shape (not its level): at
         least SHAPE_MIN_DECODES of them, off by more than SHAPE_TOLERANCE, rechecked at most
         MAX_RECHECKS times each (a cost the curve cannot model, e.g. attention at a long context,
-        must not keep the machine re-measuring)."""
+        must not keep the machine re-measuring). Never B = 1: it is the level other sizes are
+        timed against, so re-timing it cannot settle its drift (it was re-timed at every decode)."""
         return sorted(b for b, (log_ratio, n) in self._drift.items()
-                      if n >= SHAPE_MIN_DECODES and abs(log_ratio) > math.log(SHAPE_TOLERANCE)
+                      if b > 1 and n >= SHAPE_MIN_DECODES and abs(log_ratio) > math.log(SHAPE_TOLERANCE)
                       and self.rechecked.get(b, 0) < MAX_RECHECKS)
 
     def for_threads(self, threads: int) -> None:
@@ -387,6 +391,7 @@ class TimedContext:
         self.live, self.on_reshape = live, on_reshape
         self.curve.threads = ctx.n_threads  # what it was measured (and cached) with
         self._token = 0
+        self.decode_s = self.measure_s = 0.0  # live decodes; rechecks and retimes
 
     def decode(self, batch: Batch) -> np.ndarray:
         self.curve.for_threads(self.inner.n_threads)
@@ -397,8 +402,10 @@ class TimedContext:
             self.recheck()
         t0 = time.perf_counter()
         out = self.inner.decode(batch)
+        seconds = time.perf_counter() - t0
+        self.decode_s += seconds
         if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
-            self.curve.observe(len(batch), time.perf_counter() - t0, batch.positions[0], batch.n_outputs)
+            self.curve.observe(len(batch), seconds, batch.positions[0], batch.n_outputs)
         return out
 
     def clear(self) -> None:
@@ -423,17 +430,20 @@ class TimedContext:
         self.inner.seq_rm(spare, -1, -1)
         samples: dict[int, list[float]] = {b: [] for b in [1, *sizes]}
         order, rng = list(samples), random.Random(len(self.curve.rechecked))
+        t0 = time.perf_counter()
         for _ in range(passes):
             rng.shuffle(order)
             for b in order:
                 samples[b].append(_timed_decode(self.inner, spare, 0, self._token, b, copy=False))
+        self.measure_s += time.perf_counter() - t0
         return samples
 
     def recheck(self) -> list[int]:
         """Time the suspect sizes and B = 1, interleaved, in the (free) spare sequence at position
-        0 (as calibrated), and reshape the curve with them; returns the sizes re-measured."""
+        0 (as calibrated), and reshape the curve with them; returns the sizes re-measured. Not
+        while earlier measuring took more than RECHECK_SHARE of the decoding time."""
         suspects = [b for b in self.curve.suspects() if b <= self.inner.n_batch]
-        if not suspects or self.inner.n_seq_max < 2:
+        if not suspects or self.inner.n_seq_max < 2 or self.measure_s > RECHECK_SHARE * self.decode_s:
             return []
         from .host import cpu_sample, others_cores
 

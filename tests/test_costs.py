@@ -266,3 +266,35 @@ def test_a_thread_count_never_timed_gets_a_coarse_shape_at_once(monkeypatch):
     ctx.n_threads = 2  # the core is back: the two-thread shape, as it was
     step(timed, 0, 1)
     assert curve.base(8) == pytest.approx(linear(8))
+
+
+def test_rechecks_take_a_bounded_share_of_the_decoding_time(monkeypatch):
+    """Many sizes keep disagreeing with the curve live (a cost it cannot model): re-timing them
+    all, again and again, would cost a short run more than a wrong size does. After the first
+    recheck, each one waits until measuring so far is at most RECHECK_SHARE of the decode time."""
+    clock = Clock()
+    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    monkeypatch.setattr(costs, "RECHECK_SHARE", 0.1)
+    ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and 5 <= b <= 12 else 1.0), n_ctx=512,
+                    n_seq_max=4)
+    curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+    timed = TimedContext(ctx, curve, live=True)
+    started = []  # (measuring so far, decoding so far) as each recheck began
+    timed_passes = timed._timed_passes
+    monkeypatch.setattr(timed, "_timed_passes", lambda *a: (started.append((timed.measure_s, timed.decode_s)),
+                                                            timed_passes(*a))[1])
+    for _ in range(40):
+        for b in range(1, 13):
+            step(timed, 0, b)
+    assert len(started) > 1 and started[0][0] == 0.0
+    assert all(measured <= 0.1 * decoded for measured, decoded in started[1:])
+
+
+def test_one_token_is_never_a_suspect():
+    """B = 1 is the level the other sizes are timed against: re-timing it cannot settle its drift,
+    so a suspect B = 1 was re-timed before every decode."""
+    curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+    for _ in range(50):
+        curve.observe(1, 3 * linear(1))
+        curve.observe(8, linear(8))
+    assert 1 not in curve.suspects()
