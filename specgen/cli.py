@@ -304,23 +304,23 @@ def bench(
 
 
 # The default target is a base model: it continues text rather than answering. So the demo gives it
-# text to continue where drafting has something to find: code whose next lines reuse its names.
+# text to continue where drafting has something to find: a class whose next methods reuse the
+# names and shapes of the ones before (a 270M base model keeps code sensible longer than prose).
 DEMO_PROMPT = '''\
-class Stack:
-    """A last-in, first-out stack."""
+class Vector:
+    """A vector in the plane."""
 
-    def __init__(self):
-        self.items = []
+    def __init__(self, x, y):
+        self.x = x
+        self.y = y
 
-    def push(self, item):
-        """Add an item to the top of the stack."""
-        self.items.append(item)
+    def __repr__(self):
+        return f"Vector({self.x}, {self.y})"
 
-    def pop(self):
-        """Remove and return the item at the top of the stack."""
-        return self.items.pop()
+    def __add__(self, other):
+        return Vector(self.x + other.x, self.y + other.y)
 
-    def peek(self):
+    def __sub__(self, other):
 '''
 DEMO_TOKENS = 128
 DEMO_WARMUP_TOKENS = 8
