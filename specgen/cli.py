@@ -16,40 +16,38 @@ from .render import OutputClosed
 
 def _conventional_help(params) -> None:
     """Help as Click and Typer apps have long shown it: a flag takes no value, so nothing stands
-    beside it (Typer 0.29 writes `<bool>` there, `--help` included, and `<str>` beside arguments
-    that a metavar already names), and a help text's brackets
-    are text ("[the cores ...]"), not Rich markup to be swallowed. Valued options name what they
-    take with a metavar (N, MODEL, FILE) where they are declared."""
+    beside it (Typer 0.29 writes `<bool>` there, and `<str>` beside arguments a metavar already
+    names), and a help text's brackets are text ("[the cores ...]"), not Rich markup to swallow.
+    Valued options name what they take with a metavar (N, MODEL, FILE) where they are declared."""
     from rich.markup import escape
 
     for param in params:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
         if isinstance(param, typer.core.TyperArgument) and param.metavar:
-            # Its metavar already says what it is (MODEL, PROMPT): no `<str>` beside it.
             param.display_type_rich = lambda ctx: None
         if param.help:
             param.help = escape(param.help)
 
 
-class _Command(typer.core.TyperCommand):
+class _HelpFlag:
+    """`--help` is a flag like any other: no `<bool>` beside it."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpFlag, typer.core.TyperCommand):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         _conventional_help(self.params)
 
-    def get_help_option(self, ctx):
-        option = super().get_help_option(ctx)
-        if option is not None:
-            option.metavar = ""
-        return option
 
-
-class _Group(typer.core.TyperGroup):
-    def get_help_option(self, ctx):
-        option = super().get_help_option(ctx)
-        if option is not None:
-            option.metavar = ""
-        return option
+class _Group(_HelpFlag, typer.core.TyperGroup):
+    pass
 
 
 def _typer(**kwargs) -> typer.Typer:
@@ -71,39 +69,47 @@ EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
 # Options more than one command takes, defined once so that a flag means the same everywhere
 # (tests/test_cli_options.py checks the commands against each other). None: not given, so the
 # -c file or configs/default.yaml decides (config.merged_settings).
-Target = Annotated[Optional[str], typer.Option("-m", "--target", metavar="MODEL", help="Target model: GGUF path or models.txt name.")]
-Draft = Annotated[Optional[str], typer.Option("-d", "--draft", metavar="MODEL", help="Draft model (path or name), 'self' (derived "
-                                              "from the target: see `specgen draft derive`) or 'none'.")]
-MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", help="Tokens to generate per answer [256].")]
+Target = Annotated[Optional[str], typer.Option("-m", "--target", metavar="MODEL",
+                                               help="Target model: GGUF path or models.txt name.")]
+Draft = Annotated[Optional[str], typer.Option("-d", "--draft", metavar="MODEL", help="Draft model (path or "
+                                              "name), 'self' (derived from the target: see `specgen draft derive`) "
+                                              "or 'none'.")]
+MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N",
+                                                  help="Tokens to generate per answer [256].")]
 Temperature = Annotated[Optional[float], typer.Option("-t", "--temperature", metavar="T", help="0 = greedy [0].")]
-TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K", help="Sample from the k most likely tokens (0 = off) [0].")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K",
+                                             help="Sample from the k most likely tokens (0 = off) [0].")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", metavar="P", help="Nucleus sampling mass in (0, 1] [1].")]
 Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling: same seed, same output.")]
 Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the model's chat template "
                                               "[on when the model has one].")]
 System = Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help="System message (chat templates).")]
 Config = Annotated[Optional[Path], typer.Option("-c", "--config", metavar="FILE", help="YAML presets (see configs/).")]
-Threads = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="CPU threads [the cores other processes "
-                                                "leave free].")]
+Threads = Annotated[Optional[int], typer.Option("--threads", metavar="N",
+                                                help="CPU threads [the cores other processes leave free].")]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", metavar="N", help="Context size in tokens [4096].")]
-GpuLayers = Annotated[Optional[int], typer.Option("--gpu-layers", metavar="N", help="Target layers to offload to the GPU [0].")]
-DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", metavar="N", help="Draft layers to offload [0].")]
-Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp RPC servers HOST:PORT,... to offload "
-                                            "--gpu-layers onto (see `specgen rpc-server`).")]
-Corpus = Annotated[Optional[List[Path]], typer.Option("--corpus", metavar="FILE", help="A text file auto also drafts from "
-                                                      "(documents or code being edited); repeat for more.")]
-Store = Annotated[Optional[bool], typer.Option("--store/--no-store", help="Draft from, and add to, the store of "
-                                               "past generations in the specgen cache (generate: on, bench: off).")]
+GpuLayers = Annotated[Optional[int], typer.Option("--gpu-layers", metavar="N",
+                                                  help="Target layers to offload to the GPU [0].")]
+DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", metavar="N",
+                                                       help="Draft layers to offload [0].")]
+Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp RPC servers "
+                                            "HOST:PORT,... to offload --gpu-layers onto (see `specgen rpc-server`).")]
+Corpus = Annotated[Optional[List[Path]], typer.Option("--corpus", metavar="FILE", help="A text file auto also drafts "
+                                                      "from (documents or code being edited); repeat for more.")]
+Store = Annotated[Optional[bool], typer.Option("--store/--no-store", help="Draft from, and add to, the store of past "
+                                               "generations in the specgen cache (generate: on, bench: off).")]
 
 
 @app.command(cls=_Command)
 def generate(
-    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
-    prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", metavar="FILE", help="Many prompts: .txt (one per line) or .jsonl."),
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT",
+                                           help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
+    prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", metavar="FILE",
+                                           help="Many prompts: .txt (one per line) or .jsonl."),
     target: Target = None,
     draft: Draft = None,
-    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). " + "; ".join(
-        f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
+    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). "
+                                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
     max_tokens: MaxTokens = None,
     temperature: Temperature = None,
     top_k: TopK = None,
@@ -188,7 +194,8 @@ def bench(
     methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
                                           "[every method that can run with the models given]."),
     limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
-    per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N", help="N prompts per group, spread evenly."),
+    per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
+                                            help="N prompts per group, spread evenly."),
     max_tokens: MaxTokens = None,
     temperature: Temperature = None,
     top_k: TopK = None,
@@ -198,9 +205,10 @@ def bench(
     system: System = None,
     config: Config = None,
     repeats: Optional[int] = typer.Option(None, "--repeats", metavar="R", help="Run the whole schedule R times [1]."),
-    json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Write machine, models, settings, records "
-                                             "and summary as one JSON object to this file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a speedup chart (.svg, or .png with matplotlib)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Write machine, models, settings, "
+                                             "records and summary as one JSON object to this file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
+                                        help="Write a speedup chart (.svg, or .png with matplotlib)."),
     threads: Threads = None,
     ctx: Ctx = None,
     gpu_layers: GpuLayers = None,
@@ -210,9 +218,10 @@ def bench(
     store: Store = None,
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
-    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one llama.cpp "
-                                                  "configuration per use, e.g. ngram-mod or draft-simple,ngram-map-k "
-                                                  "[the n-gram types, and draft-simple with a draft]."),
+    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one "
+                                                  "llama.cpp configuration per use, e.g. ngram-mod or "
+                                                  "draft-simple,ngram-map-k [the n-gram types, and draft-simple with a "
+                                                  "draft]."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
 
@@ -238,7 +247,8 @@ def bench(
     values = merged_settings(config, dict(
         target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group, repeats=repeats,
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
+        repeats=repeats,
         store=store, corpus=",".join(map(str, corpus)) if corpus else None))
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
@@ -383,7 +393,8 @@ def demo_summary(plain_tps: float, auto_tps: float, identical: bool) -> str:
 
 @app.command("rpc-server", cls=_Command)
 def rpc_server(
-    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to listen on (0.0.0.0: every interface)."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(50052, "--port", metavar="N", help="TCP port."),
     threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads [all cores]."),
 ) -> None:
@@ -579,11 +590,12 @@ def cache_clear(
 def draft_derive(
     target: str = typer.Argument(..., metavar="TARGET", help="Target model: GGUF path or models.txt name."),
     qtype: str = typer.Option("Q2_K", "--type", metavar="TYPE", help="Quantization type of the draft."),
-    vocab: Optional[int] = typer.Option(None, "--vocab", metavar="K", help="Normal tokens kept, the ones the model uses most "
-                                        "(default: chosen by measurement)."),
-    head: Optional[str] = typer.Option(None, "--head", metavar="TYPE", help="Type of the embedding/output matrix: Q4_0, Q5_0, "
-                                       "Q8_0 or F16 (default: chosen by measurement)."),
-    corpus: List[Path] = typer.Option([], "--corpus", metavar="FILE", help="Text files whose tokens count too (repeatable)."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", metavar="K", help="Normal tokens kept, the ones the model "
+                                        "uses most (default: chosen by measurement)."),
+    head: Optional[str] = typer.Option(None, "--head", metavar="TYPE", help="Type of the embedding/output matrix: "
+                                       "Q4_0, Q5_0, Q8_0 or F16 (default: chosen by measurement)."),
+    corpus: List[Path] = typer.Option([], "--corpus", metavar="FILE",
+                                      help="Text files whose tokens count too (repeatable)."),
 ) -> None:
     """Derive a draft of TARGET with a frequency-ranked vocabulary (FR-Spec) and print its path.
 
