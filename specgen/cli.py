@@ -137,7 +137,7 @@ def generate(
       echo "Summarize: ..." | specgen generate -n 64 --json
       specgen generate -m target.gguf -d draft.gguf -f prompts.txt
     """
-    from .config import build_config, read_yaml
+    from .config import build_config, own_target_without_draft, read_yaml
     from .prompts import collect_prompts
     from .render import TextSink, note, stats_line, write_json_record
     from .session import Interrupted, Runner, load_session
@@ -149,8 +149,8 @@ def generate(
         corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)
     runner = Runner(cfg, load_session(cfg))
-    if target is not None and draft is None and cfg.draft is None and cfg.method == "auto" and \
-            (config is None or "draft" not in read_yaml(config)):
+    given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
+    if cfg.method == "auto" and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
         note("hint: no draft model, so auto drafts only from text (the prompt, earlier outputs). A draft model "
              "often makes it faster: `-d self` derives one from this target (once, then cached), or `-d "

@@ -148,12 +148,17 @@ def merged_settings(config_file: Path | None, overrides: Mapping[str, Any]) -> d
     from_file = read_yaml(config_file) if config_file is not None else {}
     values.update(from_file)
     given = validate({k: v for k, v in overrides.items() if v is not None}, "command line")
-    if "target" in given and "draft" not in given and "draft" not in from_file:
+    if own_target_without_draft(given, from_file):
         # The default draft belongs to the default target: a target of your own drafts with
         # nothing unless -d (or a -c file) names a draft for it.
         values["draft"] = None
     values.update(given)
     return values
+
+
+def own_target_without_draft(given: Mapping[str, Any], from_file: Mapping[str, Any]) -> bool:
+    """The command line names a target, and neither it nor the -c file names a draft."""
+    return "target" in given and "draft" not in given and "draft" not in from_file
 
 
 def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:

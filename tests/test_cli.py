@@ -208,3 +208,11 @@ def test_a_target_of_ones_own_without_a_draft_gets_one_hint():
     for quiet in (["-d", "none"], ["--method", "plain"]):
         proc = specgen("generate", "-m", SMOLLM2, "-n", "4", *quiet, "Name a colour.")
         assert proc.returncode == 0 and hint not in proc.stderr, proc.stderr
+
+
+def test_no_hint_when_a_draft_is_named_on_the_command_line_or_in_a_config_file(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("draft: none\n")
+    for args in (["-d", SMOLLM2], ["-c", str(config)]):
+        proc = specgen("generate", "-m", SMOLLM2, "-n", "4", *args, "Name a colour.")
+        assert proc.returncode == 0 and "hint: no draft model" not in proc.stderr, proc.stderr
