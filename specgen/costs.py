@@ -66,6 +66,7 @@ class CostCurve:
     # cost, since an unmeasured size may sit past a tile edge; never cheaper than it looks)
     between: str = "linear"
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
+    _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
     # Per size, live decodes' log(seconds / curve) relative to the scale (an EMA) and how many
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
@@ -81,6 +82,15 @@ class CostCurve:
 
     def _rebuild(self) -> None:
         self._table = [0.0] + [self._interpolate(b) for b in range(1, self.TABLE)]
+        # The cheapest size at or above each b (the smallest of equals): past a tile edge a batch
+        # padded to the next edge costs less than the batch itself (gemma Q4_K_M on AVX-512: 8 rows
+        # with logits take 38 ms, 7 take 56).
+        self._padded = [0] * self.TABLE
+        best = self.TABLE - 1
+        for b in range(self.TABLE - 1, 0, -1):
+            if self._table[b] <= self._table[best]:
+                best = b
+            self._padded[b] = best
 
     def base(self, b: int) -> float:
         return self._table[b] if b < self.TABLE else self._interpolate(b)
@@ -94,10 +104,16 @@ class CostCurve:
             return ys[bisect.bisect_left(xs, b)]
         return float(np.interp(b, xs, ys))
 
+    def padded(self, b: int) -> int:
+        """The size a decode of b tokens, all with logits, is cheapest at: b, or a bigger batch
+        whose extra rows are padding (CostAwareContext adds them)."""
+        return self._padded[b] if 0 < b < self.TABLE else b
+
     def at(self, b: int, context: int, outputs: int | None = None) -> float:
         """Unscaled seconds for B tokens after `context` tokens, `outputs` of them with logits
-        (default: all, as the curve was timed; in between, linear from one output to all)."""
-        seconds = self.base(b)
+        (default: all, as the curve was timed, at the padded size; in between, linear from one
+        output to all). Padding rows sit in a sequence of their own: they add no context term."""
+        seconds = self.base(self.padded(b))
         if outputs is not None and outputs < b > 1 and self.per_token_one_output > 0:
             one = min(seconds, self.base(1) + (b - 1) * self.per_token_one_output)
             seconds = one + (seconds - one) * (max(1, outputs) - 1) / (b - 1)
@@ -379,15 +395,52 @@ def save_cached(path: Path, curve: CostCurve) -> None:
     os.replace(tmp, path)
 
 
-class TimedContext:
-    """A Context that feeds the duration of every decode into a cost curve (delegates the rest),
-    and re-measures sizes whose live decodes disagree with the curve's shape (CostCurve.suspects)
+class CostAwareContext:
+    """A Context that decodes every batch at its cheapest size (CostCurve.padded): a batch just
+    past a tile edge gets padding rows up to the next one, in the spare sequence (never a branch's
+    while free), which is emptied again after. Their logits are dropped. Delegates the rest."""
+
+    def __init__(self, ctx: Context, curve: CostCurve):
+        self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
+
+    def _spare_free(self, batch: Batch) -> bool:
+        spare = self.inner.n_seq_max - 1
+        return spare > 0 and all(spare not in ids for ids in batch.seq_ids)
+
+    def _padded(self, batch: Batch) -> Batch:
+        n = len(batch)
+        size = self.curve.padded(n) if batch.n_outputs == n else n
+        if size == n or size > self.inner.n_batch or not self._spare_free(batch):
+            return batch
+        spare = self.inner.n_seq_max - 1
+        padded = Batch(list(batch.tokens), list(batch.positions), list(batch.seq_ids), list(batch.logits))
+        for j in range(size - n):
+            padded.add(batch.tokens[-1], j, (spare,), True)
+        return padded
+
+    def _decode(self, batch: Batch, padded: Batch) -> np.ndarray:
+        out = self.inner.decode(padded)
+        if padded is not batch:
+            self.inner.seq_rm(self.inner.n_seq_max - 1, -1, -1)
+            out = out[:batch.n_outputs]
+        return out
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        return self._decode(batch, self._padded(batch))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class TimedContext(CostAwareContext):
+    """A CostAwareContext that feeds the duration of every decode into its cost curve, and
+    re-measures sizes whose live decodes disagree with the curve's shape (CostCurve.suspects)
     when its spare sequence is free: after clear(), and (`live`: sequence 0 alone holds text
     between steps, as for the target) before any decode that does not use it."""
 
     def __init__(self, ctx: Context, curve: CostCurve, live: bool = False,
                  on_reshape: Callable[[CostCurve], None] | None = None):
-        self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
+        super().__init__(ctx, curve)
         self.live, self.on_reshape = live, on_reshape
         self.curve.threads = ctx.n_threads  # what it was measured (and cached) with
         self._token = 0
@@ -395,17 +448,19 @@ class TimedContext:
 
     def decode(self, batch: Batch) -> np.ndarray:
         self.curve.for_threads(self.inner.n_threads)
-        spare = self.inner.n_seq_max - 1
-        if self.live and len(batch) and all(spare not in ids for ids in batch.seq_ids):
+        if self.live and len(batch) and self._spare_free(batch):
             self._token = batch.tokens[0]
             self.retime()
             self.recheck()
+        padded = self._padded(batch)  # after a recheck: it may have moved a tile edge
         t0 = time.perf_counter()
-        out = self.inner.decode(batch)
+        out = self._decode(batch, padded)
         seconds = time.perf_counter() - t0
         self.decode_s += seconds
-        if 0 < len(batch) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
-            self.curve.observe(len(batch), seconds, batch.positions[0], batch.n_outputs)
+        if 0 < len(padded) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
+            # The padding rows attend to nothing: the context term is the batch's own rows'.
+            context = batch.positions[0] * len(batch) // len(padded)
+            self.curve.observe(len(padded), seconds, context, padded.n_outputs)
         return out
 
     def clear(self) -> None:
@@ -453,6 +508,3 @@ class TimedContext:
         if self.on_reshape is not None and calibrated and not is_busy(others_cores(before, cpu_sample())):
             self.on_reshape(self.curve)  # kept only when timed quiet, with the threads it is cached for
         return suspects
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)

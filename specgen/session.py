@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import methods as M
 from .config import RunConfig
-from .costs import (MEASURE_BUDGET_S, CostCurve, TimedContext, cache_key, load_cached, measure, measure_context,
-                    save_cached)
+from .costs import (MEASURE_BUDGET_S, CostAwareContext, CostCurve, TimedContext, cache_key, load_cached, measure,
+                    measure_context, save_cached)
 from .engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from .history import History
 from .kv import prefill
@@ -38,10 +38,13 @@ class Session:
     draft_label: str | None = None
     costs: CostCurve | None = None  # c_target(B), measured for `auto`
     draft_costs: CostCurve | None = None
-    # auto's view of the contexts: every decode timed into the curves (None: seeded runs plan
-    # from the cached curves alone, never from clocks, so their trees repeat exactly)
+    # auto's view of the contexts: every decode at its cheapest size (CostAwareContext), and
+    # timed into the curves unless `reproducible`
     timed_target_ctx: Context | None = None
     timed_draft_ctx: Context | None = None
+    # A seed was given: auto plans from the cached curves alone, never from clocks, so its trees
+    # (hence its batches and their numerics) repeat exactly.
+    reproducible: bool = False
     history: History | None = None  # other texts auto drafts from: earlier ones, the store, a corpus
 
     def forget_texts(self) -> None:
@@ -54,7 +57,7 @@ class Session:
         if method.name != "auto":
             return M.DraftingKit(cfg.sampling, self.draft_ctx)
         return M.DraftingKit(cfg.sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
-                             reproducible=self.timed_target_ctx is None, on_long_prompt=self.measure_context_once,
+                             reproducible=self.reproducible, on_long_prompt=self.measure_context_once,
                              history=self.history)
 
     def context_for(self, method: M.Method) -> Context:
@@ -144,7 +147,9 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     costs = curve_of(target, ctx)
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
     if cfg.seed is not None:  # a seed asks for reproducible runs: no clocks
-        return replace(session, costs=costs, draft_costs=draft_costs)
+        return replace(session, costs=costs, draft_costs=draft_costs, reproducible=True,
+                       timed_target_ctx=CostAwareContext(ctx, costs),
+                       timed_draft_ctx=CostAwareContext(draft_ctx, draft_costs) if draft_costs is not None else None)
     # Sizes whose live timings disagree with a curve's shape are re-measured, and kept in the cache.
     return replace(session, costs=costs, draft_costs=draft_costs,
                    timed_target_ctx=TimedContext(ctx, costs, live=True, on_reshape=_keep),
