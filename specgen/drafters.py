@@ -12,7 +12,7 @@ import numpy as np
 
 from .history import Continuation
 from .kv import evaluate, keep_branch, prefill
-from .planner import LOOKUP_NODE, MAX_MATCH
+from .planner import LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAX_MATCH
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
@@ -119,7 +119,7 @@ class LookupDrafter:
     def continuation(self, context: list[int], k: int) -> list[int]:
         """What followed the latest earlier occurrence of the longest indexed suffix of `context`."""
         for n, start in self.matches(context, 1):
-            return self.tokens[start:start + k]
+            return self.copy(start, k) if context is self.tokens else self.tokens[start:start + k]
         return []
 
     def matches(self, context: list[int], limit: int) -> list[tuple[int, int]]:
@@ -158,8 +158,23 @@ class LookupDrafter:
 
     def continuations(self, found: list[tuple[int, int]], k: int) -> list[Continuation]:
         """The matches() `found`, as continuations of up to k tokens keyed by true match length."""
-        return [Continuation(self.tokens[start:start + k], LOOKUP_NODE, self.match_length(n, start))
-                for n, start in found]
+        out = []
+        for n, start in found:
+            length = self.match_length(n, start)
+            source = LOOP_NODE if length >= max(LOOP_MIN_MATCH, len(self.tokens) - start) else LOOKUP_NODE
+            out.append(Continuation(self.copy(start, k), source, length))
+        return out
+
+    def copy(self, start: int, k: int) -> list[int]:
+        """The k tokens from `start` on, where a copy that reaches the text's end goes on copying
+        the tokens it has just drafted: the text is repeating itself with period len - start (a base
+        model in a loop), and the draft continues the loop instead of stopping at its first turn.
+        (llama.cpp's ngram-mod drafts loops the same way, looking its own draft tokens up.)"""
+        out = self.tokens[start:start + k]
+        period = len(self.tokens) - start
+        while len(out) < k and period > 0:
+            out.append(out[len(out) - period])
+        return out
 
     def propose(self, max_depth: int) -> DraftTree:
         draft = self.lookup(min(self.k, max_depth)) if max_depth > 0 else []

@@ -98,11 +98,12 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     reason = "length"
     t0 = clock()
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
-        # 1. Draft. Tokens beyond what may still be emitted (or fit) would be wasted work.
+        # 1. Draft. Tokens beyond what may still be emitted (or fit, in the context or in one
+        # batch) would be wasted work.
         if drafter is None:
             tree = None
         else:
-            room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1) - 1
+            room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1, ctx.n_batch) - 1
             t_draft = clock()
             tree = drafter.propose(max(0, room))
             stats.draft_s += clock() - t_draft

@@ -116,7 +116,12 @@ MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24, 40)
 MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (MAX_MATCH,)
 
 
-LOOKUP_NODE, DRAFT_MODEL_NODE = "lookup", "draft"
+# A lookup continuation is a "loop" when its match overlaps itself (the text's end has repeated at
+# least twice): a greedy base model that has repeated a line twice nearly always goes on, where a
+# copied passage ends sooner. Learned apart, loops earn the long chains that pay on steep curves.
+# (A match of at least LOOP_MIN_MATCH tokens: "\n\n" after "\n" is no loop.)
+LOOKUP_NODE, LOOP_NODE, DRAFT_MODEL_NODE = "lookup", "loop", "draft"
+LOOP_MIN_MATCH = 8
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ class NodeEvidence:
     """What a drafted node's acceptance was estimated from: its source and the bin of that
     source's estimate (lookup: effective match length; draft model: q)."""
 
-    source: str  # LOOKUP_NODE | DRAFT_MODEL_NODE | a history.py source
+    source: str  # LOOKUP_NODE | LOOP_NODE | DRAFT_MODEL_NODE | a history.py source
     bin: int
 
 
@@ -140,6 +145,9 @@ class AcceptanceModel:
     """
 
     LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95, 0.97)  # per MATCH_BINS
+    # Loops (LOOP_NODE): gemma 270M Q4_K_M on 65 Spec-Bench prompts accepted 2,726 of 2,726 loop
+    # nodes, against 0.98 for copies of 24-39 matched tokens.
+    LOOP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.99, 0.99, 0.99, 0.995, 0.995)  # (below 7: never a loop)
 
     def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
@@ -150,7 +158,7 @@ class AcceptanceModel:
 
     def bins(self, source: str) -> BetaBins:
         if source not in self.sources:
-            self.sources[source] = BetaBins(np.array(self.LOOKUP_PRIOR))
+            self.sources[source] = BetaBins(np.array(self.LOOP_PRIOR if source == LOOP_NODE else self.LOOKUP_PRIOR))
         return self.sources[source]
 
     @staticmethod
@@ -285,11 +293,15 @@ class Guard:
 
     Keeps the realised tokens/second of the last `window` speculative steps and compares it with
     plain decoding's measured speed; after a loss, plain for `backoff` steps (doubling on repeated
-    losses, reset after a win), then speculation gets another chance.
+    losses, reset after a win), then speculation gets another chance. Long steps are judged sooner:
+    once at least `min_steps` of them committed `window_tokens` (32 steps of 64-token chains would
+    be 2,000 tokens of losing).
     """
 
-    def __init__(self, window: int = 32, margin: float = 0.95, backoff: int = 16, max_backoff: int = 256):
+    def __init__(self, window: int = 32, margin: float = 0.95, backoff: int = 16, max_backoff: int = 256,
+                 min_steps: int = 4, window_tokens: int = 128):
         self.window, self.margin = window, margin
+        self.min_steps, self.window_tokens = min_steps, window_tokens
         self.base_backoff, self.backoff, self.max_backoff = backoff, backoff, max_backoff
         self.steps: deque[tuple[int, float]] = deque(maxlen=window)
         self.plain_left = 0
@@ -302,9 +314,10 @@ class Guard:
 
     def record(self, tokens: int, seconds: float, plain_rate: float) -> None:
         self.steps.append((tokens, seconds))
-        if len(self.steps) < self.window:
+        committed = sum(t for t, _ in self.steps)
+        if len(self.steps) < self.window and (len(self.steps) < self.min_steps or committed < self.window_tokens):
             return
-        rate = sum(t for t, _ in self.steps) / max(1e-9, sum(s for _, s in self.steps))
+        rate = committed / max(1e-9, sum(s for _, s in self.steps))
         if rate < self.margin * plain_rate:
             self.plain_left = self.backoff
             self.backoff = min(self.max_backoff, self.backoff * 2)

@@ -76,3 +76,14 @@ def test_text_decoder_joins_split_utf8():
     events = list(generate(model, FakeContext(model), GenerationRequest([0, 2], 3, SamplingParams()), stats))
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert text == "éx"
+
+
+def test_drafts_are_capped_to_fit_one_batch():
+    from specgen.drafters import LookupDrafter
+
+    model = FakeModel(n_vocab=16, script={(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4})
+    ctx = FakeContext(model, n_ctx=256, n_seq_max=4, n_batch=8)
+    drafter = LookupDrafter(k_init=32, k_max=32)  # asks for 32-token loop copies
+    stats = RunStats()
+    list(generate(model, ctx, GenerationRequest([0, 3, 4, 5, 6, 3, 4], 40, SamplingParams()), stats, drafter))
+    assert stats.n_tokens == 40 and stats.accepted > 0 and max(len(b) for b in ctx.calls) <= 8

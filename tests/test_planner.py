@@ -353,3 +353,17 @@ def test_draft_efficiency_follows_realised_step_times_and_relaxes():
     for _ in range(200):
         est.relax(0.004)
     assert est.efficiency > 0.95
+
+
+def test_guard_judges_long_steps_after_fewer_of_them():
+    """32 steps of 64-token chains would be 2,000 tokens of losing before the guard could act."""
+    guard = Guard(window=32, min_steps=4, window_tokens=128)
+    for _ in range(3):
+        guard.record(tokens=64, seconds=1.0, plain_rate=100.0)  # 64 tok/s vs plain 100
+    assert guard.allow_speculation()  # three steps are too few to judge
+    guard.record(tokens=64, seconds=1.0, plain_rate=100.0)
+    assert not guard.allow_speculation()
+    short = Guard(window=32, min_steps=4, window_tokens=128)
+    for _ in range(8):
+        short.record(tokens=2, seconds=0.04, plain_rate=100.0)
+    assert short.allow_speculation()  # 16 tokens: not yet judged

@@ -111,3 +111,21 @@ def test_lookup_continuations_carry_how_far_each_match_reaches_back():
     by_token = {tree.tokens[v]: match_len[v] for v in first}
     assert by_token == {90: 6, 92: 2} and set(sources[1:]) == {"lookup"}
     assert all(match_len[c] == match_len[v] for v in first for c in tree.children()[v])
+
+
+def test_a_copy_that_reaches_the_text_end_goes_round_the_loop():
+    """A base model repeating a line: what followed the last repeat runs into the text's end; the
+    draft goes on with the loop (llama.cpp's ngram-mod drafts loops the same way)."""
+    d = LookupDrafter()
+    d.reset([7, 1, 2, 3, 1, 2, 3, 1, 2])
+    assert d.lookup(8) == [3, 1, 2, 3, 1, 2, 3, 1]
+
+
+def test_a_match_that_overlaps_itself_is_a_loop_and_a_short_one_is_not():
+    d = LookupDrafter()
+    d.reset([7] + [1, 2, 3] * 4)  # the last 9 tokens match 3 tokens earlier: the line repeated 4 times
+    found = d.continuations(d.matches(d.tokens, 1), 6)[0]  # the longest match first
+    assert found.source == "loop" and found.match_len >= 9 and found.tokens == [1, 2, 3, 1, 2, 3]
+    d.reset([7, 1, 2, 3, 1, 2, 3])  # twice, but only 3 matched tokens: too little to call a loop
+    found = d.continuations(d.matches(d.tokens, 1), 6)[0]
+    assert found.source == "lookup" and found.match_len == 3
