@@ -367,3 +367,18 @@ def test_guard_judges_long_steps_after_fewer_of_them():
     for _ in range(8):
         short.record(tokens=2, seconds=0.04, plain_rate=100.0)
     assert short.allow_speculation()  # 16 tokens: not yet judged
+
+
+def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest():
+    from specgen.auto import MAX_ACCEPT, _cap_siblings
+    from specgen.tree import DraftTree
+
+    tree = DraftTree.root_only(1)
+    loop, short, other = tree.add(2, 0), tree.add(3, 0), tree.add(4, 0)
+    tree.add(5, loop)
+    capped = _cap_siblings(tree, [1.0, 0.995, 0.6, 0.01, 0.9])
+    assert capped[loop] == MAX_ACCEPT
+    assert capped[short] + capped[other] == pytest.approx(0.0, abs=1e-12)  # nothing left for them
+    assert capped[4] == 0.9  # an only child below keeps its own estimate
+    assert _cap_siblings(tree, [1.0, 0.5, 0.3, 0.1, 0.5])[1:4] == [0.5, 0.3, 0.1]  # within the cap: as learned
+    assert _cap_siblings(tree, [1.0, 0.3, 0.7, 0.1, 0.5])[1:4] == pytest.approx([0.29, 0.7, 0.0])
