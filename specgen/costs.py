@@ -67,6 +67,7 @@ class CostCurve:
     between: str = "linear"
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
     _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
+    pads: bool = True  # whether its context pads batches (CostAwareContext); if not, padded(b) = b
     # Per size, live decodes' log(seconds / curve) relative to the scale (an EMA) and how many
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
@@ -107,7 +108,7 @@ class CostCurve:
     def padded(self, b: int) -> int:
         """The size a decode of b tokens, all with logits, is cheapest at: b, or a bigger batch
         whose extra rows are padding (CostAwareContext adds them)."""
-        return self._padded[b] if 0 < b < self.TABLE else b
+        return self._padded[b] if 0 < b < self.TABLE and self.pads else b
 
     def at(self, b: int, context: int, outputs: int | None = None) -> float:
         """Unscaled seconds for B tokens after `context` tokens, `outputs` of them with logits
@@ -396,12 +397,15 @@ def save_cached(path: Path, curve: CostCurve) -> None:
 
 
 class CostAwareContext:
-    """A Context that decodes every batch at its cheapest size (CostCurve.padded): a batch just
-    past a tile edge gets padding rows up to the next one, in the spare sequence (never a branch's
-    while free), which is emptied again after. Their logits are dropped. Delegates the rest."""
+    """A target's Context that decodes every batch at its cheapest size (CostCurve.padded): a
+    batch just past a tile edge gets padding rows up to the next one, in the spare sequence, which
+    is emptied again after; their logits are dropped. Delegates the rest. Only where sequence 0
+    alone holds text between decodes (a target: a tree's branches live for one decode), so that a
+    spare sequence the batch does not use is empty; a draft's branches live across its decodes."""
 
-    def __init__(self, ctx: Context, curve: CostCurve):
+    def __init__(self, ctx: Context, curve: CostCurve, pad: bool = True):
         self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
+        self.pad = curve.pads = pad  # the curve prices what this context decodes
 
     def _spare_free(self, batch: Batch) -> bool:
         spare = self.inner.n_seq_max - 1
@@ -409,7 +413,7 @@ class CostAwareContext:
 
     def _padded(self, batch: Batch) -> Batch:
         n = len(batch)
-        size = self.curve.padded(n) if batch.n_outputs == n else n
+        size = self.curve.padded(n) if batch.n_outputs == n and self.pad else n
         if size == n or size > self.inner.n_batch or not self._spare_free(batch):
             return batch
         spare = self.inner.n_seq_max - 1
@@ -440,7 +444,7 @@ class TimedContext(CostAwareContext):
 
     def __init__(self, ctx: Context, curve: CostCurve, live: bool = False,
                  on_reshape: Callable[[CostCurve], None] | None = None):
-        super().__init__(ctx, curve)
+        super().__init__(ctx, curve, pad=live)
         self.live, self.on_reshape = live, on_reshape
         self.curve.threads = ctx.n_threads  # what it was measured (and cached) with
         self._token = 0

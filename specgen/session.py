@@ -38,8 +38,8 @@ class Session:
     draft_label: str | None = None
     costs: CostCurve | None = None  # c_target(B), measured for `auto`
     draft_costs: CostCurve | None = None
-    # auto's view of the contexts: every decode at its cheapest size (CostAwareContext), and
-    # timed into the curves unless `reproducible`
+    # auto's view of the contexts: timed into the curves unless `reproducible`; the target's
+    # decodes at their cheapest sizes (CostAwareContext)
     timed_target_ctx: Context | None = None
     timed_draft_ctx: Context | None = None
     # A seed was given: auto plans from the cached curves alone, never from clocks, so its trees
@@ -148,8 +148,7 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
     if cfg.seed is not None:  # a seed asks for reproducible runs: no clocks
         return replace(session, costs=costs, draft_costs=draft_costs, reproducible=True,
-                       timed_target_ctx=CostAwareContext(ctx, costs),
-                       timed_draft_ctx=CostAwareContext(draft_ctx, draft_costs) if draft_costs is not None else None)
+                       timed_target_ctx=CostAwareContext(ctx, costs))
     # Sizes whose live timings disagree with a curve's shape are re-measured, and kept in the cache.
     return replace(session, costs=costs, draft_costs=draft_costs,
                    timed_target_ctx=TimedContext(ctx, costs, live=True, on_reshape=_keep),

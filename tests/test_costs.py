@@ -329,6 +329,19 @@ def test_a_batch_past_a_tile_edge_is_priced_and_decoded_at_the_next_edge():
     assert len(ctx.calls[-1]) == 6
 
 
+def test_a_context_whose_branches_outlive_a_decode_is_not_padded_nor_priced_padded():
+    """A draft's branches stay in their sequences across its decodes, the spare one among them:
+    its context does not pad, and its curve prices each size as measured."""
+    curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step")
+    ctx = FakeContext(FakeModel(n_vocab=16), n_seq_max=4)
+    timed = TimedContext(ctx, curve)  # not live: a draft's
+    batch = Batch()
+    for j in range(6):
+        batch.add(3 + j, j, (0,), True)
+    timed.decode(batch)
+    assert len(ctx.calls[-1]) == 6 and curve.padded(6) == 6 and curve.at(6, 0) == pytest.approx(quads(6))
+
+
 def test_padded_decodes_are_observed_at_the_size_decoded(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
