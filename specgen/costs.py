@@ -184,12 +184,17 @@ class CostCurve:
 
     def reshape(self, samples: dict[int, list[float]]) -> None:
         """New costs for some sizes, from timings now (samples must include B = 1): each size's
-        ratio to one token, times the curve's one-token cost, so the level stays the curve's."""
+        ratio to one token, times the curve's one-token cost, so the level stays the curve's. A
+        size the timings find within SHAPE_TOLERANCE of the curve keeps its cost: its live drift
+        came from elsewhere (attention at a long context, a noisy stretch), and a few re-timings
+        are noisier than the calibration's passes (one moved gemma Q4_K_M's B=8 from 38 to 46 ms)."""
         one = float(np.quantile(samples[1], LOW_QUANTILE))
         costs = dict(zip(self.sizes, self.seconds))
         for b in samples:
             if b != 1:
-                costs[b] = self.seconds[0] * float(np.quantile(samples[b], LOW_QUANTILE)) / one
+                timed = self.seconds[0] * float(np.quantile(samples[b], LOW_QUANTILE)) / one
+                if b not in costs or abs(math.log(timed / costs[b])) > math.log(SHAPE_TOLERANCE):
+                    costs[b] = timed
                 self.rechecked[b] = self.rechecked.get(b, 0) + 1
                 self._drift.pop(b, None)
         self.sizes, self.seconds = sorted(costs), [costs[b] for b in sorted(costs)]

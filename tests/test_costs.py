@@ -351,3 +351,12 @@ def test_padded_decodes_are_observed_at_the_size_decoded(monkeypatch):
     for _ in range(20):
         step(timed, 0, 6)
     assert len(ctx.calls[-1]) == 8 and curve.scale == pytest.approx(1.0) and not curve.suspects()
+
+
+def test_a_recheck_that_finds_the_curve_about_right_leaves_it():
+    """Re-timings (4 passes) are noisier than the calibration: one that lands within the shape
+    tolerance of the curve keeps the curve's cost; one far off replaces it."""
+    curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step")
+    curve.reshape({1: [0.010] * 4, 8: [quads(8) * 1.2] * 4, 12: [quads(12) * 2.0] * 4})
+    assert curve.base(8) == pytest.approx(quads(8)) and curve.base(12) == pytest.approx(2.0 * quads(12))
+    assert curve.rechecked == {8: 1, 12: 1}
