@@ -67,7 +67,7 @@ class CostCurve:
     between: str = "linear"
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
     _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
-    pads: bool = True  # whether its context pads batches (CostAwareContext); if not, padded(b) = b
+    pads: bool = False  # whether its context pads batches (set by CostAwareContext); if not, padded(b) = b
     # Per size, live decodes' log(seconds / curve) relative to the scale (an EMA) and how many
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
@@ -410,7 +410,7 @@ class CostAwareContext:
 
     def __init__(self, ctx: Context, curve: CostCurve, pad: bool = True):
         self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
-        self.pad = curve.pads = pad  # the curve prices what this context decodes
+        curve.pads = pad  # the curve prices what this context decodes
 
     def _spare_free(self, batch: Batch) -> bool:
         spare = self.inner.n_seq_max - 1
@@ -418,7 +418,7 @@ class CostAwareContext:
 
     def _padded(self, batch: Batch) -> Batch:
         n = len(batch)
-        size = self.curve.padded(n) if batch.n_outputs == n and self.pad else n
+        size = self.curve.padded(n) if batch.n_outputs == n else n
         if size == n or size > self.inner.n_batch or not self._spare_free(batch):
             return batch
         spare = self.inner.n_seq_max - 1

@@ -309,7 +309,7 @@ def test_a_batch_past_a_tile_edge_is_priced_and_decoded_at_the_next_edge():
     """gemma Q4_K_M on AVX-512: 8 rows with logits take 38 ms, 5-7 take 47-56. A batch of 6 is
     planned at 8's cost and decoded as 8 rows, the 2 extra in the spare sequence: its own rows'
     logits are what they would be alone, and the spare sequence is empty again after."""
-    curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step", per_token_one_output=0.001)
+    curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step", per_token_one_output=0.001, pads=True)
     assert [curve.padded(b) for b in (1, 2, 4, 5, 6, 7, 8, 9, 16)] == [1, 2, 4, 8, 8, 8, 8, 12, 16]
     assert curve(6) == curve(8) < quads(6) and curve(4) == pytest.approx(quads(4))
     assert curve(6, outputs=1) < curve(6)  # a one-output decode (catching up on text) is not padded
