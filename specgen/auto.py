@@ -158,7 +158,8 @@ class AutoDrafter:
         kept = [None] * len(pruned)
         for old, new in new_index.items():
             kept[new] = evidence[old]
-        # Named by the source of the first drafted node: "lookup" (this text), "history", "store", "corpus".
+        # Named by the source of the first drafted node: "lookup" or "loop" (this text), "history", "store",
+        # "corpus".
         return self._choose(_Step(kept[1].source if plan.nodes else "plain", pruned, kept, context, started))
 
     def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE) -> int:
