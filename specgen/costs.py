@@ -412,25 +412,28 @@ class CostAwareContext:
         self.inner, self.curve = ctx, curve  # `inner`: for timings that must not count as steps
         curve.pads = pad  # the curve prices what this context decodes
 
+    @property
+    def _spare(self) -> int:
+        """The sequence id calibration, rechecks and padding use (0: none to spare)."""
+        return self.inner.n_seq_max - 1
+
     def _spare_free(self, batch: Batch) -> bool:
-        spare = self.inner.n_seq_max - 1
-        return spare > 0 and all(spare not in ids for ids in batch.seq_ids)
+        return self._spare > 0 and all(self._spare not in ids for ids in batch.seq_ids)
 
     def _padded(self, batch: Batch) -> Batch:
         n = len(batch)
         size = self.curve.padded(n) if batch.n_outputs == n else n
         if size == n or size > self.inner.n_batch or not self._spare_free(batch):
             return batch
-        spare = self.inner.n_seq_max - 1
         padded = Batch(list(batch.tokens), list(batch.positions), list(batch.seq_ids), list(batch.logits))
         for j in range(size - n):
-            padded.add(batch.tokens[-1], j, (spare,), True)
+            padded.add(batch.tokens[-1], j, (self._spare,), True)
         return padded
 
     def _decode(self, batch: Batch, padded: Batch) -> np.ndarray:
         out = self.inner.decode(padded)
         if padded is not batch:
-            self.inner.seq_rm(self.inner.n_seq_max - 1, -1, -1)
+            self.inner.seq_rm(self._spare, -1, -1)
             out = out[:batch.n_outputs]
         return out
 
@@ -490,7 +493,7 @@ class TimedContext(CostAwareContext):
     def _timed_passes(self, sizes: list[int], passes: int) -> dict[int, list[float]]:
         """`passes` interleaved timings of B = 1 and `sizes`, in random order, in the spare sequence
         (emptied first: the callers run when nothing live is in it) at position 0 (as calibrated)."""
-        spare = self.inner.n_seq_max - 1
+        spare = self._spare
         self.inner.seq_rm(spare, -1, -1)
         samples: dict[int, list[float]] = {b: [] for b in [1, *sizes]}
         order, rng = list(samples), random.Random(len(self.curve.rechecked))
