@@ -22,9 +22,9 @@ from typing import Callable
 
 from .costs import Cost, CostCurve
 from .drafters import LookupDrafter, ModelDrafter, continuation_tree
-from .history import History
-from .planner import (DRAFT_MODEL_NODE, LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard,
-                      NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
+from .history import Continuation, History
+from .planner import (LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, SINGLE, SUPPORT_BELOW, AcceptanceModel,
+                      DraftEstimate, Guard, NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -49,10 +49,10 @@ class _Step:
     started: float = 0.0  # perf_counter at propose()
     draft_calls: int = 0
     planned_s: float = 0.0  # a draft step's time as modelled (before the efficiency correction)
-
-    @property
-    def uses_draft(self) -> bool:
-        return self.tree.n_drafted > 0 and self.evidence[1].source == DRAFT_MODEL_NODE
+    # Proposed by the draft model, even if its tree was pruned to nothing: the draft's work was
+    # done and belongs to its account (a draft that keeps proposing nothing worth verifying made
+    # gemma F32's plain steps 30% slower, unseen by the draft's guard).
+    uses_draft: bool = False
 
 
 class AutoDrafter:
@@ -79,7 +79,7 @@ class AutoDrafter:
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._step: _Step | None = None
-        self._depth_cache: dict[str, list[int]] = {}  # per source, per match-length bin
+        self._depth_cache: dict[tuple[str, int], list[int]] = {}  # per (source, support), per match-length bin
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
         # Called with the prompt's tokens after a long prompt's prefill: times the costs' context term.
@@ -128,13 +128,17 @@ class AutoDrafter:
             found += self.history.continuations(self.lookup.tokens, depth, self.lookup_matches)
         # How deep a lookup draft could pay, judged by its best match before building anything:
         # on a steep cost curve most matches cannot pay, and then the step stays cheap.
-        best = max(found, key=lambda c: self.acceptance.lookup_p(c.match_len, 1, c.source), default=None)
-        lookup_depth = self._useful_depth(best.match_len, c_target, best.source) if best else 0
+        firsts = [self._first_support(c) for c in found]
+        best = max(zip(found, firsts), key=lambda cs: self.acceptance.lookup_p(cs[0].match_len, 1, cs[0].source, cs[1]),
+                   default=None)
+        lookup_depth = self._useful_depth(best[0].match_len, c_target, best[0].source, best[1]) if best else 0
         if lookup_depth == 0 and self.model is None:
             return self._choose(_Step("plain", DraftTree.root_only(root), [None], context, started))
         tree, sources, match_len = continuation_tree(root, found, min(depth, lookup_depth))
         tdepth = tree.depths()
-        accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v], sources[v]) for v in range(1, len(tree))]
+        support = self.lookup.supports(tree, [m + d - 1 for m, d in zip(match_len, tdepth)], sources)
+        accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v], sources[v], support[v])
+                          for v in range(1, len(tree))]
         plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
 
         if self.model is not None and self.c_draft is not None and self.draft_guard.allow_speculation():
@@ -152,7 +156,7 @@ class AutoDrafter:
                 return self._propose_with_model(depth, k, c_target, context, started, planned_s)
             self._relax_draft(c_draft_1)
 
-        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v])
+        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v], support[v])
                              for v in range(1, len(tree))]
         pruned, new_index = tree.subtree([0, *plan.nodes])
         kept = [None] * len(pruned)
@@ -162,19 +166,27 @@ class AutoDrafter:
         # "corpus".
         return self._choose(_Step(kept[1].source if plan.nodes else "plain", pruned, kept, context, started))
 
-    def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE) -> int:
-        """How deep a lookup chain from a match of `match_len` tokens could pay (0: not at all),
-        from the current acceptance estimates, taken at the top of each match-length bin so
-        the answer errs towards trying. Recomputed only every USEFUL_DEPTH_EVERY steps: it moves
-        slowly, and on a small model every step's Python time is a visible share."""
+    def _first_support(self, cont: Continuation) -> int:
+        """The support (planner.SUPPORT_BELOW) of a continuation's first token, in this text."""
+        if cont.source != LOOKUP_NODE or cont.match_len >= SUPPORT_BELOW or not cont.tokens:
+            return SINGLE
+        return self.lookup.support(self.lookup.tokens[-cont.match_len:], cont.tokens[0])
+
+    def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE, support: int = SINGLE) -> int:
+        """How deep a lookup chain from a match of `match_len` tokens, whose first token has
+        `support`, could pay (0: not at all), from the current acceptance estimates, taken at the
+        top of each match-length bin so the answer errs towards trying (the nodes below the first
+        as SINGLE). Recomputed only every USEFUL_DEPTH_EVERY steps: it moves slowly, and on a
+        small model every step's Python time is a visible share."""
         if self.choices.total() % USEFUL_DEPTH_EVERY == 0:
             self._depth_cache.clear()
-        if source not in self._depth_cache:
-            self._depth_cache[source] = [self._chain_depth(top, c_target, source) for top in MATCH_BIN_TOPS]
-        return self._depth_cache[source][AcceptanceModel.lookup_bin(match_len, 1)]
+        key = (source, support)
+        if key not in self._depth_cache:
+            self._depth_cache[key] = [self._chain_depth(top, c_target, source, support) for top in MATCH_BIN_TOPS]
+        return self._depth_cache[key][AcceptanceModel.lookup_bin(match_len, 1)]
 
-    def _chain_depth(self, match_len: int, c_target: Cost, source: str) -> int:
-        accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source))
+    def _chain_depth(self, match_len: int, c_target: Cost, source: str, support: int) -> int:
+        accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source, support if d == 1 else SINGLE))
                           for d in range(1, self.max_depth + 1)]
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)
@@ -196,7 +208,7 @@ class AutoDrafter:
             tree = self.model.restrict(plan.nodes)
         evidence = [None] + [self.acceptance.draft_evidence(q) for q in tree.q[1:]]
         return self._choose(_Step(self.model.last_choice, tree, evidence, context, started,
-                                  self.model.draft_calls - calls, planned_s))
+                                  self.model.draft_calls - calls, planned_s, uses_draft=True))
 
     def _relax_draft(self, c_draft_1: float) -> None:
         assert self.c_draft is not None
@@ -212,10 +224,10 @@ class AutoDrafter:
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
         step, self._step = self._step, None
-        if step is not None and step.tree.n_drafted:
+        if step is not None and (step.tree.n_drafted or step.uses_draft):
             tree = step.tree
             self.acceptance.observe(tree, step.evidence, verdict.path)
-            if step.uses_draft:
+            if step.uses_draft and tree.n_drafted:
                 first_tested = [v for v in range(1, len(tree)) if tree.parents[v] == 0]
                 self.draft.observe_first_token(any(v in verdict.path for v in first_tested))
             if self.reproducible:  # the step's modelled cost: what the planner expected it to take

@@ -12,7 +12,8 @@ import numpy as np
 
 from .history import Continuation
 from .kv import evaluate, keep_branch, prefill
-from .planner import LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAX_MATCH
+from .planner import (LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAJORITY, MAX_MATCH, MINORITY, SINGLE, SUPPORT_BELOW,
+                      UNANIMOUS)
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
 from .tree import DraftTree
@@ -174,6 +175,30 @@ class LookupDrafter:
         period = len(self.tokens) - start
         while len(out) < k and period > 0:
             out.append(out[len(out) - period])
+        return out
+
+    def support(self, before: list[int], token: int) -> int:
+        """How this text's occurrences of the n-gram `before` (the tokens before a drafted node,
+        up to max_n) went on, for `token`: SINGLE (one occurrence), UNANIMOUS (2+ all with
+        `token`), MAJORITY (more than half), MINORITY. See planner.SUPPORT_BELOW."""
+        n = min(self.max_n, len(before))
+        starts = self.index[n].get(tuple(before[len(before) - n:])) if n else None
+        if not starts or len(starts) < 2:
+            return SINGLE
+        agree = sum(self.tokens[s] == token for s in starts)
+        return UNANIMOUS if agree == len(starts) else MAJORITY if 2 * agree > len(starts) else MINORITY
+
+    def supports(self, tree: DraftTree, lengths: list[int], sources: list[str]) -> list[int]:
+        """support() of each node of a trie drafted from this text (root: its last token), where
+        the node's effective match (`lengths`) is shorter than SUPPORT_BELOW: the n-gram is the
+        match itself, extended by the drafted tokens above the node. Other nodes: SINGLE."""
+        out = [SINGLE] * len(tree)
+        before: list[list[int]] = [self.tokens[-self.max_n:]] + [[] for _ in range(1, len(tree))]
+        for v in range(1, len(tree)):
+            u = tree.parents[v]
+            before[v] = (before[u] + [tree.tokens[u]])[-self.max_n:] if u else before[0]
+            if sources[v] == LOOKUP_NODE and lengths[v] < SUPPORT_BELOW:
+                out[v] = self.support(before[v][-lengths[v]:], tree.tokens[v])
         return out
 
     def propose(self, max_depth: int) -> DraftTree:

@@ -123,6 +123,15 @@ MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (MAX_MATCH,)
 LOOKUP_NODE, LOOP_NODE, DRAFT_MODEL_NODE = "lookup", "loop", "draft"
 LOOP_MIN_MATCH = 8
 
+# A short match's continuation is as good as the text's other occurrences of the same n-gram say
+# (SuffixDecoding's frequency counts): the token after a 3-token match was right 92% of the time
+# when the n-gram's 2-4 earlier occurrences all went on with it, 65% when it had occurred once, and
+# 10-45% when they disagreed (gemma 270M Q4_K_M, 120 Spec-Bench prompts, every position). Nodes
+# whose effective match is shorter than SUPPORT_BELOW are keyed by that support too; from 10
+# matched tokens on the passage decides, not a 4-gram's other occurrences.
+SINGLE, UNANIMOUS, MAJORITY, MINORITY = range(4)  # occurred once; all agree; more than half; half or less
+SUPPORT_BELOW = 10
+
 
 @dataclass(frozen=True)
 class NodeEvidence:
@@ -145,20 +154,30 @@ class AcceptanceModel:
     """
 
     LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95, 0.97)  # per MATCH_BINS
+    # Per support class (SINGLE's is the source's own prior); measured (see SUPPORT_BELOW) for bins
+    # up to 7 matched tokens, a little below the measurement. Past SUPPORT_BELOW a node is SINGLE.
+    SUPPORT_PRIOR = {UNANIMOUS: (0.6, 0.8, 0.88, 0.88, 0.92, 0.94), MAJORITY: (0.5, 0.5, 0.5, 0.55, 0.6, 0.75),
+                     MINORITY: (0.15, 0.25, 0.15, 0.3, 0.3, 0.5)}
     # Loops (LOOP_NODE): gemma 270M Q4_K_M on 65 Spec-Bench prompts accepted 2,726 of 2,726 loop
     # nodes, against 0.98 for copies of 24-39 matched tokens.
     LOOP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.99, 0.99, 0.99, 0.995, 0.995)  # (below 7: never a loop)
 
     def __init__(self) -> None:
         self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
-        self.lookup = BetaBins(np.array(self.LOOKUP_PRIOR))
+        self.lookup = BetaBins(self._prior(self.LOOKUP_PRIOR))
         # Other texts than the current one (history.py's sources) are learned separately: a match
         # in last week's generations says less than the same match in this text.
         self.sources: dict[str, BetaBins] = {LOOKUP_NODE: self.lookup}
 
+    @classmethod
+    def _prior(cls, single: tuple[float, ...]) -> np.ndarray:
+        """Bins for (support, match bin), support-major: a source's prior, then each class's."""
+        rows = [single] + [prior + single[len(prior):] for prior in cls.SUPPORT_PRIOR.values()]
+        return np.array(rows, dtype=np.float64).ravel()
+
     def bins(self, source: str) -> BetaBins:
         if source not in self.sources:
-            self.sources[source] = BetaBins(np.array(self.LOOP_PRIOR if source == LOOP_NODE else self.LOOKUP_PRIOR))
+            self.sources[source] = BetaBins(self._prior(self.LOOP_PRIOR if source == LOOP_NODE else self.LOOKUP_PRIOR))
         return self.sources[source]
 
     @staticmethod
@@ -166,17 +185,22 @@ class AcceptanceModel:
         return min(Q_BINS - 1, int(q * Q_BINS))
 
     @staticmethod
-    def lookup_bin(match_len: int, depth: int) -> int:
-        return bisect.bisect_right(MATCH_BINS, match_len + depth - 1) - 1
+    def lookup_bin(match_len: int, depth: int, support: int = SINGLE) -> int:
+        """The bin of a node at `depth` of a continuation matched on `match_len` tokens, with the
+        support its n-gram's other occurrences give it (SINGLE from SUPPORT_BELOW matched tokens)."""
+        length = match_len + depth - 1
+        support = support if length < SUPPORT_BELOW else SINGLE
+        return bisect.bisect_right(MATCH_BINS, length) - 1 + support * len(MATCH_BINS)
 
     def draft_p(self, q: float) -> float:
         return self.draft.mean(self.q_bin(q))
 
-    def lookup_p(self, match_len: int, depth: int, source: str = LOOKUP_NODE) -> float:
-        return self.bins(source).mean(self.lookup_bin(match_len, depth))
+    def lookup_p(self, match_len: int, depth: int, source: str = LOOKUP_NODE, support: int = SINGLE) -> float:
+        return self.bins(source).mean(self.lookup_bin(match_len, depth, support))
 
-    def lookup_evidence(self, match_len: int, depth: int, source: str = LOOKUP_NODE) -> NodeEvidence:
-        return NodeEvidence(source, self.lookup_bin(match_len, depth))
+    def lookup_evidence(self, match_len: int, depth: int, source: str = LOOKUP_NODE,
+                        support: int = SINGLE) -> NodeEvidence:
+        return NodeEvidence(source, self.lookup_bin(match_len, depth, support))
 
     def draft_evidence(self, q: float) -> NodeEvidence:
         return NodeEvidence(DRAFT_MODEL_NODE, self.q_bin(q))

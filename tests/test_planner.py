@@ -382,3 +382,53 @@ def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest(
     assert capped[4] == 0.9  # an only child below keeps its own estimate
     assert _cap_siblings(tree, [1.0, 0.5, 0.3, 0.1, 0.5])[1:4] == [0.5, 0.3, 0.1]  # within the cap: as learned
     assert _cap_siblings(tree, [1.0, 0.3, 0.7, 0.1, 0.5])[1:4] == pytest.approx([0.29, 0.7, 0.0])
+
+
+def test_draft_steps_whose_tree_is_pruned_to_nothing_count_against_the_draft():
+    """The draft chain is chosen by its learned first-token acceptance, then pruned by each
+    token's q: a draft unsure of everything drafts and verifies nothing, but its decodes were
+    paid. Those steps count as speculation: the guards back off (the steps were invisible to them,
+    and made gemma F32's plain steps 30% slower)."""
+    target = FakeModel(n_vocab=64, sharpness=2.0)
+    unsure = FakeModel(n_vocab=64, sharpness=0.01)  # q ~ 1/64 for every token
+    dctx = FakeContext(unsure, n_ctx=512, n_seq_max=64)
+    mild = CostCurve([1, 2, 32], [0.010, 0.0112, 0.030])  # a second row costs 12% more
+    kit = DraftingKit(SamplingParams(), dctx, mild, CostCurve([1, 8], [0.002, 0.0025]), reproducible=True)
+    auto = METHODS["auto"].drafter(kit)
+    auto.reset([0, 9, 8, 7])
+    choices, drafted = [], []
+    for tok in range(10, 70):
+        tree = auto.propose(16)
+        choices.append(auto.last_choice)
+        drafted.append(tree.n_drafted)
+        auto.observe(Verdict([], [tok]), [tok])
+    assert choices[0] == "staged" and drafted[0] == 0  # chosen by alpha, pruned to nothing
+    assert "staged" not in choices[32:48]  # judged losing after the guards' window (32 steps), backed off
+
+
+def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
+    """After a 2-token match, the next token is the one the n-gram's earlier occurrences agree on
+    (92% of the time after a 3-token match whose 2-4 occurrences all agree, 10-45% when they
+    disagree): measured per support class, a unanimous short match is worth drafting on a
+    curve where a single or split one is not."""
+    from specgen.drafters import LookupDrafter
+    from specgen.planner import MAJORITY, MINORITY, SINGLE, UNANIMOUS
+
+    lookup = LookupDrafter()
+    lookup.reset([0, 9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 6, 15, 16, 3, 4])
+    assert lookup.support([3, 4], 5) == MAJORITY and lookup.support([3, 4], 6) == MINORITY
+    assert lookup.support([4, 5], 11) == MINORITY and lookup.support([16, 3], 4) == SINGLE
+    assert lookup.support([9, 3, 4, 5, 13], 14) == SINGLE  # 4-grams at most: (3, 4, 5, 13) occurred once
+    lookup.reset([0, 3, 4, 5, 11, 3, 4, 5, 12])
+    assert lookup.support([3, 4], 5) == UNANIMOUS
+
+    curve = CostCurve([1, 2, 4, 8], [0.010, 0.0135, 0.020, 0.030])
+    texts = {"unanimous": [9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 5, 15],
+             "split": [9, 3, 4, 5, 11, 12, 3, 4, 6, 13, 14, 3, 4, 7, 15],
+             "single": [9, 3, 4, 5, 11]}
+    drafted = {}
+    for name, text in texts.items():
+        auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=curve, reproducible=True))
+        auto.reset([0, *text, 16, 3, 4])  # ends in a 2-token match ("16" is new)
+        drafted[name] = auto.propose(16).tokens[1:]
+    assert drafted == {"unanimous": [5], "split": [], "single": []}
