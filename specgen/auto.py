@@ -175,9 +175,10 @@ class AutoDrafter:
     def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE, support: int = SINGLE) -> int:
         """How deep a lookup chain from a match of `match_len` tokens, whose first token has
         `support`, could pay (0: not at all), from the current acceptance estimates, taken at the
-        top of each match-length bin so the answer errs towards trying (the nodes below the first
-        as SINGLE). Recomputed only every USEFUL_DEPTH_EVERY steps: it moves slowly, and on a
-        small model every step's Python time is a visible share."""
+        top of each match-length bin and with every node as supported as the first, so the answer
+        errs towards trying (each node's own support prices it in the plan). Recomputed only every
+        USEFUL_DEPTH_EVERY steps: it moves slowly, and on a small model every step's Python time
+        is a visible share."""
         if self.choices.total() % USEFUL_DEPTH_EVERY == 0:
             self._depth_cache.clear()
         key = (source, support)
@@ -186,7 +187,7 @@ class AutoDrafter:
         return self._depth_cache[key][AcceptanceModel.lookup_bin(match_len, 1)]
 
     def _chain_depth(self, match_len: int, c_target: Cost, source: str, support: int) -> int:
-        accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source, support if d == 1 else SINGLE))
+        accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source, support))
                           for d in range(1, self.max_depth + 1)]
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)
