@@ -432,3 +432,24 @@ def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
         auto.reset([0, *text, 16, 3, 4])  # ends in a 2-token match ("16" is new)
         drafted[name] = auto.propose(16).tokens[1:]
     assert drafted == {"unanimous": [5], "split": [], "single": []}
+
+
+def test_a_draft_far_behind_reads_only_the_recent_text_and_output_stays_exact():
+    """auto's draft starts reading a long prompt at its last WINDOW tokens (a 3-token answer to a
+    long prompt ran at a third of plain's speed while the draft read it all); verification keeps
+    the output plain's."""
+    from specgen.drafters import DraftCache
+
+    target = FakeModel(n_vocab=64, sharpness=2.0)
+    rng = np.random.default_rng(0)
+    prompt = [0] + [int(t) for t in rng.integers(2, 64, 400)]
+    draft_curve = CostCurve([1, 8], [0.002, 0.003], per_token_one_output=5e-5)
+    tokens, _, auto = auto_run(target, NoisyDraft(target, noise=0.3), prompt, 24, SamplingParams(), FLAT, draft_curve)
+    assert tokens == plain_tokens(target, prompt, 24, SamplingParams())
+    assert auto.choices["staged"] > 0
+    read = [(t, p) for call in auto.model.cache.ctx.calls for t, p in zip(call.tokens, call.positions)]
+    # Read in chunks of n_batch from position 0: the text's last WINDOW tokens when it was first used.
+    w = DraftCache.WINDOW
+    assert [p for _, p in read[:w]] == list(range(w))
+    text, first = prompt + tokens, [t for t, _ in read[:w]]
+    assert any(text[j:j + w] == first for j in range(1, len(text) - w))
