@@ -22,9 +22,9 @@ from typing import Callable
 
 from .costs import Cost, CostCurve
 from .drafters import LookupDrafter, ModelDrafter, continuation_tree
-from .history import Continuation, History
-from .planner import (LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, SINGLE, SUPPORT_BELOW, AcceptanceModel,
-                      DraftEstimate, Guard, NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
+from .history import History
+from .planner import (LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, SINGLE, AcceptanceModel, DraftEstimate, Guard,
+                      NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
 from .tree import DraftTree
 from .verify import Verdict
 
@@ -128,7 +128,7 @@ class AutoDrafter:
             found += self.history.continuations(self.lookup.tokens, depth, self.lookup_matches)
         # How deep a lookup draft could pay, judged by its best match before building anything:
         # on a steep cost curve most matches cannot pay, and then the step stays cheap.
-        firsts = [self._first_support(c) for c in found]
+        firsts = [self.lookup.support(self.lookup.tokens, c.tokens[0], c.match_len, c.source) for c in found]
         best = max(zip(found, firsts), key=lambda cs: self.acceptance.lookup_p(cs[0].match_len, 1, cs[0].source, cs[1]),
                    default=None)
         lookup_depth = self._useful_depth(best[0].match_len, c_target, best[0].source, best[1]) if best else 0
@@ -166,12 +166,7 @@ class AutoDrafter:
         # "corpus".
         return self._choose(_Step(kept[1].source if plan.nodes else "plain", pruned, kept, context, started))
 
-    def _first_support(self, cont: Continuation) -> int:
-        """The support (planner.SUPPORT_BELOW) of a continuation's first token, in this text."""
-        if cont.source != LOOKUP_NODE or cont.match_len >= SUPPORT_BELOW or not cont.tokens:
-            return SINGLE
-        return self.lookup.support(self.lookup.tokens[-cont.match_len:], cont.tokens[0])
-
+        firsts = [self.lookup.support(self.lookup.tokens, c.tokens[0], c.match_len, c.source) for c in found]
     def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE, support: int = SINGLE) -> int:
         """How deep a lookup chain from a match of `match_len` tokens, whose first token has
         `support`, could pay (0: not at all), from the current acceptance estimates, taken at the

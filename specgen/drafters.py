@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .history import Continuation
-from .kv import evaluate, keep_branch, prefill
+from .kv import COMMITTED_SEQ, evaluate, keep_branch, prefill
 from .planner import (LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAJORITY, MAX_MATCH, MINORITY, SINGLE, SUPPORT_BELOW,
                       UNANIMOUS)
 from .protocol import Batch, Context
@@ -177,28 +177,30 @@ class LookupDrafter:
             out.append(out[len(out) - period])
         return out
 
-    def support(self, before: list[int], token: int) -> int:
-        """How this text's occurrences of the n-gram `before` (the tokens before a drafted node,
-        up to max_n) went on, for `token`: SINGLE (one occurrence), UNANIMOUS (2+ all with
-        `token`), MAJORITY (more than half), MINORITY. See planner.SUPPORT_BELOW."""
-        n = min(self.max_n, len(before))
-        starts = self.index[n].get(tuple(before[len(before) - n:])) if n else None
+    def support(self, before: list[int], token: int, match_len: int, source: str = LOOKUP_NODE) -> int:
+        """How this text's occurrences of the n-gram that ends `before` (the text and drafted
+        tokens before a node; the node's effective match, up to max_n tokens) went on, for `token`:
+        SINGLE (one occurrence), UNANIMOUS (2+, all with `token`), MAJORITY (more than half),
+        MINORITY. SINGLE for other sources than this text, and from planner.SUPPORT_BELOW matched
+        tokens on (lookup_bin ignores it there)."""
+        n = min(self.max_n, match_len, len(before))
+        if source != LOOKUP_NODE or match_len >= SUPPORT_BELOW or n <= 0:
+            return SINGLE
+        starts = self.index[n].get(tuple(before[len(before) - n:]))
         if not starts or len(starts) < 2:
             return SINGLE
         agree = sum(self.tokens[s] == token for s in starts)
         return UNANIMOUS if agree == len(starts) else MAJORITY if 2 * agree > len(starts) else MINORITY
 
     def supports(self, tree: DraftTree, lengths: list[int], sources: list[str]) -> list[int]:
-        """support() of each node of a trie drafted from this text (root: its last token), where
-        the node's effective match (`lengths`) is shorter than SUPPORT_BELOW: the n-gram is the
-        match itself, extended by the drafted tokens above the node. Other nodes: SINGLE."""
+        """support() of each node of a trie drafted from this text (root: its last token), given
+        each node's effective match length and source."""
         out = [SINGLE] * len(tree)
         before: list[list[int]] = [self.tokens[-self.max_n:]] + [[] for _ in range(1, len(tree))]
         for v in range(1, len(tree)):
             u = tree.parents[v]
             before[v] = (before[u] + [tree.tokens[u]])[-self.max_n:] if u else before[0]
-            if sources[v] == LOOKUP_NODE and lengths[v] < SUPPORT_BELOW:
-                out[v] = self.support(before[v][-lengths[v]:], tree.tokens[v])
+            out[v] = self.support(before[v], tree.tokens[v], lengths[v], sources[v])
         return out
 
     def propose(self, max_depth: int) -> DraftTree:
@@ -276,7 +278,7 @@ class DraftCache:
         """Evaluate the committed tokens the draft has not seen; q-logits after the last one.
         Lazy, more than WINDOW behind: start over from the last WINDOW (positions from 0)."""
         if self.lazy and len(self.tokens) - self.n_eval > self.WINDOW:
-            self.ctx.clear()
+            self.ctx.seq_rm(COMMITTED_SEQ, 0, -1)  # the only sequence between steps
             self.tokens, self.n_eval = self.tokens[-self.WINDOW:], 0
         last = evaluate(self.ctx, self.tokens[self.n_eval:], self.n_eval)
         self.n_eval = len(self.tokens)

@@ -416,11 +416,11 @@ def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
 
     lookup = LookupDrafter()
     lookup.reset([0, 9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 6, 15, 16, 3, 4])
-    assert lookup.support([3, 4], 5) == MAJORITY and lookup.support([3, 4], 6) == MINORITY
-    assert lookup.support([4, 5], 11) == MINORITY and lookup.support([16, 3], 4) == SINGLE
-    assert lookup.support([9, 3, 4, 5, 13], 14) == SINGLE  # 4-grams at most: (3, 4, 5, 13) occurred once
+    assert lookup.support([3, 4], 5, 2) == MAJORITY and lookup.support([3, 4], 6, 2) == MINORITY
+    assert lookup.support([4, 5], 11, 2) == MINORITY and lookup.support([16, 3], 4, 2) == SINGLE
+    assert lookup.support([9, 3, 4, 5, 13], 14, 5) == SINGLE  # 4-grams at most: (3, 4, 5, 13) occurred once
     lookup.reset([0, 3, 4, 5, 11, 3, 4, 5, 12])
-    assert lookup.support([3, 4], 5) == UNANIMOUS
+    assert lookup.support([3, 4], 5, 2) == UNANIMOUS
 
     curve = CostCurve([1, 2, 4, 8], [0.010, 0.0135, 0.020, 0.030])
     texts = {"unanimous": [9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 5, 15],
