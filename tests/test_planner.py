@@ -453,3 +453,15 @@ def test_a_draft_far_behind_reads_only_the_recent_text_and_output_stays_exact():
     assert [p for _, p in read[:w]] == list(range(w))
     text, first = prompt + tokens, [t for t, _ in read[:w]]
     assert any(text[j:j + w] == first for j in range(1, len(text) - w))
+
+
+def test_a_unanimous_short_match_is_drafted_as_deep_as_its_support_pays():
+    """How deep a chain could pay is judged before the trie is built: with every node as
+    supported as the first, not as if the nodes below it had occurred once (that capped a
+    unanimous 2-token match's chain at one token on this curve)."""
+    passage = list(range(20, 32))
+    text = [40, *passage, 41, *passage, 42, *passage, 43, 20, 21]  # ends in a 2-token match
+    curve = CostCurve([1, 2, 4, 8, 16], [0.010, 0.0135, 0.020, 0.030, 0.050])
+    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=curve, reproducible=True))
+    auto.reset([0, *text])
+    assert auto.propose(16).tokens[1:8] == passage[2:9]
