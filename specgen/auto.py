@@ -79,7 +79,7 @@ class AutoDrafter:
         self.choices: Counter[str] = Counter()
         self.last_choice = "plain"
         self._step: _Step | None = None
-        self._depth_cache: dict[tuple[str, int], list[int]] = {}  # per (source, support), per match-length bin
+        self._depth_cache: dict[tuple[str, int, int], int] = {}  # per (source, support, match-length bin)
         # The staged model drafter may share our lookup index; then it keeps the index updated.
         self._model_owns_lookup = model is not None and model.lookup is lookup
         # Called with the prompt's tokens after a long prompt's prefill: times the costs' context term.
@@ -166,20 +166,20 @@ class AutoDrafter:
         # "corpus".
         return self._choose(_Step(kept[1].source if plan.nodes else "plain", pruned, kept, context, started))
 
-        firsts = [self.lookup.support(self.lookup.tokens, c.tokens[0], c.match_len, c.source) for c in found]
     def _useful_depth(self, match_len: int, c_target: Cost, source: str = LOOKUP_NODE, support: int = SINGLE) -> int:
         """How deep a lookup chain from a match of `match_len` tokens, whose first token has
         `support`, could pay (0: not at all), from the current acceptance estimates, taken at the
         top of each match-length bin and with every node as supported as the first, so the answer
         errs towards trying (each node's own support prices it in the plan). Recomputed only every
-        USEFUL_DEPTH_EVERY steps: it moves slowly, and on a small model every step's Python time
-        is a visible share."""
+        USEFUL_DEPTH_EVERY steps, per (source, support, match bin) as steps ask for it: it moves
+        slowly, and on a small model every step's Python time is a visible share."""
         if self.choices.total() % USEFUL_DEPTH_EVERY == 0:
             self._depth_cache.clear()
-        key = (source, support)
+        b = AcceptanceModel.lookup_bin(match_len, 1)
+        key = (source, support, b)
         if key not in self._depth_cache:
-            self._depth_cache[key] = [self._chain_depth(top, c_target, source, support) for top in MATCH_BIN_TOPS]
-        return self._depth_cache[key][AcceptanceModel.lookup_bin(match_len, 1)]
+            self._depth_cache[key] = self._chain_depth(MATCH_BIN_TOPS[b], c_target, source, support)
+        return self._depth_cache[key]
 
     def _chain_depth(self, match_len: int, c_target: Cost, source: str, support: int) -> int:
         accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source, support))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .history import Continuation
 from .kv import COMMITTED_SEQ, evaluate, keep_branch, prefill
-from .planner import (LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAJORITY, MAX_MATCH, MINORITY, SINGLE, SUPPORT_BELOW,
+from .planner import (LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAJORITY, MAX_MATCH, MINORITY, SINGLE,
                       UNANIMOUS)
 from .protocol import Batch, Context
 from .sampling import SamplingParams, distribution, draw
@@ -181,10 +181,9 @@ class LookupDrafter:
         """How this text's occurrences of the n-gram that ends `before` (the text and drafted
         tokens before a node; the node's effective match, up to max_n tokens) went on, for `token`:
         SINGLE (one occurrence), UNANIMOUS (2+, all with `token`), MAJORITY (more than half),
-        MINORITY. SINGLE for other sources than this text, and from planner.SUPPORT_BELOW matched
-        tokens on (lookup_bin ignores it there)."""
+        MINORITY. SINGLE for other sources than this text (their own text is not indexed here)."""
         n = min(self.max_n, match_len, len(before))
-        if source != LOOKUP_NODE or match_len >= SUPPORT_BELOW or n <= 0:
+        if source != LOOKUP_NODE or n <= 0:
             return SINGLE
         starts = self.index[n].get(tuple(before[len(before) - n:]))
         if not starts or len(starts) < 2:

@@ -123,14 +123,15 @@ MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (MAX_MATCH,)
 LOOKUP_NODE, LOOP_NODE, DRAFT_MODEL_NODE = "lookup", "loop", "draft"
 LOOP_MIN_MATCH = 8
 
-# A short match's continuation is as good as the text's other occurrences of the same n-gram say
-# (SuffixDecoding's frequency counts): the token after a 3-token match was right 92% of the time
-# when the n-gram's 2-4 earlier occurrences all went on with it, 65% when it had occurred once, and
-# 10-45% when they disagreed (gemma 270M Q4_K_M, 120 Spec-Bench prompts, every position). Nodes
-# whose effective match is shorter than SUPPORT_BELOW are keyed by that support too; from 10
-# matched tokens on the passage decides, not a 4-gram's other occurrences.
+# A match's continuation is as good as the text's other occurrences of the same n-gram (its last
+# LookupDrafter.max_n tokens) say: SuffixDecoding's frequency counts. After a 3-token match the next
+# token was right 92% of the time when the n-gram's 2-4 earlier occurrences all went on with it, 65%
+# when it had occurred once, and 10-45% when they disagreed (gemma 270M Q4_K_M, 120 Spec-Bench
+# prompts, every position). Under a long match a split n-gram is where copies part (a template's
+# numbers, names): it was right 73%, 97%, 86% and 93% of the time after 10-14, 15-23, 24-39 and 40+
+# matched tokens, against 97-99.6% for the other classes. Each class is learned apart, so a text
+# whose copies part at the same places (q209's years) learns where.
 SINGLE, UNANIMOUS, MAJORITY, MINORITY = range(4)  # occurred once; all agree; more than half; half or less
-SUPPORT_BELOW = 10
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,10 @@ class AcceptanceModel:
     """
 
     LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95, 0.97)  # per MATCH_BINS
-    # Per support class (SINGLE's is the source's own prior); measured (see SUPPORT_BELOW) for bins
-    # up to 7 matched tokens, a little below the measurement. Past SUPPORT_BELOW a node is SINGLE.
+    # Per support class (SINGLE's is the source's own prior), a little below the measurement (see
+    # SINGLE); where a class's tuple ends, the source's own prior goes on.
     SUPPORT_PRIOR = {UNANIMOUS: (0.6, 0.8, 0.88, 0.88, 0.92, 0.94), MAJORITY: (0.5, 0.5, 0.5, 0.55, 0.6, 0.75),
-                     MINORITY: (0.15, 0.25, 0.15, 0.3, 0.3, 0.5)}
+                     MINORITY: (0.15, 0.25, 0.15, 0.3, 0.3, 0.5, 0.7, 0.8, 0.85, 0.9)}
     # Loops (LOOP_NODE): gemma 270M Q4_K_M on 65 Spec-Bench prompts accepted 2,726 of 2,726 loop
     # nodes, against 0.98 for copies of 24-39 matched tokens.
     LOOP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.99, 0.99, 0.99, 0.995, 0.995)  # (below 7: never a loop)
@@ -187,9 +188,8 @@ class AcceptanceModel:
     @staticmethod
     def lookup_bin(match_len: int, depth: int, support: int = SINGLE) -> int:
         """The bin of a node at `depth` of a continuation matched on `match_len` tokens, with the
-        support its n-gram's other occurrences give it (SINGLE from SUPPORT_BELOW matched tokens)."""
+        support its n-gram's other occurrences give it."""
         length = match_len + depth - 1
-        support = support if length < SUPPORT_BELOW else SINGLE
         return bisect.bisect_right(MATCH_BINS, length) - 1 + support * len(MATCH_BINS)
 
     def draft_p(self, q: float) -> float:

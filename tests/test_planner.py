@@ -465,3 +465,32 @@ def test_a_unanimous_short_match_is_drafted_as_deep_as_its_support_pays():
     auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=curve, reproducible=True))
     auto.reset([0, *text])
     assert auto.propose(16).tokens[1:8] == passage[2:9]
+
+
+def test_where_a_templates_copies_part_is_learned_apart_from_the_passage():
+    """Lines that repeat but for one number (a year, a counter): under a long match the number's
+    4-gram has had a different follower every time (a split), and its failures are learned in
+    that class, not in the passage's: the passage's estimate stays high, and a line's 16 tokens
+    after its number are drafted in one chain (with failures pooled, chains stopped at 11)."""
+    import specgen.auto as A
+
+    line, tail = list(range(20, 30)), [30, 31, 32, 33, 34, 50]
+    script = {(k,): k + 1 for k in [*range(20, 29), *range(30, 34)]} | {(34,): 50, (50,): 20}
+    for n in range(60, 75):  # each line's number follows the previous line's
+        script[(n,)] = 30
+        script[(n, *tail, *line)] = n + 1
+    target = FakeModel(n_vocab=80, sharpness=2.0, script=script)
+    prompt = [0, 5, *line, 60, *tail, *line]
+    curve = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0135, 0.020, 0.030, 0.050, 0.09])
+    accepted = []
+    observe = A.AutoDrafter.observe
+
+    def spy(self, verdict, committed):
+        accepted.append(len(verdict.path))
+        observe(self, verdict, committed)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(A.AutoDrafter, "observe", spy)
+        tokens, _, _ = auto_run(target, None, prompt, 160, SamplingParams(), curve, reproducible=True)
+    assert tokens == plain_tokens(target, prompt, 160, SamplingParams())
+    assert max(accepted) >= 14
