@@ -182,24 +182,41 @@ class CostCurve:
         self.untimed_threads = False
         self._rebuild()
 
-    def reshape(self, samples: dict[int, list[float]]) -> None:
+    def reshape(self, samples: dict[int, list[float]], references: dict[int, int] | None = None) -> None:
         """New costs for some sizes, from timings now (samples must include B = 1): each size's
         ratio to one token, times the curve's one-token cost, so the level stays the curve's. A
         size the timings find within SHAPE_TOLERANCE of the curve keeps its cost: its live drift
         came from elsewhere (attention at a long context, a noisy stretch), and a few re-timings
-        are noisier than the calibration's passes (one moved gemma Q4_K_M's B=8 from 38 to 46 ms)."""
+        are noisier than the calibration's passes (one moved gemma Q4_K_M's B=8 from 38 to 46 ms).
+
+        `references` (size -> a calibrated size timed in the same passes): a size is re-costed only
+        if its reference's ratio to one token is still the curve's, within SHAPE_TOLERANCE. On a
+        shared machine noise is not one factor for all sizes: while another tenant took memory
+        bandwidth, B = 1 (memory-bound) ran 45% slower and B = 11 5% slower, and re-costed against
+        B = 1 alone, gemma F32's c(11) became 33 ms where it costs 48 (and was cached)."""
         one = float(np.quantile(samples[1], LOW_QUANTILE))
         costs = dict(zip(self.sizes, self.seconds))
+        ratio = {b: self.seconds[0] * float(np.quantile(t, LOW_QUANTILE)) / one for b, t in samples.items()}
         for b in samples:
-            if b != 1:
-                timed = self.seconds[0] * float(np.quantile(samples[b], LOW_QUANTILE)) / one
-                if b not in costs or abs(math.log(timed / costs[b])) > math.log(SHAPE_TOLERANCE):
-                    costs[b] = timed
-                self.rechecked[b] = self.rechecked.get(b, 0) + 1
-                self._drift.pop(b, None)
+            if b == 1 or b in (references or {}).values():
+                continue
+            ref = (references or {}).get(b)
+            self.rechecked[b] = self.rechecked.get(b, 0) + 1
+            self._drift.pop(b, None)
+            if ref is not None and abs(math.log(ratio[ref] / self.base(ref))) > math.log(SHAPE_TOLERANCE):
+                continue  # the sizes moved apart: this moment, not the curve, is off
+            if b not in costs or abs(math.log(ratio[b] / costs[b])) > math.log(SHAPE_TOLERANCE):
+                costs[b] = ratio[b]
         self.sizes, self.seconds = sorted(costs), [costs[b] for b in sorted(costs)]
         self.spread = self.raw = []  # no longer one measurement's
         self._rebuild()
+
+    def reference(self, b: int, exclude: list[int]) -> int | None:
+        """The calibrated size nearest below b (else above) that is neither 1 nor in `exclude`:
+        what a re-timing of b is checked against (reshape)."""
+        below = [a for a in self.sizes if 1 < a < b and a not in exclude]
+        above = [a for a in self.sizes if a > b and a not in exclude]
+        return below[-1] if below else above[0] if above else None
 
     def relative(self) -> list[float]:
         return [s / self.seconds[0] for s in self.seconds]
@@ -369,8 +386,9 @@ def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, cop
 
 
 # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost;
-# 4: passes in random order, noise dips removed, how busy the machine was; 5: a dip may lose one pass)
-CURVE_VERSION = 5
+# 4: passes in random order, noise dips removed, how busy the machine was; 5: a dip may lose one pass;
+# 6: rechecks checked against a reference size: curves cached before may hold false dips from them)
+CURVE_VERSION = 6
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = "") -> str:
@@ -520,7 +538,10 @@ class TimedContext(CostAwareContext):
         from .host import cpu_sample, others_cores
 
         before = cpu_sample()
-        self.curve.reshape(self._timed_passes(suspects, MIN_PASSES))
+        references = {b: r for b in suspects if (r := self.curve.reference(b, suspects)) is not None
+                      and r <= self.inner.n_batch}
+        timed = sorted({*suspects, *references.values()})
+        self.curve.reshape(self._timed_passes(timed, MIN_PASSES), references)
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
         if self.on_reshape is not None and calibrated and not is_busy(others_cores(before, cpu_sample())):
             self.on_reshape(self.curve)  # kept only when timed quiet, with the threads it is cached for
