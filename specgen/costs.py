@@ -197,10 +197,11 @@ class CostCurve:
         one = float(np.quantile(samples[1], LOW_QUANTILE))
         costs = dict(zip(self.sizes, self.seconds))
         ratio = {b: self.seconds[0] * float(np.quantile(t, LOW_QUANTILE)) / one for b, t in samples.items()}
+        references = references or {}
         for b in samples:
-            if b == 1 or b in (references or {}).values():
+            if b == 1 or b in references.values():
                 continue
-            ref = (references or {}).get(b)
+            ref = references.get(b)
             self.rechecked[b] = self.rechecked.get(b, 0) + 1
             self._drift.pop(b, None)
             if ref is not None and abs(math.log(ratio[ref] / self.base(ref))) > math.log(SHAPE_TOLERANCE):
