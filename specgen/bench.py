@@ -332,6 +332,7 @@ def calibration_record(curve, start: dict | None = None) -> dict | None:
         return None
     return {"source": curve.source, "cache": str(curve.cache_path) if curve.cache_path else None,
             "at_start": start or curve.to_json(), "at_end": curve.to_json(), "scale_at_end": round(curve.scale, 4),
+            "batch_scale_at_end": round(curve.batch_scale, 4),
             "rechecked_sizes": dict(curve.rechecked), "threads_at_end": curve.threads}
 
 

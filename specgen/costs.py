@@ -4,7 +4,8 @@ Measured at start-up in a spare sequence id (then removed), in passes of random 
 fitted so that noise cannot make a bigger batch look cheaper while the hardware's tile pattern
 stays (fit()); cached per (model file, llama.cpp build, threads, context size, CPU) under
 $SPECGEN_HOME/calibration, unless other processes kept the machine busy meanwhile. Live decodes
-keep the level current (a scale: machines get busy) and re-measure sizes whose shape they
+keep the level current (two scales: one token, memory-bound, and batches; machines get busy, and
+a neighbour's memory traffic slows the first far more) and re-measure sizes whose shape they
 disagree with. Attention makes a decode of B tokens after L others cost about
 c(B) + gamma * B * L: gamma is measured once, at the first long prompt, and cached too. c(B)
 asks for logits on every row; a decode that asks for one row's logits (catching a draft up on
@@ -33,6 +34,7 @@ from .protocol import Batch, Context
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 EMA = 0.1  # weight of one live measurement in the running estimate
+COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime
 # Re-timing suspect sizes may take at most this share of the time live decodes took (after the
@@ -43,14 +45,16 @@ Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 @dataclass
 class CostCurve:
-    """c(B): the calibrated shape (linear in between and beyond the measured sizes) times a scale
-    that live decodes keep current. Only the scale moves online: a plain run observes B = 1 alone,
-    and must not make c(1) cheaper than a stale c(2) (that would make speculation look costly)."""
+    """c(B): the calibrated shape (linear in between and beyond the measured sizes) times a level
+    that live decodes keep current (level()). Only the levels move online, not the shape: a plain
+    run observes B = 1 alone, and must not make c(1) cheaper than a stale c(2) (that would make
+    speculation look costly)."""
 
     sizes: list[int]
     seconds: list[float]
     source: str = "measured"
-    scale: float = 1.0
+    scale: float = 1.0  # the level of one-token decodes (memory-bound: a neighbour's memory traffic moves it)
+    batch_scale: float = 1.0  # the level of batches (compute: moves less; see level())
     per_context: float = 0.0  # gamma: seconds per batch token per token of context
     per_context_at: int = 0  # the context length gamma was measured at (0: not yet)
     per_token_one_output: float = 0.0  # seconds each token past the first adds to a one-output decode
@@ -68,7 +72,7 @@ class CostCurve:
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
     _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
     pads: bool = False  # whether its context pads batches (set by CostAwareContext); if not, padded(b) = b
-    # Per size, live decodes' log(seconds / curve) relative to the scale (an EMA) and how many
+    # Per size, live decodes' log(seconds / curve) relative to its level (an EMA) and how many
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
     _drift: dict[int, list[float]] = field(default_factory=dict, repr=False)
     rechecked: dict[int, int] = field(default_factory=dict, repr=False)
@@ -122,26 +126,48 @@ class CostCurve:
 
     def __call__(self, b: int, context: int = 0, outputs: int | None = None) -> float:
         """Seconds, on this machine now, for a decode of b tokens after `context` others."""
-        return self.scale * self.at(b, context, outputs) if b > 0 else 0.0
+        return self.level(b) * self.at(b, context, outputs) if b > 0 else 0.0
 
     def read(self, b: int, context: int) -> float:
         """Seconds to evaluate the last b of `context` tokens with one output row (a draft catching
         up on text; a prompt): each attends, on average, to half of their span."""
-        return self.scale * self.at(b, max(0, context - b // 2), outputs=1) if b > 0 else 0.0
+        return self.level(b) * self.at(b, max(0, context - b // 2), outputs=1) if b > 0 else 0.0
+
+    def _one_share(self, b: int) -> float:
+        """How much of a b-token decode moves with the one-token level rather than the batch level:
+        (c(1) / c(b))^2, 1 at b = 1, falling as the batch's compute outgrows the weights' reading.
+        Fitted to gemma F32 while a neighbour took memory bandwidth (B = 1 1.49x its calibrated
+        cost; B = 2, 4, 8, 16: 1.21, 1.10, 1.01, 0.87x; this predicts 1.20, 1.10, 1.04, 0.99)."""
+        return 1.0 if b <= 1 else min(1.0, self.base(1) / self.base(self.padded(b))) ** 2
+
+    def level(self, b: int) -> float:
+        """The scale for a decode of b tokens: the one-token level and the batch level, mixed."""
+        w = self._one_share(b)
+        return w * self.scale + (1 - w) * self.batch_scale
 
     def given(self, context: int) -> "Cost":
         """c(B) after `context` tokens, as the one-argument cost the planner's functions take."""
         return lambda b: self(b, context)
 
     def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
-        """Fold a real decode into the scale (machines get busy), and into the size's drift from
-        the others (decodes with logits on every row: the shape was timed that way)."""
+        """Fold a real decode into its level (machines get busy), and into the size's drift from
+        the others (decodes with logits on every row: the shape was timed that way). Decodes with
+        fewer output rows (a draft catching up, a prompt) move neither level."""
         ratio = seconds / self.at(b, context, outputs)
         if outputs is None or outputs == b:
             drift = self._drift.setdefault(b, [0.0, 0])
-            drift[0] += (math.log(ratio / self.scale) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
+            drift[0] += (math.log(ratio / self.level(b)) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
             drift[1] += 1
-        self.scale = (1 - EMA) * self.scale + EMA * ratio
+        if b == 1 or self._one_share(b) > 0.95:  # (a flat curve, as on a GPU: one level for all)
+            self.scale = (1 - EMA) * self.scale + EMA * ratio
+            # Weakly, the batch level too: a run that stopped drafting (batches looked dear) sees
+            # no batches that could show it they got cheaper.
+            self.batch_scale += (ratio - self.batch_scale) * EMA * COUPLING
+        elif outputs is None or outputs == b:
+            # The batch level this decode implies, given the one-token level's share of it.
+            w = self._one_share(b)
+            implied = max(0.2 * self.batch_scale, (ratio - w * self.scale) / (1 - w))
+            self.batch_scale = (1 - EMA) * self.batch_scale + EMA * implied
 
     def suspects(self) -> list[int]:
         """Sizes whose live decodes keep disagreeing with the curve's shape (not its level): at

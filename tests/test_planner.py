@@ -71,8 +71,29 @@ def test_cost_curve_interpolates_extrapolates_and_tracks_scale():
     c = CostCurve([1, 4, 8], [1.0, 2.0, 4.0])
     assert c(2) == pytest.approx(4 / 3) and c(16) == pytest.approx(8.0) and c(0) == 0.0
     for _ in range(200):
-        c.observe(1, 0.5)  # the machine got twice as fast
+        c.observe(8, 2.0)  # batches got twice as fast
+        c.observe(1, 0.5)  # and so did one token
     assert c(1) == pytest.approx(0.5, rel=1e-3) and c(8) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_one_token_and_batches_keep_their_own_level():
+    """A neighbour's memory traffic slows a memory-bound decode of one token far more than a
+    batch (gemma F32: B = 1 at 1.5x its calibrated cost, B = 8 at 1.0x). One scale for both made
+    the planner price a batch of 8 at 1.5x too and stop drafting; each keeps its own level, a
+    small batch following the one-token level by how much of its cost reading the weights is."""
+    c = CostCurve([1, 2, 8, 16], [1.0, 1.5, 2.5, 4.0])
+    for _ in range(100):
+        c.observe(1, 1.5)
+        c.observe(8, 2.5)
+        c.observe(16, 4.0)
+    assert c(1) == pytest.approx(1.5, rel=0.02)
+    assert c(8) == pytest.approx(2.5, rel=0.05) and c(16) == pytest.approx(4.0, rel=0.05)
+    assert 1.5 < c(2) < 1.5 * 1.5  # between the two levels
+    # Batches unseen for long follow the one-token level, slowly: none could show them cheaper.
+    c = CostCurve([1, 8], [1.0, 2.5])
+    for _ in range(300):
+        c.observe(1, 0.5)
+    assert c(1) == pytest.approx(0.5, rel=0.02) and c(8) < 0.6 * 2.5
 
 
 def test_calibration_times_batches_that_output_every_row_and_cleans_up():
