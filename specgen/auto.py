@@ -23,7 +23,7 @@ from typing import Callable
 from .costs import Cost, CostCurve
 from .drafters import LookupDrafter, ModelDrafter, continuation_tree
 from .history import History
-from .planner import (LOOKUP_NODE, MATCH_BIN_TOPS, RELAX, SINGLE, AcceptanceModel, DraftEstimate, Guard,
+from .planner import (LOOKUP_NODE, LOOP_NODE, MATCH_BIN_TOPS, RELAX, SINGLE, AcceptanceModel, DraftEstimate, Guard,
                       NodeEvidence, PlainSpeed, best_chain_length, best_subtree)
 from .tree import DraftTree
 from .verify import Verdict
@@ -33,7 +33,10 @@ LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to
 # outcomes), is capped here, or every depth would look free. The cap bounds how deep a chain can
 # pay: on gemma Q4_K_M's curve, 15 tokens at 0.95 and 31 at 0.99. Measured on 65 Spec-Bench
 # prompts: loop nodes 2,726 of 2,726 accepted, copies of 40+ matched tokens 0.997, 24-39 0.98.
-MAX_ACCEPT = 0.99
+# So a loop node's cap is higher: at 0.99, 31 tokens were the most a loop chain could pay on
+# gemma Q4_K_M's curve, where 63 at 0.998 take 2.5 ms a token against 3.1 for 31 (both accepted
+# whole).
+MAX_ACCEPT, MAX_ACCEPT_LOOP = 0.99, 0.998
 USEFUL_DEPTH_EVERY = 16  # steps between recomputing how deep lookup chains can pay
 HISTORY_BELOW = 10  # other texts are searched when this text's best match is shorter than this
 
@@ -139,7 +142,8 @@ class AutoDrafter:
         support = self.lookup.supports(tree, [m + d - 1 for m, d in zip(match_len, tdepth)], sources)
         accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v], sources[v], support[v])
                           for v in range(1, len(tree))]
-        plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
+        caps = [1.0] + [_cap(sources[v]) for v in range(1, len(tree))]
+        plan = best_subtree(tree.parents, _cap_siblings(tree, accept, caps), c_target, 0.0, self.max_nodes)
 
         if self.model is not None and self.c_draft is not None and self.draft_guard.allow_speculation():
             # A drafted token costs a draft decode plus Python work on a vocabulary-sized row:
@@ -182,7 +186,7 @@ class AutoDrafter:
         return self._depth_cache[key]
 
     def _chain_depth(self, match_len: int, c_target: Cost, source: str, support: int) -> int:
-        accept = [1.0] + [min(MAX_ACCEPT, self.acceptance.lookup_p(match_len, d, source, support))
+        accept = [1.0] + [min(_cap(source), self.acceptance.lookup_p(match_len, d, source, support))
                           for d in range(1, self.max_depth + 1)]
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)
@@ -249,18 +253,24 @@ class AutoDrafter:
             self.lookup.observe(verdict, committed)
 
 
-def _cap_siblings(tree: DraftTree, accept: list[float]) -> list[float]:
-    """Siblings are exclusive: their acceptance estimates may sum to at most MAX_ACCEPT. Each
-    estimate was learned as if its node stood alone, so the likeliest keeps its own and the others
-    share what is left, in order: a 4-token match beside a loop cannot halve the loop's estimate
-    (scaling them all by their sum did, and cut 31-token loop chains to 15)."""
+def _cap(source: str) -> float:
+    return MAX_ACCEPT_LOOP if source == LOOP_NODE else MAX_ACCEPT
+
+
+def _cap_siblings(tree: DraftTree, accept: list[float], caps: list[float] | None = None) -> list[float]:
+    """Siblings are exclusive: their acceptance estimates may sum to at most the cap (per node,
+    `caps`; default MAX_ACCEPT; siblings together: their highest). Each estimate was learned as
+    if its node stood alone, so the likeliest keeps its own and the others share what is left, in
+    order: a 4-token match beside a loop cannot halve the loop's estimate (scaling them all by
+    their sum did, and cut 31-token loop chains to 15)."""
     out = list(accept)
+    caps = caps or [MAX_ACCEPT] * len(accept)
     for kids in tree.children():
         if not kids:
             continue
         kids = sorted(kids, key=lambda c: -out[c])
-        left = MAX_ACCEPT
+        left = max(caps[c] for c in kids)
         for c in kids:
-            out[c] = min(out[c], left)
+            out[c] = min(out[c], caps[c], left)
             left -= out[c]
     return out

@@ -391,7 +391,7 @@ def test_guard_judges_long_steps_after_fewer_of_them():
 
 
 def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest():
-    from specgen.auto import MAX_ACCEPT, _cap_siblings
+    from specgen.auto import MAX_ACCEPT, MAX_ACCEPT_LOOP, _cap_siblings
     from specgen.tree import DraftTree
 
     tree = DraftTree.root_only(1)
@@ -403,6 +403,12 @@ def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest(
     assert capped[4] == 0.9  # an only child below keeps its own estimate
     assert _cap_siblings(tree, [1.0, 0.5, 0.3, 0.1, 0.5])[1:4] == [0.5, 0.3, 0.1]  # within the cap: as learned
     assert _cap_siblings(tree, [1.0, 0.3, 0.7, 0.1, 0.5])[1:4] == pytest.approx([0.29, 0.7, 0.0])
+    # A loop node's own cap is higher (loops were accepted 2,726 times of 2,726): a loop chain of
+    # 63 tokens can pay where at 0.99 a token it could not.
+    caps = [1.0, MAX_ACCEPT_LOOP, MAX_ACCEPT, MAX_ACCEPT, MAX_ACCEPT_LOOP]
+    assert _cap_siblings(tree, [1.0, 0.999, 0.6, 0.01, 0.999], caps) == pytest.approx(
+        [1.0, MAX_ACCEPT_LOOP, 0.0, 0.0, MAX_ACCEPT_LOOP])
+    assert _cap_siblings(tree, [1.0, 0.2, 0.999, 0.01, 0.5], caps)[1:4] == pytest.approx([MAX_ACCEPT_LOOP - MAX_ACCEPT, MAX_ACCEPT, 0.0])
 
 
 def test_draft_steps_whose_tree_is_pruned_to_nothing_count_against_the_draft():
