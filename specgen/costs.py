@@ -151,21 +151,21 @@ class CostCurve:
 
     def observe(self, b: int, seconds: float, context: int = 0, outputs: int | None = None) -> None:
         """Fold a real decode into its level (machines get busy), and into the size's drift from
-        the others (decodes with logits on every row: the shape was timed that way). Decodes with
-        fewer output rows (a draft catching up, a prompt) move neither level."""
-        ratio = seconds / self.at(b, context, outputs)
-        if outputs is None or outputs == b:
-            drift = self._drift.setdefault(b, [0.0, 0])
-            drift[0] += (math.log(ratio / self.level(b)) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
-            drift[1] += 1
-        if b == 1 or self._one_share(b) > 0.95:  # (a flat curve, as on a GPU: one level for all)
+        the others: decodes with logits on every row, as the shape was timed. Decodes with fewer
+        output rows (a draft catching up, a prompt) move neither."""
+        if outputs is not None and outputs < b:
+            return
+        ratio = seconds / self.at(b, context)
+        drift = self._drift.setdefault(b, [0.0, 0])
+        drift[0] += (math.log(ratio / self.level(b)) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
+        drift[1] += 1
+        w = self._one_share(b)
+        if w > 0.95:  # one token (or a flat curve, as on a GPU: one level for all)
             self.scale = (1 - EMA) * self.scale + EMA * ratio
             # Weakly, the batch level too: a run that stopped drafting (batches looked dear) sees
             # no batches that could show it they got cheaper.
             self.batch_scale += (ratio - self.batch_scale) * EMA * COUPLING
-        elif outputs is None or outputs == b:
-            # The batch level this decode implies, given the one-token level's share of it.
-            w = self._one_share(b)
+        else:  # the batch level this decode implies, given the one-token level's share of it
             implied = max(0.2 * self.batch_scale, (ratio - w * self.scale) / (1 - w))
             self.batch_scale = (1 - EMA) * self.batch_scale + EMA * implied
 
