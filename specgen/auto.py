@@ -56,6 +56,7 @@ class _Step:
     # done and belongs to its account (a draft that keeps proposing nothing worth verifying made
     # gemma F32's plain steps 30% slower, unseen by the draft's guard).
     uses_draft: bool = False
+    chosen: float = 0.0  # perf_counter when propose() returned: a plain step's own time starts here
 
 
 class AutoDrafter:
@@ -217,6 +218,7 @@ class AutoDrafter:
         self.c_draft.scale += (self.c_target.scale - self.c_draft.scale) * RELAX
 
     def _choose(self, step: _Step) -> DraftTree:
+        step.chosen = time.perf_counter()
         self.last_choice = step.choice
         self.choices[step.choice] += 1
         self._step = step
@@ -244,9 +246,11 @@ class AutoDrafter:
                 self.draft_guard.record(len(committed), seconds, plain_rate)
                 if not self.reproducible:
                     self.draft.observe_step_time(step.planned_s, seconds)
-        elif step is not None and step.choice in ("probe", "guard") and not self.reproducible:
-            # Only steps that skipped planning: a plain step chosen after it also paid for the plan.
-            self.plain.observe_plain(time.perf_counter() - step.started)
+        elif step is not None and not self.reproducible:
+            # A step that drafted nothing is a plain step (timed from when planning ended): with
+            # one every few steps, as on gemma Q4_K_M where half the steps draft nothing, no probe
+            # is forced in place of a draft (they were, into loops the text was copying).
+            self.plain.observe_plain(time.perf_counter() - step.chosen)
         if self.model is not None:
             self.model.observe(verdict, committed)
         if not self._model_owns_lookup:

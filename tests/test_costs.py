@@ -231,6 +231,26 @@ def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_say
     assert run()["guard"] == 0
 
 
+def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed():
+    """A plain step the planner chose tells what plain decoding takes, as a probe would: a probe (a
+    plain step forced in place of a draft) is owed only after PROBE_EVERY speculative steps with no
+    plain step between. On gemma Q4_K_M half of auto's steps draft nothing, and probes were still
+    forced into loops the text was copying."""
+    from specgen.methods import METHODS, DraftingKit
+    from specgen.planner import PROBE_EVERY
+    from specgen.sampling import SamplingParams
+    from specgen.verify import Verdict
+
+    steep = CostCurve([1, 8], [0.010, 0.080])  # a batch costs what its tokens do one by one
+    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=steep))
+    auto.reset([0, 3, 4, 5, 3, 4, 5])
+    auto.plain.since = PROBE_EVERY - 1  # as after 15 speculative steps
+    auto.propose(16)
+    assert auto.last_choice == "plain"
+    auto.observe(Verdict([], [9]), [9])
+    assert auto.plain.seconds is not None and auto.plain.since == 0
+
+
 def test_plain_probes_grow_rarer_while_speculation_clearly_wins_and_return_when_it_does_not():
     from specgen.planner import MAX_PROBE_EVERY, PROBE_EVERY, PlainSpeed
 
