@@ -71,6 +71,7 @@ class CostCurve:
     between: str = "linear"
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
     _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
+    _shares: list[float] = field(default_factory=list, repr=False)  # (c(1) / c(b))^2 for b < TABLE: see _one_share
     pads: bool = False  # whether its context pads batches (set by CostAwareContext); if not, padded(b) = b
     # Per size, live decodes' log(seconds / curve) relative to its level (an EMA) and how many
     # there were: a size far off the others is a shape the curve has wrong (suspects()).
@@ -96,6 +97,7 @@ class CostCurve:
             if self._table[b] <= self._table[best]:
                 best = b
             self._padded[b] = best
+        self._shares = [1.0] + [min(1.0, self._table[1] / self._table[b]) ** 2 for b in range(1, self.TABLE)]
 
     def base(self, b: int) -> float:
         return self._table[b] if b < self.TABLE else self._interpolate(b)
@@ -138,7 +140,10 @@ class CostCurve:
         (c(1) / c(b))^2, 1 at b = 1, falling as the batch's compute outgrows the weights' reading.
         Fitted to gemma F32 while a neighbour took memory bandwidth (B = 1 1.49x its calibrated
         cost; B = 2, 4, 8, 16: 1.21, 1.10, 1.01, 0.87x; this predicts 1.20, 1.10, 1.04, 0.99)."""
-        return 1.0 if b <= 1 else min(1.0, self.base(1) / self.base(self.padded(b))) ** 2
+        if b <= 1:
+            return 1.0
+        p = self.padded(b)
+        return self._shares[p] if p < self.TABLE else min(1.0, self.base(1) / self.base(p)) ** 2
 
     def level(self, b: int) -> float:
         """The scale for a decode of b tokens: the one-token level and the batch level, mixed."""
