@@ -31,8 +31,11 @@ import numpy as np
 from .protocol import Batch, Context
 
 # Every size up to 16: quantized kernels process rows in tiles (on these CPUs 8 rows cost less
-# than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there.
-BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
+# than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there. Up to 80,
+# past auto's largest tree (72 nodes): beyond the last measured size nothing is known, and gemma
+# Q4_K_M's 65 rows took 186 ms where 64 took 170 (the 65th row's output layer runs apart from the
+# tiles), against 164.5 extrapolated from 48 and 64: loop chains of 65 were chosen for it.
+BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 80)
 EMA = 0.1  # weight of one live measurement in the running estimate
 COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
@@ -45,7 +48,7 @@ Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
 @dataclass
 class CostCurve:
-    """c(B): the calibrated shape (linear in between and beyond the measured sizes) times a level
+    """c(B): the calibrated shape (between and beyond the measured sizes: see _interpolate) times a level
     that live decodes keep current (level()). Only the levels move online, not the shape: a plain
     run observes B = 1 alone, and must not make c(1) cheaper than a stale c(2) (that would make
     speculation look costly)."""
@@ -104,6 +107,10 @@ class CostCurve:
 
     def _interpolate(self, b: int) -> float:
         xs, ys = self.sizes, self.seconds
+        if b >= xs[-1] and self.between == "step" and xs[-1] > 1:
+            # Past a measured curve's end: no cheaper per token than its last size (no tile
+            # pattern can be known there).
+            return ys[-1] * b / xs[-1]
         if b >= xs[-1]:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
             return ys[-1] + max(0.0, slope) * (b - xs[-1])
@@ -419,8 +426,9 @@ def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, cop
 
 # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost;
 # 4: passes in random order, noise dips removed, how busy the machine was; 5: a dip may lose one pass;
-# 6: rechecks checked against a reference size: curves cached before may hold false dips from them)
-CURVE_VERSION = 6
+# 6: rechecks checked against a reference size: curves cached before may hold false dips from them;
+# 7: timed up to 80 tokens)
+CURVE_VERSION = 7
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = "") -> str:

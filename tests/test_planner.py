@@ -76,6 +76,16 @@ def test_cost_curve_interpolates_extrapolates_and_tracks_scale():
     assert c(1) == pytest.approx(0.5, rel=1e-3) and c(8) == pytest.approx(2.0, rel=1e-3)
 
 
+def test_a_measured_curve_is_never_cheaper_per_token_past_its_last_size():
+    """Past the last measured size a tile edge may lie anywhere (gemma Q4_K_M: 65 rows took 186 ms
+    where 64 took 170, and 164.5 was extrapolated from 48 and 64): a measured curve prices such
+    sizes at its last size's cost per token, so the planner stops at a size it knows."""
+    c = CostCurve([1, 48, 64], [0.010, 0.126, 0.162], between="step")
+    assert c(65) / 65 >= c(64) / 64 and c(72) == pytest.approx(0.162 * 72 / 64)
+    # The sizes calibration times reach past the biggest tree auto may build.
+    assert max(BATCH_SIZES) >= METHODS["auto"].params["max_nodes"]
+
+
 def test_one_token_and_batches_keep_their_own_level():
     """A neighbour's memory traffic slows a memory-bound decode of one token far more than a
     batch (gemma F32: B = 1 at 1.5x its calibrated cost, B = 8 at 1.0x). One scale for both made
@@ -99,7 +109,7 @@ def test_one_token_and_batches_keep_their_own_level():
 def test_calibration_times_batches_that_output_every_row_and_cleans_up():
     """A tree verify asks for logits at every node; with a large vocabulary the output layer is
     most of a token's cost, so calibration batches must ask for every row too."""
-    ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4)
+    ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4, n_batch=128)
     ctx.decode(_prompt_batch([3, 4, 5]))
     committed = {s: dict(cells) for s, cells in ctx.kv.items()}
     curve = measure(ctx, 3, 7, budget_s=60.0)
