@@ -469,7 +469,7 @@ def calibrate(
     from . import backend, models
     from .auto import LONG_PROMPT
     from .config import RunConfig, check_threads
-    from .session import TARGET_SEQS, cost_curve
+    from .session import TARGET_OUTPUTS, TARGET_SEQS, cost_curve
 
     check_threads(threads)
     defaults = RunConfig()
@@ -478,7 +478,8 @@ def calibrate(
     if ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, found {ctx}")
     llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
-    context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads)
+    context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads,
+                              n_outputs=TARGET_OUTPUTS)
     curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)
     summary, warning = calibration_summary(curve, context.n_threads)
     print(summary)

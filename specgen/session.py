@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import methods as M
 from .config import RunConfig
-from .costs import (MEASURE_BUDGET_S, CostAwareContext, CostCurve, TimedContext, cache_key, load_cached, measure,
-                    measure_context, save_cached)
+from .costs import (BATCH_SIZES, MEASURE_BUDGET_S, CostAwareContext, CostCurve, TimedContext, cache_key, load_cached,
+                    measure, measure_context, save_cached)
 from .engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from .history import History
 from .kv import prefill
@@ -25,6 +25,7 @@ from .stats import RunStats
 from .vocab import SubsetContext, check_compatible, check_subset, sample_ids
 
 TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
+TARGET_OUTPUTS = max(BATCH_SIZES)  # logits rows it has room for from the start: its largest decode
 DRAFT_SEQS = 64  # the draft also needs one per branch it expands
 
 
@@ -128,7 +129,8 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
             M.check_rollback(method, draft, str(cfg.draft), role="draft")
     n_ctx = min(cfg.ctx, target.n_ctx_train) if target.n_ctx_train > 0 else cfg.ctx
     speculative = any(m.speculative for m in chosen)
-    ctx = target.new_context(n_ctx, n_seq_max=TARGET_SEQS if speculative else 1, n_threads=cfg.threads)
+    ctx = target.new_context(n_ctx, n_seq_max=TARGET_SEQS if speculative else 1, n_threads=cfg.threads,
+                             n_outputs=TARGET_OUTPUTS if speculative else 1)
     draft_ctx = None
     if draft is not None:
         draft_ctx = draft.new_context(n_ctx, n_seq_max=DRAFT_SEQS, n_threads=cfg.threads)

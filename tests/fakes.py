@@ -57,7 +57,8 @@ class FakeModel:
         """A stand-in template: each message on a line of its own, role first."""
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
-    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512, n_threads=None) -> "FakeContext":
+    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512, n_threads=None,
+                    n_outputs: int = 1) -> "FakeContext":
         return FakeContext(self, n_ctx, n_seq_max, n_batch)
 
 
