@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from .methods import AUTO_NODES
 from .protocol import Batch, Context
 
 # Every size up to 16: quantized kernels process rows in tiles (on these CPUs 8 rows cost less
@@ -35,7 +36,7 @@ from .protocol import Batch, Context
 # auto's largest tree (methods.AUTO_NODES): beyond the last measured size nothing is known, and gemma
 # Q4_K_M's 65 rows took 186 ms where 64 took 170 (the 65th row's output layer runs apart from the
 # tiles), against 164.5 extrapolated from 48 and 64: loop chains of 65 were chosen for it.
-BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 80)
+BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, AUTO_NODES)
 EMA = 0.1  # weight of one live measurement in the running estimate
 COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects

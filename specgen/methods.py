@@ -84,15 +84,16 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
 
 
 _TREE = dict(branching=2, max_nodes=6, max_depth=4)
-# auto's largest tree: the largest size calibration times (costs.BATCH_SIZES; a test keeps it so),
-# so every tree it weighs is priced from a measurement. gemma Q4_K_M: 80 tokens cost 2.46 ms each,
+# auto's largest tree, and the largest size calibration times (costs.BATCH_SIZES ends with it), so
+# every tree it weighs is priced from a measurement. gemma Q4_K_M: 80 tokens cost 2.46 ms each,
 # 64 cost 2.50; with chains of up to 80 loop tokens 30 Spec-Bench prompts were modelled 0.6% faster,
 # 30 others the same.
 AUTO_NODES = 80
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
-           _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4, draft=dict(branching=1, max_depth=16))),
+           _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4,
+                       draft=dict(branching=1, max_depth=16))),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
            dict(branching=1, max_nodes=6, min_prob=0.3)),

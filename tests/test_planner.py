@@ -418,7 +418,8 @@ def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest(
     caps = [1.0, MAX_ACCEPT_LOOP, MAX_ACCEPT, MAX_ACCEPT, MAX_ACCEPT_LOOP]
     assert _cap_siblings(tree, [1.0, 0.999, 0.6, 0.01, 0.999], caps) == pytest.approx(
         [1.0, MAX_ACCEPT_LOOP, 0.0, 0.0, MAX_ACCEPT_LOOP])
-    assert _cap_siblings(tree, [1.0, 0.2, 0.999, 0.01, 0.5], caps)[1:4] == pytest.approx([MAX_ACCEPT_LOOP - MAX_ACCEPT, MAX_ACCEPT, 0.0])
+    capped = _cap_siblings(tree, [1.0, 0.2, 0.999, 0.01, 0.5], caps)
+    assert capped[1:4] == pytest.approx([MAX_ACCEPT_LOOP - MAX_ACCEPT, MAX_ACCEPT, 0.0])
 
 
 def test_draft_steps_whose_tree_is_pruned_to_nothing_count_against_the_draft():
