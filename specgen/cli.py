@@ -382,7 +382,7 @@ def demo(
         at = next((i for i, (x, y) in enumerate(zip(reference.text, result.text)) if x != y),
                   min(len(reference.text), len(result.text)))
         note(f"the texts part after {at} characters: on a quantized target, llama.cpp's batch-size-dependent "
-             "rounding can flip a near-tie between two tokens (F32 targets match exactly)")
+             "rounding can flip a near-tie between two tokens (rarely on F32 targets)")
 
 
 def demo_summary(plain_tps: float, auto_tps: float, identical: bool) -> str:
