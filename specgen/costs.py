@@ -101,7 +101,7 @@ class CostCurve:
             if self._table[b] <= self._table[best]:
                 best = b
             self._padded[b] = best
-        self._shares = [1.0] + [min(1.0, self._table[1] / self._table[b]) ** 2 for b in range(1, self.TABLE)]
+        self._shares = [1.0] + [self._share_of(b) for b in range(1, self.TABLE)]
 
     def base(self, b: int) -> float:
         return self._table[b] if b < self.TABLE else self._interpolate(b)
@@ -151,7 +151,11 @@ class CostCurve:
         if b <= 1:
             return 1.0
         p = self.padded(b)
-        return self._shares[p] if p < self.TABLE else min(1.0, self.base(1) / self.base(p)) ** 2
+        return self._shares[p] if p < self.TABLE else self._share_of(p)
+
+    def _share_of(self, size: int) -> float:
+        """_one_share's formula for a decode of `size` rows (tabled below TABLE)."""
+        return min(1.0, self.base(1) / self.base(size)) ** 2
 
     def level(self, b: int) -> float:
         """The scale for a decode of b tokens: the one-token level and the batch level, mixed."""
