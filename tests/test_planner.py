@@ -265,6 +265,22 @@ def test_a_draft_behind_on_committed_text_is_priced_at_one_output_row():
     assert choices == {0.0: "plain", 0.0001: "staged"}
 
 
+def test_a_draft_catch_up_must_pay_for_itself_soon_however_long_the_budget():
+    """Reading 200 tokens into the draft (0.4 s here) would pay over 2,000 tokens, but a text can
+    end after three: auto starts the draft only when it earns its catch-up back within
+    CATCH_UP_HORIZON tokens, as it does when the backlog is short."""
+    target = FakeModel(n_vocab=512, sharpness=2.0)
+    choices = {}
+    for backlog in (4, 200):
+        draft_curve = CostCurve([1, 8], [0.002, 0.016], per_token_one_output=0.002)
+        auto = auto_with_draft(NoisyDraft(target, 0.3), draft_curve)
+        auto.reset(list(range(10, 10 + backlog)))  # no repeats: lookup has nothing to offer
+        assert auto.model.backlog == backlog
+        auto.propose(2000)
+        choices[backlog] = auto.last_choice
+    assert choices == {4: "staged", 200: "plain"}
+
+
 def test_a_draft_judged_too_weak_is_tried_again_later():
     """Acceptance is learned only from steps that use the draft: a low estimate would otherwise
     keep it out for good, though the text (and how well the draft knows it) changes."""
