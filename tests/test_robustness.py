@@ -97,8 +97,12 @@ COUNTING = ["--no-chat", "-n", "4000", "--ctx", "8192", "--method", "auto"]
 
 
 def start(*args):
+    """specgen as a terminal starts it, with Ctrl-C at its default. A test run launched in the
+    background (`nohup make test &` from a script) hands its children SIGINT ignored, which Python
+    keeps, so these runs would write all 4,000 tokens and never exit with 130."""
     return subprocess.Popen([sys.executable, "-m", "specgen", "generate", "-m", SMOLLM2, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_ctrl_c_flushes_text_prints_stats_and_exits_130():
