@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -64,6 +65,38 @@ RPC_ON = "-DGGML_RPC=ON"
 AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
+# specgen's own kernel for Q8_0 products with few columns (a verification batch's output layer),
+# compiled into llama.cpp's CPU backend: see the header's comment for why and for its exactness.
+KERNEL = Path(__file__).resolve().parent / "native" / "q8_0_few_columns.h"
+KERNEL_NAME = "specgen_q8_0_few_columns.h"
+# Where it is hooked in, each anchor a line of the vendored llama.cpp that must occur exactly once.
+SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+CPU_BACKEND = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp"
+HOOKS = [
+    (SGEMM, '#include "sgemm.h"\n', f'#include "sgemm.h"\n#include "{KERNEL_NAME}"\n'),
+    (SGEMM, "    // only enable sgemm for prompt processing\n",
+     "#ifdef SPECGEN_Q8_0\n"
+     "    if (Atype == GGML_TYPE_Q8_0 && Btype == GGML_TYPE_Q8_0 && Ctype == GGML_TYPE_F32 &&\n"
+     "        specgen_q8_0::matmul(m, n, k, A, lda, B, ldb, (float *) C, ldc, params->ith, params->nth))\n"
+     "        return true;\n"
+     "#endif\n"
+     "    // only enable sgemm for prompt processing\n"),
+    (CPU_BACKEND, '#include "ggml-cpu.h"\n',
+     f'#include "ggml-cpu.h"\n#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/{KERNEL_NAME}"\n#endif\n'),
+    (CPU_BACKEND, "        features.push_back({ nullptr, nullptr });\n",
+     "    #ifdef SPECGEN_Q8_0\n"
+     "        features.push_back({ \"SPECGEN_Q8_0\", specgen_q8_0::enabled() ? SPECGEN_Q8_0 : \"off\" });\n"
+     "    #endif\n"
+     "        features.push_back({ nullptr, nullptr });\n"),
+]
+
+
+def kernel_digest() -> str:
+    """What the patch adds, for the wheel cache's key: the kernel and where it is hooked in."""
+    blob = KERNEL.read_bytes() + repr(HOOKS).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     cmake_args: list[str]
@@ -72,7 +105,7 @@ class BuildPlan:
     @property
     def key(self) -> str:
         blob = "\n".join([LLAMA_CPP_PYTHON_VERSION, sys.implementation.cache_tag, platform.machine(),
-                          *self.cmake_args])
+                          *self.cmake_args, kernel_digest()])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -138,6 +171,37 @@ def _run_with_progress(cmd: list[str], env: dict[str, str], log_path: Path) -> i
     return rc
 
 
+def fetch_sdist(tmp: Path) -> Path:
+    """The pinned llama-cpp-python sdist, unpacked under `tmp` (pip fetches it, so pip's index and
+    proxy settings apply)."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(tmp),
+           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+    if subprocess.run(cmd).returncode != 0:
+        sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist (pip download failed)")
+    archive = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(tmp, filter="data")
+        else:  # Python < 3.11.4: no extraction filters; the archive comes from our pinned index
+            tar.extractall(tmp)
+    archive.unlink()
+    return tmp / archive.name[: -len(".tar.gz")]
+
+
+def patch_llama_cpp(source: Path) -> Path:
+    """Add specgen's Q8_0 kernel to the unpacked sdist. Each hook goes after an anchor line that must
+    occur exactly once, so a changed llama.cpp fails the build loudly rather than building without it."""
+    shutil.copyfile(KERNEL, source / Path(SGEMM).parent / KERNEL_NAME)
+    for rel, anchor, replacement in HOOKS:
+        path = source / rel
+        text = path.read_text(encoding="utf-8")
+        if text.count(anchor) != 1:
+            sys.exit(f"specgen: cannot add its Q8_0 kernel to llama.cpp: expected the line {anchor.strip()!r} "
+                     f"once in {rel}, found it {text.count(anchor)} times")
+        path.write_text(text.replace(anchor, replacement), encoding="utf-8")
+    return source
+
+
 def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
@@ -149,9 +213,8 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v",
-               "--no-binary", "llama-cpp-python", "-w", tmp,
-               f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+        source = patch_llama_cpp(fetch_sdist(Path(tmp)))
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "-w", tmp, str(source)]
         log_path = cache.parent / f"build-{plan.key}.log"
         if _run_with_progress(cmd, env, log_path) != 0:
             tail = log_path.read_text(errors="replace").splitlines()[-15:]

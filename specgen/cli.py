@@ -535,6 +535,7 @@ def doctor(
     print(f"llama.cpp build: {', '.join(features) or 'no CPU extensions'}; computes on {info.accelerator}; "
           f"RPC backend {'yes' if info.rpc else 'no'}")
     print(f"  built by specgen for this host: {'yes' if installed_by_us else 'no'} ({plan.reason})")
+    print(f"  specgen's Q8_0 kernel: {d.q8_0_kernel(info.system_info)}")
     print(f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
           f"· {platform.system()} {platform.machine()}")
     home = specgen_home()

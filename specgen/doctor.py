@@ -25,6 +25,16 @@ def enabled_features(system_info: str) -> list[str]:
     return [name for name, on in re.findall(r"([A-Z0-9_]+) = (\d+)", system_info) if on != "0"]
 
 
+def q8_0_kernel(system_info: str) -> str:
+    """Whether the build carries specgen's Q8_0 kernel (specgen/native), in words for `doctor`."""
+    found = re.search(r"SPECGEN_Q8_0 = (\w+)", system_info)
+    if found is None:
+        return "not in this build (llama.cpp's own kernels; python -m specgen.build adds it on x86-64)"
+    if found.group(1) == "off":
+        return "built in, turned off by SPECGEN_Q8_0=0"
+    return f"{found.group(1)} (Q8_0 products of 1-64 rows, e.g. a verification batch's output layer)"
+
+
 def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:
     """Problems with the installed build on this host: AMX (known crash), ISAs the CPU lacks."""
     warnings = []

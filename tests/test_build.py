@@ -1,3 +1,5 @@
+import pytest
+
 from specgen import build
 
 
@@ -46,3 +48,47 @@ def test_doctor_flags_amx_and_missing_isas():
     assert any("AMX" in w and "#20824" in w for w in warnings)
     assert any("AVX512, which this CPU lacks" in w for w in warnings)
     assert build_warnings("CPU : AVX = 1 | AVX2 = 1 |", {"avx", "avx2"}) == []
+
+
+def fake_sdist(root, sgemm_anchor=True):
+    """The two vendored llama.cpp files specgen.build hooks its kernel into, cut down to their anchors."""
+    sgemm = root / build.SGEMM
+    sgemm.parent.mkdir(parents=True)
+    body = "    // only enable sgemm for prompt processing\n" if sgemm_anchor else "    // changed upstream\n"
+    sgemm.write_text('#include "sgemm.h"\nbool llamafile_sgemm(...) {\n' + body + "}\n")
+    cpu = root / build.CPU_BACKEND
+    cpu.write_text('#include "ggml-cpu.h"\n    auto f = [] {\n        features.push_back({ nullptr, nullptr });\n')
+    return root
+
+
+def test_the_kernel_is_hooked_in_before_tinyblas_and_named_in_the_features(tmp_path):
+    source = build.patch_llama_cpp(fake_sdist(tmp_path))
+    sgemm = (source / build.SGEMM).read_text()
+    kernel = source / build.SGEMM.rsplit("/", 1)[0] / build.KERNEL_NAME
+    assert kernel.read_bytes() == build.KERNEL.read_bytes()
+    assert sgemm.index(f'#include "{build.KERNEL_NAME}"') < sgemm.index("specgen_q8_0::matmul(")
+    assert sgemm.index("specgen_q8_0::matmul(") < sgemm.index("// only enable sgemm for prompt processing")
+    cpu = (source / build.CPU_BACKEND).read_text()
+    assert cpu.index('"SPECGEN_Q8_0"') < cpu.index("{ nullptr, nullptr }")
+
+
+def test_a_changed_llama_cpp_fails_the_build_naming_the_missing_line(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        build.patch_llama_cpp(fake_sdist(tmp_path, sgemm_anchor=False))
+    message = str(exc.value)
+    assert "'// only enable sgemm for prompt processing'" in message and "found it 0 times" in message
+    assert build.SGEMM in message
+
+
+def test_cache_key_changes_with_the_kernel(monkeypatch):
+    a = plan_for(monkeypatch, {"avx2"}).key
+    monkeypatch.setattr(build, "kernel_digest", lambda: "something else")
+    assert plan_for(monkeypatch, {"avx2"}).key != a
+
+
+def test_doctor_names_the_q8_0_kernel_state():
+    from specgen.doctor import q8_0_kernel
+
+    assert q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = avx512vnni | REPACK = 1 |").startswith("avx512vnni")
+    assert "SPECGEN_Q8_0=0" in q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = off |")
+    assert q8_0_kernel("CPU : AVX2 = 1 | REPACK = 1 |").startswith("not in this build")
