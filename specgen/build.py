@@ -1,8 +1,9 @@
 """Build and install llama-cpp-python for this host (stdlib only: runs before anything is installed).
 
-`python -m specgen.build` chooses CMake flags from the host, builds the pinned sdist once per
-(version, python, flags), caches the wheel under ``$SPECGEN_HOME/wheels`` (``~/.cache/specgen``)
-and installs it into the running interpreter's environment. pip caches wheels by name and
+`python -m specgen.build` chooses CMake flags from the host, adds specgen's Q8_0 kernel
+(native/q8_0_few_columns.h) to the pinned sdist, builds it once per (version, python, flags,
+kernel), caches the wheel under ``$SPECGEN_HOME/wheels`` (``~/.cache/specgen``) and installs it
+into the running interpreter's environment. pip caches wheels by name and
 version only, never by CMAKE_ARGS, so pip's own cache is bypassed and ours is keyed by flags.
 """
 
@@ -177,7 +178,8 @@ def fetch_sdist(tmp: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(tmp),
            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
     if subprocess.run(cmd).returncode != 0:
-        sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist (pip download failed)")
+        sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
+                 "(pip download failed; see its messages above)")
     archive = next(tmp.glob("llama_cpp_python-*.tar.gz"))
     with tarfile.open(archive) as tar:
         if hasattr(tarfile, "data_filter"):

@@ -32,7 +32,7 @@ for i, t in enumerate(toks):
     b.add(t, i, (0,), i == len(toks) - 1)
 ctx.decode(b)
 out = {}
-for rows in (1, 2, 5, 16, 40):
+for rows in (1, 2, 5, 16, 40, 100):
     b = Batch()
     for i in range(rows):
         b.add(toks[i % len(toks)], len(toks) + i, (0,), True)
@@ -62,7 +62,7 @@ def test_the_build_carries_the_kernel_for_this_cpu():
 def test_logits_are_bit_identical_with_and_without_the_kernel(gemma_path):
     # gemma-3-270m Q4_K_M: a 262,144 x 640 Q8_0 output layer (its token embeddings).
     on, off = logits_with_kernel(gemma_path, True), logits_with_kernel(gemma_path, False)
-    assert on.keys() == off.keys() == {"1", "2", "5", "16", "40"}
+    assert on.keys() == off.keys() == {"1", "2", "5", "16", "40", "100"}
     for rows in on:
         for i, (a, b) in enumerate(zip(on[rows], off[rows])):
             assert a == b, f"batch of {rows}, row {i}: logits differ"

@@ -1,11 +1,12 @@
 // specgen: Q8_0 x Q8_0 matrix products with few columns, for llama.cpp's CPU backend.
 //
 // Why: verifying a speculative tree needs logits on every row of the batch, so the output layer
-// runs as a matrix product with one column per drafted token. For 2..64 columns ggml hands Q8_0
+// runs as a matrix product with one column per drafted token. For 2 or more columns ggml hands Q8_0
 // weights to llamafile's tinyBLAS, whose 4x4 register tiles make the product compute-bound:
-// gemma-3's 262,144 x 640 Q8_0 output layer costs ~3x as much for 2 columns as for 1 (17 against
-// 6 ms on two Zen 4 cores), ~4x for 4 and ~7x for 6. Here each weight row is read once, from
-// memory, for every column at once, so up to 16 columns cost about what one does (memory-bound).
+// gemma-3's 262,144 x 640 Q8_0 output layer took 17 ms for 2 columns against 6 for 1 (ggml's
+// vec_dot), 24 for 4, 41 for 6 and 52 for 32, on two AVX-512 cores of an AMD EPYC. Here each weight
+// row is read once for all columns, two columns to a 512-bit register: 3.7-4.5 ms for 1 to 6
+// columns (the read of the weights), 6 for 8, 21 for 32, 53 for 80 (tinyBLAS: 109).
 //
 // Exactness: every output equals ggml's ggml_vec_dot_q8_0_q8_0 (the one-column path) bit for bit.
 // Per (row, column) the same eight float lanes accumulate the same block products in the same
@@ -59,9 +60,11 @@ struct block {
 };
 static_assert(sizeof(block) == 34, "block_q8_0 layout");
 
-// Up to this many columns one pass over the weights beats tinyBLAS (measured on Zen 4; above it the
-// products are compute-bound either way and tinyBLAS's tiles reuse more).
-constexpr int64_t MAX_COLUMNS = 64;
+// Up to this many columns, which covers every tree specgen verifies (at most 80 rows, padded), one
+// pass over the weights was faster than tinyBLAS in every shape measured: gemma-3's output layer
+// took 84 against 172 ms for 128 columns (166 against 316 for 256); with the AVX2 code, 91 against
+// 93 for 64. Bigger products are prompt processing, whose other shapes were not measured.
+constexpr int64_t MAX_COLUMNS = 128;
 // How many rows ahead to prefetch: one weight row is k blocks, read as one stream.
 constexpr int64_t PREFETCH_ROWS = 4;
 
@@ -88,7 +91,7 @@ struct packed {
 
 template <int NP>
 static inline void rows_pass(int64_t k, const block * A, int64_t lda, int64_t r0, int64_t r1, const packed & P,
-                      float * C, int64_t ldc, int n) {
+                             float * C, int64_t ldc, int n) {
     const __m512i x80 = _mm512_set1_epi8((char) 0x80);
     for (int64_t i = r0; i < r1; i++) {
         __m512 acc[NP];
@@ -105,8 +108,9 @@ static inline void rows_pass(int64_t k, const block * A, int64_t lda, int64_t r0
             }
         }
         for (int p = 0; p < NP; p++) {
+            const __m256 high = _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(acc[p]), 1));
             C[ldc * (2 * p) + i] = hsum8(_mm512_castps512_ps256(acc[p]));
-            if (2 * p + 1 < n) C[ldc * (2 * p + 1) + i] = hsum8(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(acc[p]), 1)));
+            if (2 * p + 1 < n) C[ldc * (2 * p + 1) + i] = hsum8(high);
         }
     }
 }
@@ -164,7 +168,7 @@ struct packed {
 
 template <int NC>
 static inline void rows_pass(int64_t k, const block * A, int64_t lda, int64_t r0, int64_t r1, const packed & P,
-                      float * C, int64_t ldc, int n) {
+                             float * C, int64_t ldc, int n) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = r0; i < r1; i++) {
         __m256 acc[NC];
@@ -211,7 +215,7 @@ static inline void columns(int64_t k, const block * A, int64_t lda, int64_t r0, 
 // C[ldc * j + i] = row i of A . column j of B, for this thread's share of A's m rows (ggml calls
 // every thread with its ith of nth). Returns false where tinyBLAS should do the product instead.
 static inline bool matmul(int64_t m, int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb,
-                   float * C, int64_t ldc, int ith, int nth) {
+                          float * C, int64_t ldc, int ith, int nth) {
     if (n < 1 || n > MAX_COLUMNS || !enabled()) {
         return false;
     }
