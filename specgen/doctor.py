@@ -32,7 +32,8 @@ def q8_0_kernel(system_info: str) -> str:
         return "not in this build (llama.cpp's own kernels; python -m specgen.build adds it on x86-64)"
     if found.group(1) == "off":
         return "built in, turned off by SPECGEN_Q8_0=0"
-    return f"{found.group(1)} (Q8_0 products of up to 128 rows, e.g. a verification batch's output layer)"
+    return (f"{found.group(1)} (Q8_0 products of up to 128 rows with AVX-512, 64 with AVX2, e.g. a verification "
+            "batch's output layer)")
 
 
 def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:

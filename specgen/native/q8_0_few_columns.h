@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -60,11 +61,6 @@ struct block {
 };
 static_assert(sizeof(block) == 34, "block_q8_0 layout");
 
-// Up to this many columns, which covers every tree specgen verifies (at most 80 rows, padded), one
-// pass over the weights was faster than tinyBLAS in every shape measured: gemma-3's output layer
-// took 84 against 172 ms for 128 columns (166 against 316 for 256); with the AVX2 code, 91 against
-// 93 for 64. Bigger products are prompt processing, whose other shapes were not measured.
-constexpr int64_t MAX_COLUMNS = 128;
 // How many rows ahead to prefetch: one weight row is k blocks, read as one stream.
 constexpr int64_t PREFETCH_ROWS = 4;
 
@@ -78,10 +74,31 @@ static inline float hsum8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 
+// Calls f(std::integral_constant<int, N>()) for N = count, 1 to 8: the number of accumulator
+// registers is a template parameter so that they stay in registers.
+template <typename F>
+static inline void with_count(int count, F && f) {
+    switch (count) {
+        case 1: f(std::integral_constant<int, 1>()); break;
+        case 2: f(std::integral_constant<int, 2>()); break;
+        case 3: f(std::integral_constant<int, 3>()); break;
+        case 4: f(std::integral_constant<int, 4>()); break;
+        case 5: f(std::integral_constant<int, 5>()); break;
+        case 6: f(std::integral_constant<int, 6>()); break;
+        case 7: f(std::integral_constant<int, 7>()); break;
+        case 8: f(std::integral_constant<int, 8>()); break;
+    }
+}
+
 #if defined(__AVX512VNNI__)
 // Two columns per 512-bit register, eight float lanes each. The weights enter vpdpbusd as unsigned
 // bytes (a + 128); `corr` (-128 * the column's four-byte sums) takes the 128 back out exactly.
 constexpr int GROUP = 16;  // columns per pass over the weights (8 registers of accumulators)
+// Up to this many columns, which covers every tree specgen verifies (at most 80 rows, padded), one
+// pass over the weights was faster than tinyBLAS in every shape measured: gemma-3's output layer
+// took 84 against 172 ms for 128 columns (166 against 316 for 256). Bigger products are prompt
+// processing, whose other shapes were not measured.
+constexpr int64_t MAX_COLUMNS = 128;
 
 struct packed {
     __m512i * q;
@@ -145,21 +162,15 @@ static inline void columns(int64_t k, const block * A, int64_t lda, int64_t r0, 
                            int64_t ldb, float * C, int64_t ldc, int n) {
     const int np = (n + 1) / 2;
     const packed P = pack(k, B, ldb, n, np);
-    switch (np) {
-        case 1: rows_pass<1>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 2: rows_pass<2>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 3: rows_pass<3>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 4: rows_pass<4>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 5: rows_pass<5>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 6: rows_pass<6>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 7: rows_pass<7>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 8: rows_pass<8>(k, A, lda, r0, r1, P, C, ldc, n); break;
-    }
+    with_count(np, [&](auto N) { rows_pass<decltype(N)::value>(k, A, lda, r0, r1, P, C, ldc, n); });
 }
 #else
 // AVX2: one column per 256-bit register. Products as ggml's AVX2 vec_dot forms them: |a| times b
 // with a's sign, summed in pairs (no saturation: Q8_0 bytes lie in -127..127) and then in fours.
 constexpr int GROUP = 8;
+// Where this code was faster than tinyBLAS on gemma-3's output layer: 50 against 65 ms for 33
+// columns, 91 against 93 for 64, but 189 against 171 for 128.
+constexpr int64_t MAX_COLUMNS = 64;
 
 struct packed {
     __m256i * q;
@@ -199,16 +210,7 @@ static inline void columns(int64_t k, const block * A, int64_t lda, int64_t r0, 
             P.d[l * n + j] = _mm256_set1_ps(fp16(B[ldb * j + l].d));
         }
     }
-    switch (n) {
-        case 1: rows_pass<1>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 2: rows_pass<2>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 3: rows_pass<3>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 4: rows_pass<4>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 5: rows_pass<5>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 6: rows_pass<6>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 7: rows_pass<7>(k, A, lda, r0, r1, P, C, ldc, n); break;
-        case 8: rows_pass<8>(k, A, lda, r0, r1, P, C, ldc, n); break;
-    }
+    with_count(n, [&](auto N) { rows_pass<decltype(N)::value>(k, A, lda, r0, r1, P, C, ldc, n); });
 }
 #endif
 
