@@ -496,6 +496,9 @@ def calibrate(
         table.add_row(str(b), f"{sec * 1000:.1f}{note}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}",
                       "" if sp is None else f"±{sp * 100:.0f}%")
     Console(soft_wrap=True).print(table)
+    if curve.linear_from:
+        print(f"between B={curve.linear_from} and B={curve.sizes[-1]}: not timed (calibration's first pass ran out "
+              f"of time), priced on the straight line between them")
     if curve.per_token_one_output:
         print(f"one output row (catching up on text): {curve.seconds[0] * 1000:.1f} ms + "
               f"{curve.per_token_one_output * 1000:.2f} ms per further token (e.g. B=16: "

@@ -73,6 +73,9 @@ class CostCurve:
     # Between measured sizes: "linear", or "step" (a measured curve: the next measured size's
     # cost, since an unmeasured size may sit past a tile edge; never cheaper than it looks)
     between: str = "linear"
+    # A slow model's first calibration pass ran out of time at this size (0: it did not), and only
+    # the largest size was timed past it: between them, linear (see measure()), not "step".
+    linear_from: int = 0
     _table: list[float] = field(default_factory=list, repr=False)  # base(b) for b < TABLE
     _padded: list[int] = field(default_factory=list, repr=False)  # padded(b) for b < TABLE
     _shares: list[float] = field(default_factory=list, repr=False)  # (c(1) / c(b))^2 for b < TABLE: see _one_share
@@ -115,7 +118,7 @@ class CostCurve:
         if b >= xs[-1]:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
             return ys[-1] + max(0.0, slope) * (b - xs[-1])
-        if self.between == "step":
+        if self.between == "step" and not 0 < self.linear_from < b:
             return ys[bisect.bisect_left(xs, b)]
         return float(np.interp(b, xs, ys))
 
@@ -279,7 +282,7 @@ class CostCurve:
         return {"sizes": self.sizes, "seconds": self.seconds, "per_context": self.per_context,
                 "per_context_at": self.per_context_at, "per_token_one_output": self.per_token_one_output,
                 "spread": self.spread, "raw": self.raw, "passes": self.passes, "busy_cores": self.busy_cores,
-                "measured_at": self.measured_at, "between": self.between}
+                "measured_at": self.measured_at, "between": self.between, "linear_from": self.linear_from}
 
 
 # Calibration: every size timed in several passes, sizes in a fresh random order each pass, so a
@@ -331,6 +334,14 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
         if time.perf_counter() - started > PASS_BUDGET_S and len(samples) >= 2:
             break
         samples[b] = [_timed_decode(ctx, spare, n_past, token, b)]
+    # Cut short (a slow model): the largest size is still timed, unless even it would take
+    # longer than a pass, so that auto's biggest trees are priced from a measurement. Extrapolated
+    # at the last size's cost per token, gemma F32's 40 tokens were priced at 275 ms where they
+    # take 200 (measured 20 -> 122 ms, 80 -> 342: straight in between), and auto never drafted
+    # past 20 where llama.cpp's ngram modes verify 48-64 tokens at once.
+    last, far = max(samples), sizes[-1]
+    if far not in samples and samples[last][0] * far / last <= PASS_BUDGET_S:
+        samples[far] = [_timed_decode(ctx, spare, n_past, token, far)]
     rng = random.Random(seed)
     order = sorted(samples)
     passes = 1
@@ -340,6 +351,9 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
             samples[b].append(_timed_decode(ctx, spare, n_past, token, b))
         passes += 1
     curve = fit(samples)
+    if far in samples and last != far:
+        curve.linear_from = last
+        curve._rebuild()
     m = max((b for b in curve.sizes if b <= 16), default=1)
     if m > 1:
         one = float(np.quantile([_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(3)],
@@ -432,8 +446,8 @@ def _timed_decode(ctx: Context, spare: int, n_past: int, token: int, b: int, cop
 # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost;
 # 4: passes in random order, noise dips removed, how busy the machine was; 5: a dip may lose one pass;
 # 6: rechecks checked against a reference size: curves cached before may hold false dips from them;
-# 7: timed up to 80 tokens)
-CURVE_VERSION = 7
+# 7: timed up to 80 tokens; 8: a slow model's largest size timed too, linear up to it)
+CURVE_VERSION = 8
 
 
 def cache_key(model_path: str, build: str, threads: int, n_ctx: int, cpu: str = "") -> str:
@@ -453,7 +467,8 @@ def load_cached(path: Path) -> CostCurve | None:
                           per_token_one_output=float(data.get("per_token_one_output", 0.0)),
                           spread=list(data.get("spread", [])), raw=list(data.get("raw", [])),
                           passes=int(data.get("passes", 0)), busy_cores=data.get("busy_cores"),
-                          measured_at=float(data.get("measured_at", 0.0)), between=data.get("between", "linear"))
+                          measured_at=float(data.get("measured_at", 0.0)), between=data.get("between", "linear"),
+                          linear_from=int(data.get("linear_from", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return None if curve.busy else curve

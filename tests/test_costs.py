@@ -83,6 +83,53 @@ def test_unmeasured_sizes_cost_the_next_measured_size():
     assert curve.base(40) > curve.base(32)
 
 
+class SlowModelClock:
+    """A model whose decodes take `cost(b)` seconds, on a fake clock that only they advance."""
+
+    def __init__(self, cost):
+        self.cost, self.now, self.timed = cost, 0.0, []
+
+    def decode(self, ctx, spare, n_past, token, b, copy=True, outputs=None):
+        self.timed.append(b)
+        self.now += self.cost(b)
+        return self.cost(b)
+
+
+def slow_calibration(monkeypatch, cost):
+    clock = SlowModelClock(cost)
+    monkeypatch.setattr(costs, "_timed_decode", clock.decode)
+    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=lambda: clock.now, time=lambda: 0.0))
+    ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4)
+    ctx.n_batch = 128
+    return clock, measure(ctx, 0, 7, budget_s=0.0)
+
+
+def test_a_slow_models_calibration_still_times_the_largest_tree(monkeypatch):
+    """gemma F32's shape (40 ms, then 4 ms a token): the first pass runs out of time at 32 tokens,
+    but 80, auto's largest tree, is timed too, and sizes between are priced on the line between
+    32 and 80 (at 32's cost per token, 48 were priced 8% dear and 80 17%: big trees never paid)."""
+    def f32(b):
+        return 0.040 + 0.004 * (b - 1)
+
+    clock, curve = slow_calibration(monkeypatch, f32)
+    assert 48 not in curve.sizes and 64 not in curve.sizes and curve.sizes[-1] == 80
+    assert curve.linear_from == 32 and clock.timed.count(80) == 1 + curve.passes  # the warm-up, then each pass
+    for b in (33, 40, 48, 64, 79, 80):
+        assert curve.base(b) == pytest.approx(f32(b), rel=0.01)
+    assert curve.base(17) == curve.base(20)  # below the cut, unmeasured sizes still cost the next measured one
+    restored = CostCurve(**{k: v for k, v in curve.to_json().items()})
+    assert restored.base(48) == pytest.approx(f32(48), rel=0.01)
+
+
+def test_a_model_too_slow_for_its_largest_tree_in_one_pass_is_not_timed_there(monkeypatch):
+    def huge(b):
+        return 0.5 + 0.1 * (b - 1)
+
+    clock, curve = slow_calibration(monkeypatch, huge)
+    assert curve.sizes[-1] < 80 and curve.linear_from == 0 and clock.timed.count(80) == 1  # the warm-up alone
+    assert curve.base(80) >= huge(80)  # past the end: no cheaper per token than the last size timed
+
+
 def test_calibration_passes_visit_sizes_in_a_new_order_each_time():
     ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4)
     curve = measure(ctx, 0, 7, sizes=(1, 2, 3, 4, 5, 6), budget_s=0.0)
