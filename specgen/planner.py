@@ -150,17 +150,16 @@ class AcceptanceModel:
     draft accepts about q of the time). Lookup nodes: by effective match length m (the node at
     depth d of a continuation whose source matched the text's last l tokens has m = l + d - 1):
     copying a passage (m of 10-30) continues correctly far more often than a 1-3 token
-    coincidence. The prior rises from 0.2 (m = 1) to 0.98 (m >= 24); each new text (`new_text`)
+    coincidence. The prior rises from 0.2 (m = 1) to 0.99 (m >= 40); each new text (`new_text`)
     halves the old evidence, as prompts differ in how much they repeat.
     """
 
-    # Per MATCH_BINS. A copy of 24+ matched tokens (a passage quoted from the prompt) went on
-    # correctly 0.98 of the time: 180 of 183 nodes on gemma F32 (30 Spec-Bench prompts), 0.98 and
-    # 0.997 for 24-39 and 40+ on gemma Q4_K_M (65). At the 0.95 and 0.97 these were first given, a
-    # fresh planner on gemma F32's curve drafted 19 tokens of q257's 39-token quote, then the rest
-    # in a second step, where llama.cpp's ngram modes verified it all at once (0.8x them); at 0.98,
-    # 30.
-    LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.98, 0.98)
+    # Per MATCH_BINS. A copy of 24+ matched tokens (a passage quoted from the prompt) goes on
+    # correctly: 24-39 tokens 122 of 124 nodes on gemma F32 (30 Spec-Bench prompts), 0.98 on gemma
+    # Q4_K_M (65); 40+ 58 of 59 and 0.997. At the 0.95 and 0.97 these were first given, a fresh
+    # planner on gemma F32's curve drafted 19-23 tokens of q257's 39-token quote, then the rest in a
+    # second verification, where llama.cpp's ngram modes verified it all at once (0.8x them).
+    LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.98, 0.99)
     # Per support class (SINGLE's is the source's own prior), a little below the measurement (see
     # SINGLE); where a class's tuple ends, the source's own prior goes on.
     # A split n-gram under a long match (MAJORITY, MINORITY) is where copies part: it keeps the
