@@ -350,10 +350,7 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
         for b in order:
             samples[b].append(_timed_decode(ctx, spare, n_past, token, b))
         passes += 1
-    curve = fit(samples)
-    if far in samples and last != far:
-        curve.linear_from = last
-        curve._rebuild()
+    curve = fit(samples, linear_from=last if far in samples and last != far else 0)
     m = max((b for b in curve.sizes if b <= 16), default=1)
     if m > 1:
         one = float(np.quantile([_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(3)],
@@ -364,11 +361,12 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
     return curve
 
 
-def fit(samples: dict[int, list[float]]) -> CostCurve:
+def fit(samples: dict[int, list[float]], linear_from: int = 0) -> CostCurve:
     """The curve from timed passes (samples[b][i]: size b in pass i): each size's low quantile,
     made non-decreasing except where a bigger size is significantly cheaper (dip()). A noisy
     low reading cannot make the planner prefer a bigger batch that really costs more, and the
-    tile pattern the hardware shows survives, whatever it is on this CPU."""
+    tile pattern the hardware shows survives, whatever it is on this CPU. `linear_from`: see
+    CostCurve (sizes past it were skipped for time, not measured)."""
     sizes = sorted(samples)
     low = {b: float(np.quantile(samples[b], LOW_QUANTILE)) for b in sizes}
     fitted: dict[int, float] = {}
@@ -379,7 +377,7 @@ def fit(samples: dict[int, list[float]]) -> CostCurve:
         fitted[b] = max([low[b], *(c * (1 + MIN_STEP) for c in below)])
     spread = [relative_spread(samples[b]) for b in sizes]
     return CostCurve(sizes, [fitted[b] for b in sizes], spread=spread, passes=min(map(len, samples.values())),
-                     raw=[low[b] for b in sizes], between="step")
+                     raw=[low[b] for b in sizes], between="step", linear_from=linear_from)
 
 
 def dip(smaller: list[float], bigger: list[float]) -> bool:

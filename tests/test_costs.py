@@ -107,7 +107,7 @@ def slow_calibration(monkeypatch, cost):
 def test_a_slow_models_calibration_still_times_the_largest_tree(monkeypatch):
     """gemma F32's shape (40 ms, then 4 ms a token): the first pass runs out of time at 32 tokens,
     but 80, auto's largest tree, is timed too, and sizes between are priced on the line between
-    32 and 80 (at 32's cost per token, 48 were priced 8% dear and 80 17%: big trees never paid)."""
+    32 and 80 (at 32's cost per token, 48 were priced 8% dear and 80 15%: big trees never paid)."""
     def f32(b):
         return 0.040 + 0.004 * (b - 1)
 
