@@ -87,8 +87,11 @@ def test_a_map_that_disagrees_with_the_tokenizers_is_one_line(subset_drafts):
 
 
 def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
-    """`-d self`: gemma's F32 target with its own derived draft (Q2_K, vocabulary cut to the tokens
-    it writes most). Derived on first use (about a minute on 2 cores), then cached."""
+    """`-d self`: gemma's F32 target with its own derived draft (Q2_K, its vocabulary cut to the
+    tokens it writes most, or whole, whichever measured faster on this machine: on one day the
+    whole vocabulary with a Q4_0 head modelled 42.2 tok/s against 41.9 cut to 65,536). Derived on
+    first use (about a minute on 2 cores), then cached. Cut drafts are also tested on their own
+    above (subset_drafts)."""
     import json
 
     derive = specgen("draft", "derive", "gemma-3-270m-f32")
@@ -97,7 +100,10 @@ def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
     from specgen.backend import LlamaModel
 
     draft = LlamaModel(path)
-    assert 256 < draft.n_vocab < 64_000 and draft.subset_of_target is not None  # cut from 262,144
+    if draft.n_vocab == 262_144:  # the whole vocabulary measured faster: no adapter between them
+        assert draft.subset_of_target is None
+    else:  # cut from 262,144: every draft method then works through the subset adapter
+        assert 256 < draft.n_vocab < 262_144 and draft.subset_of_target is not None
     args = ["generate", "-m", "gemma-3-270m-f32", "-d", "self", "-n", "32", "--json",
             "The history of the city begins in the twelfth century, when"]
     plain = json.loads(specgen(*args, "--method", "plain").stdout)
