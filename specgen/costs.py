@@ -339,9 +339,10 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
     # at the last size's cost per token, gemma F32's 40 tokens were priced at 275 ms where they
     # take 200 (measured 20 -> 122 ms, 80 -> 342: straight in between), and auto never drafted
     # past 20 where llama.cpp's ngram modes verify 48-64 tokens at once.
-    last, far = max(samples), sizes[-1]
+    last, far, linear_from = max(samples), sizes[-1], 0
     if far not in samples and samples[last][0] * far / last <= PASS_BUDGET_S:
         samples[far] = [_timed_decode(ctx, spare, n_past, token, far)]
+        linear_from = last
     rng = random.Random(seed)
     order = sorted(samples)
     passes = 1
@@ -350,7 +351,7 @@ def measure(ctx: Context, n_past: int, token: int, sizes: tuple[int, ...] = BATC
         for b in order:
             samples[b].append(_timed_decode(ctx, spare, n_past, token, b))
         passes += 1
-    curve = fit(samples, linear_from=last if far in samples and last != far else 0)
+    curve = fit(samples, linear_from)
     m = max((b for b in curve.sizes if b <= 16), default=1)
     if m > 1:
         one = float(np.quantile([_timed_decode(ctx, spare, n_past, token, m, outputs=1) for _ in range(3)],
