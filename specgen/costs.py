@@ -38,6 +38,13 @@ from .protocol import Batch, Context
 # tiles), against 164.5 extrapolated from 48 and 64: loop chains of 65 were chosen for it.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, AUTO_NODES)
 EMA = 0.1  # weight of one live measurement in the running estimate
+# One decode is one sample, and machines hiccup (page faults, a neighbour's burst): bench's first
+# gemma F32 batch of 2 once took 635 ms against 47, and read through a batch's small share of
+# its own level that one decode put the batch level at 5.4x, so auto planned with batches 5x
+# too dear for the rest of that prompt and most of the next. A live decode moves a level as if it
+# were at most this many times the level it found: a real change still gets there within a few
+# decodes (EMA each), a single outlier moves it by at most EMA * (OUTLIER - 1).
+OUTLIER = 2.0
 COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime
@@ -175,7 +182,7 @@ class CostCurve:
         output rows (a draft catching up, a prompt) move neither."""
         if outputs is not None and outputs < b:
             return
-        ratio = seconds / self.at(b, context)
+        ratio = bounded(seconds / self.at(b, context), self.level(b))
         drift = self._drift.setdefault(b, [0.0, 0])
         drift[0] += (math.log(ratio / self.level(b)) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
         drift[1] += 1
@@ -186,7 +193,7 @@ class CostCurve:
             # no batches that could show it they got cheaper.
             self.batch_scale += (ratio - self.batch_scale) * EMA * COUPLING
         else:  # the batch level this decode implies, given the one-token level's share of it
-            implied = max(0.2 * self.batch_scale, (ratio - w * self.scale) / (1 - w))
+            implied = bounded((ratio - w * self.scale) / (1 - w), self.batch_scale)
             self.batch_scale = (1 - EMA) * self.batch_scale + EMA * implied
 
     def suspects(self) -> list[int]:
@@ -302,6 +309,12 @@ LOW_QUANTILE = 0.25  # a size's cost: noise only ever adds time, so a low quanti
 DIP_SIGNIFICANCE, MIN_DIP = 0.11, 0.03
 MIN_STEP = 0.01  # see fit()
 BUSY_CORES = 0.3  # other processes using more than this many cores: the machine is busy
+
+
+def bounded(value: float, level: float) -> float:
+    """`value` (a live measurement relative to the curve) as one sample may move `level`: within a
+    factor OUTLIER of it."""
+    return min(max(value, level / OUTLIER), level * OUTLIER)
 
 
 def is_busy(others_cores: float | None) -> bool:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .costs import Cost
+from .costs import Cost, bounded
 from .tree import DraftTree
 
 
@@ -311,7 +311,10 @@ class PlainSpeed:
         if self._spec_s > 0 and self.seconds:
             wins = self._tokens / self._spec_s > PROBE_CLEAR_WIN / self.seconds
             self.interval = min(MAX_PROBE_EVERY, self.interval * 2) if wins else PROBE_EVERY
-        self.seconds = seconds if self.seconds is None else self.seconds + (seconds - self.seconds) * PLAIN_EMA
+        if self.seconds is None:
+            self.seconds = seconds
+        else:  # one hiccup (a 586 ms step among 32 ms ones) must not make speculation look like a win for long
+            self.seconds += (bounded(seconds, self.seconds) - self.seconds) * PLAIN_EMA
         self.since, self._tokens, self._spec_s = 0, 0, 0.0
 
     def observe_speculative(self, tokens: int, seconds: float) -> None:

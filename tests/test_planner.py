@@ -10,7 +10,7 @@ from specgen.costs import BATCH_SIZES, CostCurve, TimedContext, measure, measure
 from specgen.engine import GenerationRequest, TokenEvent, generate
 from specgen.methods import METHODS, DraftingKit
 from specgen.protocol import Batch
-from specgen.planner import AcceptanceModel, Guard, best_chain_length, best_subtree, reach_probabilities
+from specgen.planner import AcceptanceModel, Guard, PlainSpeed, best_chain_length, best_subtree, reach_probabilities
 from specgen.sampling import SamplingParams
 from specgen.stats import RunStats
 from specgen.tree import DraftTree
@@ -104,6 +104,38 @@ def test_one_token_and_batches_keep_their_own_level():
     for _ in range(300):
         c.observe(1, 0.5)
     assert c(1) == pytest.approx(0.5, rel=0.02) and c(8) < 0.6 * 2.5
+
+
+def test_one_slow_decode_barely_moves_a_level_and_a_real_slowdown_still_does():
+    """A pair A bench's first batch of 2 once took 635 ms against gemma F32's 47 (a hiccup; the
+    next ones took 47-54): read through a small batch's share of its own level, that one decode put
+    the batch level at 5.4x and auto planned with batches 5x too dear for a prompt and a half
+    (q81 lost at 0.90x). One decode moves a level at most as far as a decode at twice it would."""
+    def f32():
+        return CostCurve([1, 2, 8, 16], [0.040, 0.047, 0.074, 0.100])
+    c = f32()
+    c.observe(2, 0.635)
+    assert c(2) <= 1.1 * 0.047 + 1e-9 and c(8) <= 1.1 * 0.074 + 1e-9
+    c = f32()
+    c.observe(1, 0.360)  # a one-token hiccup (9x)
+    assert c(1) <= 1.1 * 0.040 + 1e-9 and c(8) <= 1.1 * 0.074 + 1e-9
+    # A machine that really got 3x slower is followed within a few dozen decodes, as before.
+    c = f32()
+    for _ in range(30):
+        c.observe(1, 0.120)
+    assert c(1) > 2.8 * 0.040
+    for _ in range(30):
+        c.observe(8, 3 * 0.074)
+    assert c(8) > 2.5 * 0.074
+    # And plain decoding's measured speed, what the guards hold speculation to.
+    plain = PlainSpeed()
+    for _ in range(5):
+        plain.observe_plain(0.032)
+    plain.observe_plain(0.586)  # a step that ran into a hiccup
+    assert plain.rate(0.0) > 0.75 / 0.032
+    for _ in range(15):
+        plain.observe_plain(0.096)
+    assert plain.rate(0.0) < 1.1 / 0.096
 
 
 def test_calibration_times_batches_that_output_every_row_and_cleans_up():
