@@ -262,11 +262,14 @@ class DraftEstimate:
         self.alpha = (1 - ALPHA_EMA) * self.alpha + ALPHA_EMA * accepted
 
     def observe_step_cost(self, per_token_s: float, c_draft_1: float) -> None:
+        # One step's measurement pulls at most as one at twice the estimate would (costs.OUTLIER):
+        # after a hiccup the draft would otherwise sit out until RELAX brought it back.
         last = c_draft_1 if self.step_s is None else self.step_s
-        self.step_s = (1 - STEP_COST_EMA) * last + STEP_COST_EMA * per_token_s
+        self.step_s = (1 - STEP_COST_EMA) * last + STEP_COST_EMA * bounded(per_token_s, last)
 
     def observe_step_time(self, planned_s: float, seconds: float) -> None:
-        self.efficiency += (min(1.0, planned_s / max(seconds, 1e-9)) - self.efficiency) * EFFICIENCY_EMA
+        realised = min(1.0, bounded(planned_s / max(seconds, 1e-9), self.efficiency))
+        self.efficiency += (realised - self.efficiency) * EFFICIENCY_EMA
 
     def relax(self, c_draft_1: float) -> None:
         """A step without the draft: drift back towards the priors (see RELAX)."""

@@ -434,6 +434,23 @@ def test_draft_efficiency_follows_realised_step_times_and_relaxes():
     assert est.efficiency > 0.95
 
 
+def test_one_slow_draft_step_does_not_bench_the_draft():
+    """A draft step that ran into a hiccup (10x its usual time) would have made each drafted token
+    look 2.8x dearer until RELAX brought it back, tens of steps later; it moves the estimates as
+    a step at twice them would."""
+    from specgen.planner import DraftEstimate
+
+    est = DraftEstimate()
+    est.observe_step_cost(0.007, c_draft_1=0.007)
+    est.observe_step_cost(0.070, c_draft_1=0.007)
+    assert est.step_cost(0.007) <= 1.2 * 0.007 + 1e-12
+    est.observe_step_time(planned_s=0.080, seconds=0.800)
+    assert est.efficiency >= 0.9
+    for _ in range(40):  # a draft that really got 10x dearer is still followed
+        est.observe_step_cost(0.070, c_draft_1=0.007)
+    assert est.step_cost(0.007) > 0.9 * 0.070
+
+
 def test_guard_judges_long_steps_after_fewer_of_them():
     """32 steps of 64-token chains would be 2,000 tokens of losing before the guard could act."""
     guard = Guard(window=32, min_steps=4, window_tokens=128)
