@@ -300,6 +300,56 @@ def speedup_spread(method_tps: Sequence[float], plain_tps: Sequence[float]) -> t
     return round(float(np.median(m / p)), 3), round(float(low), 3), round(float(high), 3), bool(low <= 1.0 <= high)
 
 
+# --- head to head: per prompt, against other tools' runs -----------------------------------------
+
+# Slower than the fastest rival on a prompt by more than this is a loss: closer is within what
+# one run of one prompt can tell (a 3-token answer's 4 plain decodes took 138-188 ms across ten
+# runs of the same method).
+LOSS_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class PromptLoss:
+    """A prompt on which a rival was faster than the method by more than LOSS_MARGIN."""
+    prompt_id: str
+    rival: str  # the fastest rival on this prompt
+    ratio: float  # the method's tok/s over the rival's, all turns and repeats of the prompt
+    calls: int  # target calls: the method's, and the rival's (equal counts: neither drafted much)
+    rival_calls: int
+
+
+@dataclass(frozen=True)
+class HeadToHead:
+    """A method against the fastest of the rivals (other tools' rows) on each prompt: the
+    question "is it faster than llama.cpp on every prompt?", which the overall speedups hide."""
+    method: str
+    n_prompts: int
+    wins: int  # prompts on which it was at least as fast as every rival
+    losses: tuple[PromptLoss, ...]  # slower than the fastest by more than LOSS_MARGIN, worst first
+
+
+def head_to_head(trials: Sequence[Trial], method: str, rivals: Sequence[str]) -> HeadToHead:
+    """Per prompt, tokens over decode seconds of all its turns and repeats, for `method` and each
+    rival; prompts some of them did not finish, or wrote nothing on, are left out."""
+    totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
+    for t in trials:
+        total = totals[t.prompt.prompt_id][t.method]
+        total[0] += t.stats.n_tokens
+        total[1] += t.stats.decode_s
+        total[2] += t.stats.target_calls
+    wins, losses, n = 0, [], 0
+    for prompt_id, by in totals.items():
+        if not all(m in by and by[m][0] > 0 and by[m][1] > 0 for m in (method, *rivals)):
+            continue
+        n += 1
+        rate = {m: by[m][0] / by[m][1] for m in (method, *rivals)}
+        best = max(rivals, key=rate.__getitem__)
+        wins += rate[method] >= rate[best]
+        if rate[method] < (1 - LOSS_MARGIN) * rate[best]:
+            losses.append(PromptLoss(prompt_id, best, round(rate[method] / rate[best], 3), by[method][2], by[best][2]))
+    return HeadToHead(method, n, wins, tuple(sorted(losses, key=lambda x: x.ratio)))
+
+
 # --- report --------------------------------------------------------------------------------------
 
 
@@ -319,10 +369,11 @@ def _load() -> list[float] | None:
 
 
 def report(machine: dict, models: dict, settings: dict, records: list[dict], rows: Sequence[SummaryRow],
-           calibration: dict | None = None) -> dict:
+           calibration: dict | None = None, versus: Sequence[HeadToHead] = ()) -> dict:
     """The `bench --json` object; its keys are a contract (scripts and CI read them)."""
     return {"machine": machine, "models": models, "settings": settings, "calibration": calibration or {},
-            "records": records, "summary": [dataclasses.asdict(r) for r in rows]}
+            "records": records, "summary": [dataclasses.asdict(r) for r in rows],
+            "head_to_head": [dataclasses.asdict(h) for h in versus]}
 
 
 def calibration_record(curve, start: dict | None = None) -> dict | None:

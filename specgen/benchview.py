@@ -9,7 +9,7 @@ from xml.sax.saxutils import escape
 
 from rich.table import Table
 
-from .bench import OVERALL, SummaryRow
+from .bench import LOSS_MARGIN, OVERALL, HeadToHead, SummaryRow
 from .errors import ConfigError
 
 PLOT_SUFFIXES = (".svg", ".png")
@@ -51,6 +51,19 @@ def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: st
         label = f"[bold]{group}[/bold]" if group == OVERALL else group if turn is None else f"  turn {turn}"
         table.add_row(label, str(n), *(_cell(cells[m], n * trials_per_prompt) for m in methods))
     return table
+
+
+def head_to_head_line(h: HeadToHead, rivals: Sequence[str]) -> str:
+    """One line under the table: how a method fared against the fastest rival on each prompt."""
+    tools = {r.split()[0] for r in rivals}
+    against = f"the fastest {tools.pop()} row" if len(tools) == 1 else "the fastest other row"
+    line = (f"{h.method} against {against} on each prompt: as fast or faster on {h.wins} of {h.n_prompts}; "
+            f"slower by more than {LOSS_MARGIN:.0%} on ")
+    if not h.losses:
+        return line + "none"
+    return line + f"{len(h.losses)}: " + ", ".join(
+        f"prompt {x.prompt_id} at {x.ratio:.2f}x ({x.rival}; target calls {x.calls} against {x.rival_calls})"
+        for x in h.losses)
 
 
 def check_plot_path(path: Path) -> None:

@@ -237,7 +237,7 @@ def bench(
     from rich.console import Console
 
     from . import backend, bench as b, llamacpp, models
-    from .benchview import check_plot_path, summary_table, write_plot
+    from .benchview import check_plot_path, head_to_head_line, summary_table, write_plot
     from . import methods as M
     from .config import merged_settings, run_config
     from .host import cpu_sample, others_cores
@@ -297,6 +297,9 @@ def bench(
     if not console.is_terminal:
         console = Console(width=30 + sum(max(14, len(c) + 4) for c in columns))  # piped: never truncated
     console.print(summary_table(rows, columns, header, n_repeats))
+    versus = [b.head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
+    for h in versus:
+        console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
     if json_file is not None:
         model_info = {"target": models.describe(cfg.target, Path(session.target.path)),
                       "draft": models.describe(cfg.draft, Path(session.draft.path)) if session.draft else None}
@@ -305,7 +308,8 @@ def bench(
         base = {"target": cfg.target, "draft": session.draft_label, "temperature": cfg.temperature}
         calibration = {role: b.calibration_record(curve, calibration_at_start.get(role))
                        for role, curve in (("target", session.costs), ("draft", session.draft_costs))}
-        report = b.report(machine, model_info, settings, [b.trial_record(t, base) for t in trials], rows, calibration)
+        records = [b.trial_record(t, base) for t in trials]
+        report = b.report(machine, model_info, settings, records, rows, calibration, versus)
         json_file.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if plot is not None and rows:
         write_plot(rows, plot, header)

@@ -131,6 +131,29 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
+def test_head_to_head_names_each_prompt_another_tool_won_by_more_than_the_margin():
+    """Overall speedups hide a prompt lost to llama.cpp; bench says which, by how much, against which
+    of its rows (the fastest on that prompt), and with both target-call counts (equal counts: a tie
+    of plain decodes, which one run cannot settle). Repeats of a prompt count together."""
+    from specgen.benchview import head_to_head_line
+
+    rivals = ["llama.cpp ngram-mod", "llama.cpp ngram-simple"]
+    trials = [trial("1", "qa", "auto", 100, calls=30), trial("1", "qa", rivals[0], 90), trial("1", "qa", rivals[1], 50),
+              trial("2", "qa", "auto", 90, calls=4), trial("2", "qa", rivals[0], 80), trial("2", "qa", rivals[1], 100, calls=4),
+              trial("3", "qa", "auto", 100), trial("3", "qa", rivals[0], 104),  # within the margin
+              trial("3", "qa", rivals[1], 50),
+              trial("4", "qa", "auto", 50), trial("4", "qa", rivals[0], 100),  # repeat 0 lost, repeat 1 won:
+              trial("4", "qa", rivals[1], 10), trial("4", "qa", "auto", 200, repeat=1),  # 250 against 200 tokens
+              trial("4", "qa", rivals[0], 100, repeat=1), trial("4", "qa", rivals[1], 10, repeat=1),
+              trial("5", "qa", "auto", 100), trial("5", "qa", rivals[0], 300)]  # a rival missing: left out
+    h = b.head_to_head(trials, "auto", rivals)
+    assert (h.n_prompts, h.wins) == (4, 2)
+    assert h.losses == (b.PromptLoss("2", rivals[1], 0.9, 4, 4),)
+    line = head_to_head_line(h, rivals)
+    assert "faster on 2 of 4" in line and "prompt 2 at 0.90x (llama.cpp ngram-simple; target calls 4 against 4)" in line
+    assert head_to_head_line(b.head_to_head(trials[:3], "auto", rivals), rivals).endswith("on none")
+
+
 def test_multi_turn_groups_get_a_row_per_turn():
     """MT-bench's second turn reads the first's answer: drafting finds more there, and the table
     shows each turn's speedup beside the group's."""

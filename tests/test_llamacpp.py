@@ -114,7 +114,12 @@ def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path):
     assert "llama.cpp ngram-mod" in proc.stdout
     report = json.loads(out.read_text())
     row = next(r for r in report["summary"] if r["method"] == "llama.cpp ngram-mod" and r["group"] == "overall")
-    assert row["tokens_per_s"] == pytest.approx(11 / 0.25)  # its log has no steps: its own count and row["acceptance_rate"] == pytest.approx(0.6)
+    assert row["tokens_per_s"] == pytest.approx(11 / 0.25)  # its log has no steps: its own count
+    assert row["acceptance_rate"] == pytest.approx(0.6)
+    # Per prompt, against the fastest llama.cpp row: a line under the table, and the JSON's head_to_head.
+    assert "lookup against the fastest llama.cpp row on each prompt: as fast or faster on" in proc.stdout
+    versus = report["head_to_head"]
+    assert [h["method"] for h in versus] == ["lookup"] and versus[0]["n_prompts"] == 1
     assert report["settings"]["methods"] == ["plain", "lookup", "llama.cpp ngram-mod"]
     # The builtin suite's first prompt has two turns: the second follows plain's own first answer.
     calls = [json.loads(line) for line in log.read_text().splitlines()]
