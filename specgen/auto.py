@@ -56,7 +56,9 @@ class _Step:
     context: int  # committed tokens before the root
     started: float = 0.0  # perf_counter at propose()
     draft_calls: int = 0
-    planned_s: float = 0.0  # a draft step's time as modelled (before the efficiency correction)
+    # A draft step as modelled (before the efficiency correction): its time and E[tokens].
+    planned_s: float = 0.0
+    planned_tokens: float = 1.0
     # Proposed by the draft model, even if its tree was pruned to nothing: the draft's work was
     # done and belongs to its account (a draft that keeps proposing nothing worth verifying made
     # gemma F32's plain steps 30% slower, unseen by the draft's guard).
@@ -161,9 +163,9 @@ class AutoDrafter:
             k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1),
                                               min(depth, self.model.max_depth),
                                               catch_up, tokens_left=min(max_depth + 1, CATCH_UP_HORIZON))
-            if k > 0 and draft_rate * self.draft.efficiency > plan.rate:  # as realised so far
-                planned_s = sum(self.draft.alpha ** i for i in range(k + 1)) / draft_rate  # E[tokens] / rate
-                return self._propose_with_model(depth, k, c_target, context, started, planned_s)
+            if k > 0 and draft_rate * self.draft.usable() > plan.rate:  # as realised so far
+                expected = sum(self.draft.alpha ** i for i in range(k + 1))
+                return self._propose_with_model(depth, k, c_target, context, started, expected, expected / draft_rate)
             self._relax_draft(c_draft_1)
 
         evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v], support[v])
@@ -198,7 +200,7 @@ class AutoDrafter:
         return len(plan.nodes)
 
     def _propose_with_model(self, depth: int, k: int, c_target: Cost, context: int, started: float,
-                            planned_s: float) -> DraftTree:
+                            planned_tokens: float, planned_s: float) -> DraftTree:
         assert self.model is not None and self.c_draft is not None
         calls, t0 = self.model.draft_calls, time.perf_counter()
         tree = self.model.propose(min(depth, k), max_nodes=k)
@@ -214,7 +216,7 @@ class AutoDrafter:
             tree = self.model.restrict(plan.nodes)
         evidence = [None] + [self.acceptance.draft_evidence(q) for q in tree.q[1:]]
         return self._choose(_Step(self.model.last_choice, tree, evidence, context, started,
-                                  self.model.draft_calls - calls, planned_s, uses_draft=True))
+                                  self.model.draft_calls - calls, planned_s, planned_tokens, uses_draft=True))
 
     def _relax_draft(self, c_draft_1: float) -> None:
         assert self.c_draft is not None
@@ -250,7 +252,7 @@ class AutoDrafter:
             if step.uses_draft:
                 self.draft_guard.record(len(committed), seconds, plain_rate)
                 if not self.reproducible:
-                    self.draft.observe_step_time(step.planned_s, seconds)
+                    self.draft.observe_step(step.planned_tokens, step.planned_s, len(committed), seconds)
         elif step is not None and not self.reproducible:
             # A step that drafted nothing is a plain step (timed from when planning ended): with
             # one every few steps, as on gemma Q4_K_M where half the steps draft nothing, no probe

@@ -418,37 +418,30 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
     assert choices(benched, 4) == ["plain"] * 3 + ["staged"]
 
 
-def test_draft_efficiency_follows_realised_step_times_and_relaxes():
-    """Draft steps that take twice the time planned halve the draft's rate in the plan; steps
-    without the draft let it drift back, so it is tried again later."""
+def test_draft_efficiency_follows_realised_rates_and_relaxes():
+    """Draft steps that take twice the time planned halve the draft's rate in the plan; so do
+    steps that commit fewer tokens than planned; steps without the draft let it drift back, so it
+    is tried again later."""
     from specgen.planner import DraftEstimate
 
     est = DraftEstimate()
-    for _ in range(40):
-        est.observe_step_time(planned_s=0.020, seconds=0.040)
-    assert est.efficiency == pytest.approx(0.5, abs=0.01)
-    est.observe_step_time(planned_s=0.020, seconds=0.010)  # faster than planned: capped at 1
-    assert est.efficiency < 0.61
+    for _ in range(80):
+        est.observe_step(planned_tokens=2.0, planned_s=0.020, tokens=2, seconds=0.040)
+    assert est.usable() == pytest.approx(0.5, abs=0.01)
+    # q81's creative text (gemma F32, -d self): 2.24 tokens planned a step, 1.59 committed, in the
+    # time planned. The chain model took every drafted token as likely as the first.
+    est = DraftEstimate()
+    committed = [1, 2, 2, 1, 2, 1, 2, 2, 1, 2, 2, 1, 2, 2, 1, 3, 2, 1, 1, 2] * 5  # mean 1.65
+    for tokens in committed:
+        est.observe_step(planned_tokens=2.24, planned_s=0.067, tokens=tokens, seconds=0.067)
+    assert est.usable() == pytest.approx(1.65 / 2.24, abs=0.1)
+    for _ in range(80):  # steps that beat their plan: never planned as better than the model
+        est.observe_step(planned_tokens=2.0, planned_s=0.020, tokens=4, seconds=0.010)
+    assert est.efficiency > 1.0 and est.usable() == 1.0
+    est.efficiency = 0.5
     for _ in range(200):
         est.relax(0.004)
-    assert est.efficiency > 0.95
-
-
-def test_one_slow_draft_step_does_not_bench_the_draft():
-    """A draft step that ran into a hiccup (10x its usual time) would have made each drafted token
-    look 2.8x dearer until RELAX brought it back, tens of steps later; it moves the estimates as
-    a step at twice them would."""
-    from specgen.planner import DraftEstimate
-
-    est = DraftEstimate()
-    est.observe_step_cost(0.007, c_draft_1=0.007)
-    est.observe_step_cost(0.070, c_draft_1=0.007)
-    assert est.step_cost(0.007) <= 1.2 * 0.007 + 1e-12
-    est.observe_step_time(planned_s=0.080, seconds=0.800)
-    assert est.efficiency >= 0.9
-    for _ in range(40):  # a draft that really got 10x dearer is still followed
-        est.observe_step_cost(0.070, c_draft_1=0.007)
-    assert est.step_cost(0.007) > 0.9 * 0.070
+    assert est.usable() > 0.95
 
 
 def test_guard_judges_long_steps_after_fewer_of_them():
