@@ -331,22 +331,20 @@ class HeadToHead:
 def head_to_head(trials: Sequence[Trial], method: str, rivals: Sequence[str]) -> HeadToHead:
     """Per prompt, tokens over decode seconds of all its turns and repeats, for `method` and each
     rival; prompts some of them did not finish, or wrote nothing on, are left out."""
-    totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
+    totals: dict[str, dict[str, RunStats]] = defaultdict(lambda: defaultdict(RunStats))
     for t in trials:
-        total = totals[t.prompt.prompt_id][t.method]
-        total[0] += t.stats.n_tokens
-        total[1] += t.stats.decode_s
-        total[2] += t.stats.target_calls
+        totals[t.prompt.prompt_id][t.method].add(t.stats)
     wins, losses, n = 0, [], 0
     for prompt_id, by in totals.items():
-        if not all(m in by and by[m][0] > 0 and by[m][1] > 0 for m in (method, *rivals)):
+        if not all(m in by and by[m].tokens_per_s > 0 for m in (method, *rivals)):
             continue
         n += 1
-        rate = {m: by[m][0] / by[m][1] for m in (method, *rivals)}
+        rate = {m: by[m].tokens_per_s for m in (method, *rivals)}
         best = max(rivals, key=rate.__getitem__)
         wins += rate[method] >= rate[best]
         if rate[method] < (1 - LOSS_MARGIN) * rate[best]:
-            losses.append(PromptLoss(prompt_id, best, round(rate[method] / rate[best], 3), by[method][2], by[best][2]))
+            losses.append(PromptLoss(prompt_id, best, round(rate[method] / rate[best], 3), by[method].target_calls,
+                                     by[best].target_calls))
     return HeadToHead(method, n, wins, tuple(sorted(losses, key=lambda x: x.ratio)))
 
 
