@@ -42,8 +42,8 @@ EMA = 0.1  # weight of one live measurement in the running estimate
 # gemma F32 batch of 2 once took 635 ms against 47, and read through a batch's small share of
 # its own level that one decode put the batch level at 5.4x, so auto planned with batches 5x
 # too dear for the rest of that prompt and most of the next. A live decode moves a level as if it
-# were at most this many times the level it found: a real change still gets there within a few
-# decodes (EMA each), a single outlier moves it by at most EMA * (OUTLIER - 1).
+# were at most this many times the level it found: a single outlier moves it by at most
+# EMA * (OUTLIER - 1), and a real change still gets there (a 3x slowdown within 30 decodes).
 OUTLIER = 2.0
 COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
@@ -182,9 +182,10 @@ class CostCurve:
         output rows (a draft catching up, a prompt) move neither."""
         if outputs is not None and outputs < b:
             return
-        ratio = bounded(seconds / self.at(b, context), self.level(b))
+        level = self.level(b)
+        ratio = bounded(seconds / self.at(b, context), level)
         drift = self._drift.setdefault(b, [0.0, 0])
-        drift[0] += (math.log(ratio / self.level(b)) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
+        drift[0] += (math.log(ratio / level) - drift[0]) * (SHAPE_EMA if drift[1] else 1.0)
         drift[1] += 1
         w = self._one_share(b)
         if w > 0.95:  # one token (or a flat curve, as on a GPU: one level for all)
