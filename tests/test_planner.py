@@ -421,7 +421,7 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
 def test_draft_efficiency_follows_realised_rates_and_relaxes():
     """Draft steps that take twice the time planned halve the draft's rate in the plan; so do
     steps that commit fewer tokens than planned; steps without the draft let it drift back, so it
-    is tried again later."""
+    is tried again later, but not at each new text."""
     from specgen.planner import DraftEstimate
 
     est = DraftEstimate()
@@ -439,9 +439,29 @@ def test_draft_efficiency_follows_realised_rates_and_relaxes():
         est.observe_step(planned_tokens=2.0, planned_s=0.020, tokens=4, seconds=0.010)
     assert est.efficiency > 1.0 and est.usable() == 1.0
     est.efficiency = 0.5
-    for _ in range(200):
+    for _ in range(200):  # two texts' worth of steps without the draft (pair A): still sitting out
         est.relax(0.004)
-    assert est.usable() > 0.95
+    assert est.usable() < 0.7
+    for _ in range(1800):
+        est.relax(0.004)
+    assert est.usable() > 0.95  # but tried again in the end
+
+
+def test_one_slow_draft_step_does_not_bench_the_draft():
+    """A draft step that ran into a hiccup (10x its usual time) would have made each drafted token
+    look 2.8x dearer until RELAX brought it back, tens of steps later; it moves the estimates as
+    a step at twice them would."""
+    from specgen.planner import DraftEstimate
+
+    est = DraftEstimate()
+    est.observe_step_cost(0.007, c_draft_1=0.007)
+    est.observe_step_cost(0.070, c_draft_1=0.007)
+    assert est.step_cost(0.007) <= 1.2 * 0.007 + 1e-12
+    est.observe_step(planned_tokens=2.0, planned_s=0.080, tokens=2, seconds=0.800)
+    assert est.usable() >= 0.9
+    for _ in range(40):  # a draft that really got 10x dearer is still followed
+        est.observe_step_cost(0.070, c_draft_1=0.007)
+    assert est.step_cost(0.007) > 0.9 * 0.070
 
 
 def test_guard_judges_long_steps_after_fewer_of_them():
