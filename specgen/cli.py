@@ -598,7 +598,8 @@ def cache_clear(
 @draft_app.command("derive", cls=_Command)
 def draft_derive(
     target: str = typer.Argument(..., metavar="TARGET", help="Target model: GGUF path or models.txt name."),
-    qtype: str = typer.Option("Q2_K", "--type", metavar="TYPE", help="Quantization type of the draft."),
+    qtype: Optional[str] = typer.Option(None, "--type", metavar="TYPE", help="Quantization type of the draft "
+                                        "(default: chosen by measurement among Q2_K and Q4_K_M)."),
     vocab: Optional[int] = typer.Option(None, "--vocab", metavar="K", help="Normal tokens kept, the ones the model "
                                         "uses most (default: chosen by measurement)."),
     head: Optional[str] = typer.Option(None, "--head", metavar="TYPE", help="Type of the embedding/output matrix: "
@@ -611,8 +612,8 @@ def draft_derive(
     The target is quantized and made to write after a built-in multilingual prompt set;
     the vocabulary is cut to the tokens it used most (plus every control, user-defined and
     byte token), so its output layer, most of a small model's cost, shrinks with it.
-    Unless given, the vocabulary size and the output matrix's type are chosen by measuring
-    each candidate's cost and its agreement with the target on held-out prompts.
+    Unless given, the quantization type, the vocabulary size and the output matrix's type are
+    chosen by measuring each candidate's cost and its agreement with the target on held-out prompts.
     `-d self` uses the default derivation; derived drafts are cached.
 
     \b

@@ -151,7 +151,7 @@ def resolve(spec: str, pull_missing: bool = True) -> Path:
     if entry is None:
         raise ModelError(f"unknown model {spec!r}: expected a GGUF path or a name from {manifest_path().name} "
                          f"({', '.join(sorted(manifest))})")
-    if is_present(entry) or not pull_missing:
+    if not pull_missing or (is_present(entry) and not _self_is_stale(entry)):
         return cached_path(entry)
     return pull(entry, manifest)
 
@@ -302,17 +302,37 @@ def derived_drafts() -> list[Path]:
     return sorted(drafts_dir().glob("*.gguf"), key=lambda p: p.stat().st_mtime) if drafts_dir().is_dir() else []
 
 
-def _derive_self(entry: ModelEntry, dest: Path) -> Path:
-    """`specgen draft derive` of the entry's target with its options, linked in under the entry's
-    name. Its choices are measured on this machine, so its bytes are not pinned by a sha256."""
-    from .subset import DEFAULT_TYPE, self_draft
+def _derived_record(entry: ModelEntry) -> Path:
+    """Beside a self: entry's link: the name of the derived draft it links (subset.derived_path)."""
+    return models_dir() / f"{entry.name}.derived"
 
+
+def _self_options(entry: ModelEntry) -> tuple[str | None, int | None, str | None]:
     opts = entry.options
     vocab = opts.get("vocab")
     if vocab is not None and not vocab.isdigit():
         raise ModelError(f"{entry.name}: expected vocab=NUMBER in models.txt, found vocab={vocab}")
-    derived = self_draft(entry.self_of, opts.get("type", DEFAULT_TYPE), int(vocab) if vocab else None,
-                         opts.get("head"))
+    return opts.get("type"), int(vocab) if vocab else None, opts.get("head")
+
+
+def _self_is_stale(entry: ModelEntry) -> bool:
+    """A self: entry linked to a draft this version of specgen would not derive (its choices or
+    the derivation changed since): `-d self` means the current derivation, so it is derived again."""
+    if entry.kind != "self":
+        return False
+    from .subset import self_draft_path
+
+    record = _derived_record(entry)
+    linked = record.read_text().strip() if record.is_file() else None
+    return linked != self_draft_path(entry.self_of, *_self_options(entry)).name
+
+
+def _derive_self(entry: ModelEntry, dest: Path) -> Path:
+    """`specgen draft derive` of the entry's target with its options, linked in under the entry's
+    name. Its choices are measured on this machine, so its bytes are not pinned by a sha256."""
+    from .subset import self_draft
+
+    derived = self_draft(entry.self_of, *_self_options(entry))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.part")
     tmp.unlink(missing_ok=True)
@@ -321,6 +341,7 @@ def _derive_self(entry: ModelEntry, dest: Path) -> Path:
     except OSError:
         shutil.copyfile(derived, tmp)
     os.replace(tmp, dest)
+    _derived_record(entry).write_text(derived.name + "\n")
     return dest
 
 

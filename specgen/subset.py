@@ -33,7 +33,10 @@ from .vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 ROW_TENSORS = ("token_embd.weight", "output.weight")  # one row per vocabulary entry
 DERIVE_VERSION = 2  # bump when what a derived draft contains changes
-DEFAULT_TYPE = "Q2_K"
+# Tried when --type is not given. The body's type sets how often the draft agrees with its target
+# more than what it costs, on a small model whose output layer is most of it: gemma-3-270m F32's
+# draft with a Q4_0 head and the whole vocabulary agreed 0.933 at 8.9 ms a token as Q4_K_M.
+TYPE_CHOICES = ("Q2_K", "Q4_K_M")
 RANK_TOKENS = 128  # tokens the model writes after each ranking prompt
 RANK_TEMPERATURE, RANK_PARALLEL, RANK_PROMPT_TOKENS = 1.0, 16, 256
 HOLD_OUT = 4  # every 4th ranking prompt judges the candidates instead of ranking
@@ -225,6 +228,7 @@ def greedy_predictions(ctx: Context, texts: Sequence[tuple[list[int], int]]) -> 
 class Candidate:
     """One way to derive the draft, and what it measured against the target."""
 
+    qtype: str  # llama.cpp quantize type of the body
     head: str | None  # type of the embedding/output matrix; None: llama.cpp's choice for the draft's type
     vocab: int | None  # normal tokens kept; None: the whole vocabulary (no cut)
     cost_s: float = math.nan  # c_q(1): one draft token
@@ -233,7 +237,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return f"head {self.head or 'default'}, vocabulary {self.vocab or 'whole'}"
+        return f"type {self.qtype}, head {self.head or 'default'}, vocabulary {self.vocab or 'whole'}"
 
 
 def chain_speed(agreement: float, draft_s: float, target: CostCurve, max_depth: int = 16) -> float:
@@ -253,7 +257,7 @@ def ranking_prompts() -> list[str]:
 SELF = "self"  # `-d self`: the target's own derived draft
 
 
-def self_draft(target_spec: str, qtype: str = DEFAULT_TYPE, vocab: int | None = None, head: str | None = None,
+def self_draft(target_spec: str, qtype: str | None = None, vocab: int | None = None, head: str | None = None,
                corpus: Sequence[Path] = ()) -> Path:
     """The derived draft of a target given as a path or models.txt name (derived on first use)."""
     from . import models
@@ -262,13 +266,32 @@ def self_draft(target_spec: str, qtype: str = DEFAULT_TYPE, vocab: int | None = 
     return derive_self_draft(path, models.describe(target_spec, path)["sha256"], qtype, vocab, head, corpus)
 
 
-def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYPE, vocab: int | None = None,
+def self_draft_path(target_spec: str, qtype: str | None = None, vocab: int | None = None,
+                    head: str | None = None) -> Path:
+    """Where self_draft() keeps that derivation (whether or not it has run): it names what this
+    version of specgen derives, so a draft derived by an earlier one is told apart."""
+    from . import models
+
+    path = models.resolve(target_spec)
+    return derived_path(path, models.describe(target_spec, path)["sha256"], qtype, vocab, head, [])
+
+
+def derived_path(target: Path, target_sha256: str, qtype: str | None, vocab: int | None, head: str | None,
+                 texts: Sequence[str]) -> Path:
+    from .models import drafts_dir
+
+    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, head, ranking_prompts(),
+                                     RANK_TOKENS, [hashlib.sha256(t.encode()).hexdigest() for t in texts]]).encode())
+    return drafts_dir() / f"{target.stem}-{(qtype or 'auto').lower()}-{head or 'auto'}-v{vocab or 'auto'}-{key.hexdigest()[:12]}.gguf"
+
+
+def derive_self_draft(target: Path, target_sha256: str, qtype: str | None = None, vocab: int | None = None,
                       head: str | None = None, corpus: Sequence[Path] = ()) -> Path:
     """A draft derived from `target`: quantized to `qtype` (its embedding/output matrix in `head`),
-    its vocabulary cut to the `vocab` normal tokens it uses most (see count_use). Left open, head
-    and vocabulary are chosen by measurement (choose). Cached by the target's sha256 and the options."""
+    its vocabulary cut to the `vocab` normal tokens it uses most (see count_use). Left open, type,
+    head and vocabulary are chosen by measurement (choose). Cached by the target's sha256 and the
+    options."""
     from . import backend
-    from .models import drafts_dir
     from .render import count_progress, note, spinner
 
     texts = []
@@ -278,44 +301,45 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str = DEFAULT_TYP
         except OSError as e:
             raise ModelError(f"cannot read corpus file {path}: {e.strerror}") from None
     prompts = ranking_prompts()
-    key = hashlib.sha256(json.dumps([DERIVE_VERSION, target_sha256, qtype, vocab, head, prompts, RANK_TOKENS,
-                                     [hashlib.sha256(t.encode()).hexdigest() for t in texts]]).encode()).hexdigest()
-    dst = drafts_dir() / f"{target.stem}-{qtype.lower()}-{head or 'auto'}-v{vocab or 'auto'}-{key[:12]}.gguf"
+    dst = derived_path(target, target_sha256, qtype, vocab, head, texts)
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    heads = [head] if head else [h for h in HEAD_CHOICES if h != qtype]
+    bodies = [(t, h) for t in ([qtype] if qtype else TYPE_CHOICES)
+              for h in ([head] if head else [h for h in HEAD_CHOICES if h != t])]
     with tempfile.TemporaryDirectory(prefix="specgen-draft-", dir=dst.parent) as tmp:
-        quantized = {h: Path(tmp) / f"quantized-{h or 'default'}.gguf" for h in heads}
-        for h, path in quantized.items():
-            with spinner(f"deriving a draft of {target.name}: llama.cpp quantize -> {qtype}"
+        quantized = {(t, h): Path(tmp) / f"quantized-{t}-{h or 'default'}.gguf" for t, h in bodies}
+        for (t, h), path in quantized.items():
+            with spinner(f"deriving a draft of {target.name}: llama.cpp quantize -> {t}"
                          + (f", embedding/output {h}" if h else "")):
-                backend.quantize(target, path, qtype, head_type=h)
+                backend.quantize(target, path, t, head_type=h)
+        first = quantized[bodies[0]]
         with count_progress(len(prompts), f"counting the tokens it uses ({len(prompts)} prompts)") as done:
-            usage = count_use(backend.LlamaModel(quantized[heads[0]]), prompts, texts, on_prompt=done)
-        table = TokenTable.read(quantized[heads[0]])  # quantizing leaves the tokenizer as it was
+            usage = count_use(backend.LlamaModel(first), prompts, texts, on_prompt=done)
+        table = TokenTable.read(first)  # quantizing leaves the tokenizer as it was
         vocabs = [vocab] if vocab else [v for v in VOCAB_CHOICES if v is None or v < 0.75 * table.n_normal]
-        chosen = Candidate(heads[0], vocabs[0])
-        if len(heads) * len(vocabs) > 1:
+        chosen = Candidate(*bodies[0], vocabs[0])
+        if len(bodies) * len(vocabs) > 1:
             candidates = choose(backend.LlamaModel(target), quantized, table, vocabs, usage, Path(tmp))
             for c in candidates:
                 note(f"  {c.label}: {1000 * c.cost_s:.1f} ms/token, agreement {c.agreement:.3f}, "
                      f"chain {c.speed:.1f} tok/s (modelled)")
             chosen = max(candidates, key=lambda c: c.speed)
             note(f"chose {chosen.label}")
+        body = quantized[(chosen.qtype, chosen.head)]
         if chosen.vocab is None:
-            os.replace(quantized[chosen.head], dst)
+            os.replace(body, dst)
         else:
             cut = Path(tmp) / "cut.gguf"
             with spinner(f"cutting its vocabulary to the {chosen.vocab} tokens it uses most"):
-                cut_vocabulary(quantized[chosen.head], cut, table.keep(usage.ranked(), chosen.vocab))
+                cut_vocabulary(body, cut, table.keep(usage.ranked(), chosen.vocab))
             os.replace(cut, dst)
     return dst
 
 
-def choose(target: Model, quantized: dict[str | None, Path], table: TokenTable, vocabs: Sequence[int | None],
-           usage: Usage, tmp: Path) -> list[Candidate]:
-    """Measure every head type x vocabulary size: c_q(1), greedy agreement with the target on the
+def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: TokenTable,
+           vocabs: Sequence[int | None], usage: Usage, tmp: Path) -> list[Candidate]:
+    """Measure every (type, head type) x vocabulary size: c_q(1), greedy agreement with the target on the
     held-out continuations (vocabularies ranked without them), and the chain speed both give with
     the target's measured cost curve."""
     from . import backend
@@ -330,18 +354,18 @@ def choose(target: Model, quantized: dict[str | None, Path], table: TokenTable, 
     ranked = usage.ranked(everything=False)
     found: list[tuple[Candidate, Context]] = []
     with count_progress(len(quantized) * len(vocabs), "measuring the candidates") as done:
-        for h, src in quantized.items():
+        for (t, h), src in quantized.items():
             for v in vocabs:
                 path = src
                 if v is not None:
-                    path = tmp / f"candidate-{h}-{v}.gguf"
+                    path = tmp / f"candidate-{t}-{h}-{v}.gguf"
                     cut_vocabulary(src, path, table.keep(ranked, v))
                 model = backend.LlamaModel(path)
                 ctx = model.new_context(1024, n_batch=64)
                 if model.subset_of_target is not None:
                     ctx = SubsetContext(ctx, model.subset_of_target, target.n_vocab)
                 agreement = float(np.mean(np.array(greedy_predictions(ctx, usage.texts)) == reference))
-                found.append((Candidate(h, v, agreement=agreement), ctx))
+                found.append((Candidate(t, h, v, agreement=agreement), ctx))
                 done()
     # Costs last, in turns: a moment the machine is busy (writing the cuts out) then slows every
     # candidate alike instead of whichever was being timed.

@@ -144,31 +144,40 @@ def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
 
 def test_a_self_entry_is_the_derived_draft_under_its_name(isolated_home, monkeypatch, tmp_path):
     """`self:` runs the derivation `specgen draft derive` runs, with the entry's options, and
-    links the result in under the entry's name; `models list` shows it and the drafts cache."""
+    links the result in under the entry's name; `models list` shows it and the drafts cache. A
+    link to a draft the current derivation would not make (an earlier specgen's) is derived again."""
     import specgen.subset
     from typer.testing import CliRunner
 
     from specgen.cli import app
 
     calls = []
+    derivation = {"name": "t-q2_k-Q4_0-v512-0123.gguf", "body": b"GGUF" + bytes(60)}
 
     def derive(target, qtype, vocab, head):
         calls.append((target, qtype, vocab, head))
-        out = models.drafts_dir() / "t-q2_k-Q4_0-v512-0123.gguf"
+        out = models.drafts_dir() / derivation["name"]
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(b"GGUF" + bytes(60))
+        out.write_bytes(derivation["body"])
         return out
 
     monkeypatch.setattr(specgen.subset, "self_draft", derive)
+    monkeypatch.setattr(specgen.subset, "self_draft_path", lambda *args: models.drafts_dir() / derivation["name"])
     manifest = tmp_path / "models.txt"
     manifest.write_text("t-self  self:t  -  head=Q4_0  vocab=512\n")
     monkeypatch.setenv("SPECGEN_MODELS_TXT", str(manifest))
     path = models.resolve("t-self")
-    assert calls == [("t", "Q2_K", 512, "Q4_0")]
+    assert calls == [("t", None, 512, "Q4_0")]  # type left to measurement
     assert path == models.models_dir() / "t-self.gguf" and path.read_bytes() == b"GGUF" + bytes(60)
     assert models.resolve("t-self") == path and len(calls) == 1  # present: not derived again
     listed = CliRunner().invoke(app, ["models", "list"]).output
     assert "self-draft of t head=Q4_0 vocab=512" in listed and "t-q2_k-Q4_0-v512-0123.gguf" in listed
+    # A newer specgen derives differently (its key changed): the old link is not what -d self means.
+    derivation.update(name="t-auto-Q4_0-v512-4567.gguf", body=b"GGUF" + bytes(61))
+    assert models.resolve("t-self", pull_missing=False) == path and len(calls) == 1  # no derivation asked for
+    assert models.resolve("t-self") == path and len(calls) == 2
+    assert path.read_bytes() == b"GGUF" + bytes(61)
+    assert models.resolve("t-self") == path and len(calls) == 2
 
 
 def test_a_files_sha256_is_remembered_until_the_file_changes(isolated_home, tmp_path, monkeypatch):

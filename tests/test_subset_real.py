@@ -87,11 +87,11 @@ def test_a_map_that_disagrees_with_the_tokenizers_is_one_line(subset_drafts):
 
 
 def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
-    """`-d self`: gemma's F32 target with its own derived draft (Q2_K, its vocabulary cut to the
-    tokens it writes most, or whole, whichever measured faster on this machine: on one day the
-    whole vocabulary with a Q4_0 head modelled 42.2 tok/s against 41.9 cut to 65,536). Derived on
-    first use (about a minute on 2 cores), then cached. Cut drafts are also tested on their own
-    above (subset_drafts)."""
+    """`-d self`: gemma's F32 target with its own derived draft (Q2_K or Q4_K_M, its vocabulary
+    cut to the tokens it writes most, or whole, whichever measured faster on this machine: on one
+    day the whole vocabulary with a Q4_0 head modelled 42.2 tok/s against 41.9 cut to 65,536, as
+    Q2_K). Derived on first use (a few minutes on 2 cores), then cached. Cut drafts are also
+    tested on their own above (subset_drafts)."""
     import json
 
     derive = specgen("draft", "derive", "gemma-3-270m-f32")
