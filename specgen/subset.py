@@ -309,8 +309,7 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str | None = None
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    bodies = [(t, h) for t in ([qtype] if qtype else TYPE_CHOICES)
-              for h in ([head] if head else [h for h in HEAD_CHOICES if h != t])]
+    bodies = candidate_bodies(qtype, head)
     with tempfile.TemporaryDirectory(prefix="specgen-draft-", dir=dst.parent) as tmp:
         quantized = {(t, h): Path(tmp) / f"quantized-{t}-{h or 'default'}.gguf" for t, h in bodies}
         for (t, h), path in quantized.items():
@@ -339,6 +338,12 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str | None = None
                 cut_vocabulary(body, cut, table.keep(usage.ranked(), chosen.vocab))
             os.replace(cut, dst)
     return dst
+
+
+def candidate_bodies(qtype: str | None, head: str | None) -> list[tuple[str, str | None]]:
+    """The (quantization type, head type) pairs to derive: what is given, else every choice."""
+    return [(t, h) for t in ([qtype] if qtype else TYPE_CHOICES)
+            for h in ([head] if head else [h for h in HEAD_CHOICES if h != t])]
 
 
 def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: TokenTable,
