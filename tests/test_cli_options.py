@@ -1,12 +1,14 @@
 """Flags mean the same in every command, and help reads as Typer/Rich help does (no stray markers)."""
 
 import re
+from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from specgen.cli import app
+from specgen.methods import METHODS
 
 COMMANDS = typer.main.get_command(app).commands
 # generate's options that make sense for one prompt only, or are spelt differently on purpose
@@ -46,3 +48,17 @@ def test_help_has_no_stray_type_markers_or_spaces(args):
     assert not re.search(r"\w [.,](\s|$)", result.output, re.M), result.output
     assert "the cores other processes leave free" in result.output or not args or args[0] not in (
         "generate", "bench", "calibrate", "doctor", "demo")
+
+
+def test_the_readme_documents_every_command_every_generate_option_and_the_test_command():
+    # A README edit once dropped its usage sections (generate's options, the methods, `make test`)
+    # with nothing failing; users read them, and CI runs the README's test command (.ci/run).
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "make test" in (root / ".ci" / "run").read_text(encoding="utf-8")
+    missing = [] if "`make test`" in readme else ["`make test`"]
+    missing += [f"specgen {name}" for name in COMMANDS if f"specgen {name}" not in readme]
+    missing += [flags[0] for flags, _ in options("generate").values()
+                if not any(re.search(re.escape(flag) + r"\b", readme) for flag in flags)]
+    missing += [f"`{name}`" for name in METHODS if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not mention: {', '.join(missing)}"
