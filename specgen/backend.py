@@ -25,6 +25,7 @@ import llama_cpp as L
 
 from .errors import ModelError, SpecgenError
 from .protocol import Batch, VocabInfo
+from .screen import ScreenedHead
 from .vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY, SubsetMap
 
 GGUF_MAGIC = b"GGUF"
@@ -78,9 +79,12 @@ def check_gguf_file(path: Path) -> None:
 class LlamaModel:
     """A loaded GGUF model (weights and vocabulary); contexts are made from it."""
 
-    def __init__(self, path: str | Path, gpu_layers: int = 0):
+    def __init__(self, path: str | Path, gpu_layers: int = 0, screen: ScreenedHead | None = None):
         _init()
         self.path = str(path)
+        # A screened copy of a target (screen.py): its contexts patch each logits row's possible
+        # argmax tokens with their exact logits, for greedy decoding only.
+        self.screen = screen
         check_gguf_file(Path(path))
         params = L.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
@@ -92,6 +96,7 @@ class LlamaModel:
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab: int = L.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
+        self.n_embd: int = L.llama_model_n_embd(self._model)
         self.bos: int = L.llama_vocab_bos(self._vocab)
         self.eos: int = L.llama_vocab_eos(self._vocab)
         self.name: str = self.meta("general.name") or Path(self.path).stem
@@ -206,6 +211,10 @@ class LlamaContext:
         params.kv_unified = True  # without it each sequence only gets n_ctx / n_seq_max cells
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        self.screen = model.screen
+        if self.screen is not None:  # each output row's hidden state too, room reserved now
+            params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_NONE
+        self._embeddings = self.screen is not None
         self._ctx = L.llama_init_from_model(model._model, params)
         if not self._ctx:
             raise SpecgenError(f"llama.cpp could not create a context of {n_ctx} tokens for "
@@ -248,6 +257,11 @@ class LlamaContext:
             for j, s in enumerate(ids):
                 row[j] = s
             b.logits[i] = batch.logits[i]
+        n_out = batch.n_outputs
+        if self.screen is not None and self._embeddings != (n_out > 0):
+            # With embeddings on llama.cpp outputs every row: a prompt's rows ask for none.
+            self._embeddings = n_out > 0
+            L.llama_set_embeddings(self._ctx, self._embeddings)
         rc = L.llama_decode(self._ctx, b)
         if rc == 1:
             raise SpecgenError(f"the context is full ({self.n_ctx} tokens): use a larger --ctx")
@@ -255,7 +269,15 @@ class LlamaContext:
             raise SpecgenError(f"llama_decode failed with code {rc}: {_last_error()}")
         # llama_get_logits: the requested rows, contiguous, in batch order.
         ptr = L.llama_get_logits(self._ctx)
-        out = np.ctypeslib.as_array(ptr, shape=(batch.n_outputs, self.n_vocab))
+        if self.screen is None or n_out == 0:
+            out = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        else:  # every row was output (see above); keep the asked-for ones, exact where it counts
+            out = np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+            hidden = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.model.n_embd))
+            if n_out < n:
+                asked = np.flatnonzero(batch.logits)
+                out, hidden = out[asked], hidden[asked]
+            self.screen.patch(out, hidden)
         out.flags.writeable = False
         return out
 

@@ -94,7 +94,7 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
         M.check_runnable(method, cfg.draft is not None)
     if cfg.rpc_servers:
         backend.add_rpc_servers(cfg.rpc_servers)  # before loading: layers offload onto these devices
-    target = backend.LlamaModel(models.resolve(cfg.target), gpu_layers=cfg.gpu_layers)
+    target = load_target(cfg)
     draft = None
     if cfg.draft is not None and any(m.draft != M.NO_DRAFT for m in chosen):
         from .subset import SELF, self_draft
@@ -102,6 +102,37 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
         path = self_draft(cfg.target) if cfg.draft == SELF else models.resolve(cfg.draft)
         draft = backend.LlamaModel(path, gpu_layers=cfg.draft_gpu_layers)
     return open_session(cfg, chosen, target, draft, store_default=store_default)
+
+
+def load_target(cfg: RunConfig) -> Model:
+    """The target, loaded from its screened copy (screen.py; derived once, cached) when every
+    choice will be an argmax that screening keeps exact: greedy decoding, on a CPU-only build,
+    of a target whose output matrix is F32 or F16. `SPECGEN_SCREEN=0` turns it off."""
+    from . import backend, models, screen
+    from .render import spinner
+
+    path = models.resolve(cfg.target)
+    if not screenable(cfg, backend.build_info().accelerator):
+        return backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
+    copy = screen.screened_path(path, models.describe(cfg.target, path)["sha256"])
+    if not screen.is_derived(copy):
+        model = backend.LlamaModel(path)  # mmapped: its metadata says whether the copy can help
+        if model.meta("general.file_type") not in screen.FILE_TYPES:
+            return model
+        model.close()
+        with spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer (once)"):
+            if not screen.derive(path, copy):
+                return backend.LlamaModel(path)
+    target = backend.LlamaModel(copy, screen=screen.load(copy, path))
+    target.source_path = str(path)
+    return target
+
+
+def screenable(cfg: RunConfig, accelerator: str) -> bool:
+    """Whether the target's choices are all argmaxes computed on the CPU (screen.py's bound is for
+    ggml's CPU Q8_0 product; a GPU may take another route) and screening was not turned off."""
+    return (cfg.temperature == 0 and cfg.gpu_layers == 0 and not cfg.rpc_servers and accelerator == "cpu"
+            and os.environ.get("SPECGEN_SCREEN", "1") != "0")
 
 
 def open_history(cfg: RunConfig, target: Model, store_default: bool) -> History:

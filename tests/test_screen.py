@@ -1,0 +1,166 @@
+"""Screening (screen.py): a Q8_0 copy of an F32/F16 output layer, and exact logits where the argmax
+could be, give exactly plain decoding's greedy choices."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from specgen import screen
+from specgen.config import RunConfig
+from specgen.session import screenable
+
+Q8_0 = GGMLQuantizationType.Q8_0
+
+
+def q8_0(x: np.ndarray) -> np.ndarray:
+    """x through Q8_0 and back, as ggml quantizes a product's activations."""
+    return quants.dequantize(quants.quantize(np.ascontiguousarray(x, dtype=np.float32), Q8_0), Q8_0)
+
+
+def approximate(head: screen.ScreenedHead, exact: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    """What llama.cpp computes with the Q8_0 copy: w^ . h^."""
+    w_hat = quants.dequantize(screen.quantize_head(exact)[0], Q8_0).astype(np.float64)
+    return (q8_0(hidden).astype(np.float64) @ w_hat.T).astype(np.float32)
+
+
+def hidden_states(rng, n_rows: int, n_embd: int) -> np.ndarray:
+    """Hidden states with a few blocks far larger than the rest, as gemma's are."""
+    h = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
+    h[:, rng.choice(n_embd, 4, replace=False)] *= 30
+    return h
+
+
+def rivals(rng, n_vocab: int, n_embd: int, dtype=np.float32) -> np.ndarray:
+    """An output matrix whose rows come in near-identical pairs: Q8_0's error decides between them."""
+    base = rng.standard_normal((n_vocab // 2, n_embd)) * 0.05
+    return np.concatenate([base, base + rng.standard_normal(base.shape) * 2e-4]).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype,upcast", [(np.float32, False), (np.float16, False), (np.float32, True)])
+def test_the_bound_holds_for_every_token(dtype, upcast):
+    rng = np.random.default_rng(0)
+    exact = rivals(rng, 2048, 128, dtype)
+    if upcast:  # a matrix Q8_0 holds exactly (as an upcast quantized model's): only h^'s error is left
+        exact = q8_0(exact)
+    head = screen.ScreenedHead(exact, *screen.quantize_head(exact)[1:])
+    hidden = hidden_states(rng, 64, 128)
+    approx = approximate(head, exact, hidden)
+    act = head.activations(hidden)
+    true = act.h.astype(np.float64) @ exact.astype(np.float64).T  # plain's product reads h in W's type
+    for r in range(len(hidden)):
+        assert np.all(np.abs(true[r] - approx[r]) <= head.bound(np.arange(len(exact)), act, r))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_patched_rows_have_the_exact_argmax_where_the_copy_alone_would_not(dtype):
+    rng = np.random.default_rng(1)
+    exact = rivals(rng, 2048, 128, dtype)
+    head = screen.ScreenedHead(exact, *screen.quantize_head(exact)[1:])
+    hidden = hidden_states(rng, 400, 128)
+    true = head.activations(hidden).h.astype(np.float64) @ exact.astype(np.float64).T
+    logits = approximate(head, exact, hidden)
+    wrong_before = int(np.sum(logits.argmax(axis=1) != true.argmax(axis=1)))
+    head.patch(logits, hidden)
+    assert wrong_before > 0  # the pairs make Q8_0 pick the wrong twin: the patch has work to do
+    assert np.array_equal(logits.argmax(axis=1), true.argmax(axis=1))
+    assert head.candidates < 0.05 * head.rows * len(exact)  # it recomputed few tokens
+
+
+def test_a_tie_goes_to_the_lowest_id_as_in_plain_decoding():
+    rng = np.random.default_rng(2)
+    hidden = hidden_states(rng, 1, 64)
+    exact = rng.standard_normal((512, 64)).astype(np.float32) * 1e-4
+    exact[7] = exact[300] = hidden[0] / np.linalg.norm(hidden[0]) ** 2  # identical rows, the largest logits
+    head = screen.ScreenedHead(exact, *screen.quantize_head(exact)[1:])
+    logits = approximate(head, exact, hidden)
+    logits[0, 300] += 1e-3  # even when the copy favours the later one
+    head.patch(logits, hidden)
+    assert int(np.argmax(logits[0])) == 7
+
+
+def test_only_greedy_cpu_runs_are_screened(monkeypatch):
+    cfg = RunConfig(target="t")
+    assert screenable(cfg, "cpu")
+    assert not screenable(dataclasses.replace(cfg, temperature=0.7), "cpu")  # rows must be distributions
+    assert not screenable(dataclasses.replace(cfg, gpu_layers=99), "cpu")
+    assert not screenable(dataclasses.replace(cfg, rpc="10.0.0.2:50052"), "cpu")
+    assert not screenable(cfg, "cuda")  # a GPU may take another route through a Q8_0 product
+    monkeypatch.setenv("SPECGEN_SCREEN", "0")
+    assert not screenable(cfg, "cpu")
+
+
+REAL_F32 = ["smollm2-135m-instruct-f32", "gemma-3-270m-f32"]
+
+
+def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
+    from specgen.engine import TokenEvent
+    from specgen.prompts import Prompt
+    from specgen.session import Runner
+    from specgen.stats import RunStats
+
+    runner = Runner(dataclasses.replace(cfg, max_tokens=n), session)
+    return [e.token for e in runner.stream(Prompt(0, prompt), RunStats()) if isinstance(e, TokenEvent)]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("target", REAL_F32)
+def test_screened_greedy_decoding_equals_the_targets_own(target, monkeypatch):
+    from specgen.session import load_session
+
+    cfg = RunConfig(target=target, draft=None, method="plain", chat=False)
+    screened = load_session(cfg, ["plain"])
+    assert screened.target.screen is not None  # else this compares the target with itself
+    monkeypatch.setenv("SPECGEN_SCREEN", "0")
+    own = load_session(cfg, ["plain"])
+    assert own.target.screen is None
+    for prompt in ["The three primary colours are", "def fibonacci(n):", "Once upon a time, in a valley"]:
+        assert plain_tokens(screened, cfg, prompt) == plain_tokens(own, cfg, prompt), prompt
+    assert screened.target.screen.candidates < 0.01 * screened.target.screen.rows * screened.target.n_vocab
+
+
+class Recorder:
+    """Stands in for a context's ScreenedHead: keeps what llama.cpp computed, patches nothing."""
+
+    def __init__(self):
+        self.rows = []
+
+    def patch(self, logits, hidden):
+        self.rows.append((np.array(logits), np.array(hidden)))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("target", REAL_F32)
+def test_the_bound_holds_on_llama_cpps_own_q8_0_products(target):
+    """The bound assumes how ggml computes a Q8_0 product (activations quantized to Q8_0 blocks): one
+    row (ggml's vector path) and a batch (specgen's few-columns kernel or ggml's matmul) on this CPU."""
+    from specgen.kv import evaluate
+    from specgen.protocol import Batch
+    from specgen.session import load_target
+
+    model = load_target(RunConfig(target=target, draft=None))
+    head = model.screen
+    ctx = model.new_context(512, n_seq_max=2, n_outputs=32)
+    ctx.screen = recorder = Recorder()
+    tokens = model.tokenize("The printing press was invented by Johannes Gutenberg around 1440 in Mainz, and it "
+                            "spread across Europe within fifty years.")
+    evaluate(ctx, tokens)  # the prompt, then its last token alone
+    batch = Batch()
+    for j, token in enumerate(tokens[:24]):
+        batch.add(token, j, (1,), True)
+    ctx.decode(batch)
+    all_tokens = np.arange(model.n_vocab)
+    for approx, hidden in recorder.rows:
+        act = head.activations(hidden)
+        true = act.h.astype(np.float64) @ np.asarray(head.exact, dtype=np.float64).T
+        for r in range(len(approx)):
+            assert np.all(np.abs(true[r] - approx[r]) <= head.bound(all_tokens, act, r))
+    assert [len(a) for a, _ in recorder.rows] == [1, len(batch)]
+
+
+@pytest.mark.real
+def test_a_quantized_target_is_loaded_as_it_is():
+    from specgen.session import load_target
+
+    assert load_target(RunConfig(target="gemma-3-270m-q4_k_m", draft=None)).screen is None
