@@ -85,6 +85,7 @@ class LlamaModel:
         # A screened copy of a target (screen.py): its contexts patch each logits row's possible
         # argmax tokens with their exact logits, for greedy decoding only.
         self.screen = screen
+        self.source_path = self.path  # a screened copy's: the target it was made from
         check_gguf_file(Path(path))
         params = L.llama_model_default_params()
         params.n_gpu_layers = gpu_layers

@@ -301,7 +301,8 @@ def bench(
     for h in versus:
         console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
     if json_file is not None:
-        model_info = {"target": models.describe(cfg.target, Path(session.target.path)),
+        model_info = {"target": models.describe(cfg.target, Path(session.target.source_path)),
+                      "target_screened": session.target.path if session.target.screen else None,
                       "draft": models.describe(cfg.draft, Path(session.draft.path)) if session.draft else None}
         settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(columns), "suite": suite_name,
                     "n_prompts": len(prompts), "repeats": n_repeats, "interrupted": interrupted}

@@ -16,6 +16,7 @@ from .tree import DraftTree
 from .verify import Verdict
 
 if TYPE_CHECKING:
+    from .screen import ScreenedHead
     from .vocab import SubsetMap
 
 
@@ -71,6 +72,11 @@ class Model(Protocol):
     # A draft derived with a frequency-ranked vocabulary: which target token each of its ids is
     # (vocab.SubsetMap); None for a model with its own full vocabulary.
     subset_of_target: "SubsetMap | None"
+    # A target loaded from its screened copy (screen.py): `path` is the copy, `source_path` the
+    # model it was made from, `screen` what patches its logits rows; else source_path == path and
+    # screen is None.
+    source_path: str
+    screen: "ScreenedHead | None"
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 

@@ -112,17 +112,16 @@ def load_target(cfg: RunConfig) -> Model:
     from .render import spinner
 
     path = models.resolve(cfg.target)
-    if not screenable(cfg, backend.build_info().accelerator):
-        return backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
+    model = backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
+    screened = screenable(cfg, backend.build_info().accelerator)
+    if not screened or model.meta("general.file_type") not in screen.FILE_TYPES:
+        return model
     copy = screen.screened_path(path, models.describe(cfg.target, path)["sha256"])
     if not screen.is_derived(copy):
-        model = backend.LlamaModel(path)  # mmapped: its metadata says whether the copy can help
-        if model.meta("general.file_type") not in screen.FILE_TYPES:
-            return model
-        model.close()
         with spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer (once)"):
             if not screen.derive(path, copy):
-                return backend.LlamaModel(path)
+                return model
+    model.close()
     target = backend.LlamaModel(copy, screen=screen.load(copy, path))
     target.source_path = str(path)
     return target

@@ -17,7 +17,8 @@ from specgen.protocol import Batch, VocabInfo
 class FakeModel:
     def __init__(self, n_vocab: int = 32, eos: int = 1, bos: int = 0, sharpness: float = 3.0,
                  script: dict[tuple[int, ...], int] | None = None, chat_template: str | None = None):
-        self.path = "fake.gguf"
+        self.path = self.source_path = "fake.gguf"
+        self.screen = None  # no screened output layer (screen.py)
         self.name = "fake"
         self.n_vocab = n_vocab
         self.n_ctx_train = 4096
