@@ -471,10 +471,9 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
-    from . import backend, models
     from .auto import LONG_PROMPT
     from .config import RunConfig, check_threads
-    from .session import TARGET_OUTPUTS, TARGET_SEQS, cost_curve
+    from .session import TARGET_OUTPUTS, TARGET_SEQS, cost_curve, load_target
 
     check_threads(threads)
     defaults = RunConfig()
@@ -482,7 +481,8 @@ def calibrate(
     gpu_layers = defaults.gpu_layers if gpu_layers is None else gpu_layers
     if ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, found {ctx}")
-    llm = backend.LlamaModel(models.resolve(model), gpu_layers=gpu_layers)
+    # What greedy generation loads (a screened copy where one helps, screen.py): the curve it plans with.
+    llm = load_target(RunConfig(target=model, gpu_layers=gpu_layers))
     context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads,
                               n_outputs=TARGET_OUTPUTS)
     curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)

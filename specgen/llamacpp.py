@@ -208,7 +208,9 @@ def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: R
     if draft is not None and draft.subset_of_target is not None:
         draft = None  # a vocabulary-cut draft (-d self) is a GGUF only specgen can pair with its target
     types = spec_types(given, draft is not None)
-    setup = Setup(binary, Path(session.target.path), Path(draft.path) if draft is not None else None,
+    # The target itself, never its screened copy (screen.py): that one's logits are exact only
+    # where specgen patches them, and llama.cpp would decode its cheaper approximate ones.
+    setup = Setup(binary, Path(session.target.source_path), Path(draft.path) if draft is not None else None,
                   plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
 
     def runner(spec: str) -> ExternalRun:

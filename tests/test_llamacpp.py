@@ -102,13 +102,14 @@ sys.stderr.write("I n_drafted = 10\\nI n_accept  = 6\\n")
 
 
 @pytest.mark.real
-def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path):
+@pytest.mark.parametrize("target", [SMOLLM2, pytest.param("smollm2-135m-instruct-f32", marks=pytest.mark.real)])
+def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path, target):
     folder, log, out = tmp_path / "bin", tmp_path / "calls.jsonl", tmp_path / "bench.json"
     folder.mkdir()
     fake = folder / llamacpp.BINARY
     fake.write_text(FAKE.format(python=sys.executable, log=str(log)))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    proc = specgen("bench", "-m", SMOLLM2, "--methods", "lookup", "--limit", "1", "-n", "8",
+    proc = specgen("bench", "-m", target, "--methods", "lookup", "--limit", "1", "-n", "8",
                    "--llama-cpp", str(folder), "--spec-type", "ngram-mod", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "llama.cpp ngram-mod" in proc.stdout
@@ -123,7 +124,9 @@ def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path):
     assert report["settings"]["methods"] == ["plain", "lookup", "llama.cpp ngram-mod"]
     # The builtin suite's first prompt has two turns: the second follows plain's own first answer.
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(calls) == 2 and calls[0][calls[0].index("-m") + 1].endswith("smollm2-135m-instruct-q4_1.gguf")
+    # The target as given: an F32 one's screened copy (screen.py) is specgen's alone.
+    assert len(calls) == 2 and calls[0][calls[0].index("-m") + 1].endswith(f"{target}.gguf")
+    assert (report["models"]["target_screened"] is not None) == target.endswith("f32")
     first, second = (call[call.index("-p") + 1] for call in calls)
     plain = next(r for r in report["records"] if r["method"] == "plain")["text"]
     assert first.count("<|im_start|>user") == 1  # the chat template's text, as specgen's own run read it
