@@ -576,6 +576,8 @@ def doctor(
 def cache_clear(
     calibration: bool = typer.Option(False, "--calibration", help="Also the measured decode costs (measured "
                                      "again on next use)."),
+    screened: bool = typer.Option(False, "--screened", help="Also the screened copies of F32/F16 targets "
+                                  "(made again on the next greedy run)."),
 ) -> None:
     """Delete the store of past generations that auto drafts from (one file per tokenizer).
 
@@ -587,7 +589,7 @@ def cache_clear(
 
     from .host import specgen_home
 
-    folders = ["history", *(["calibration"] if calibration else [])]
+    folders = ["history", *(["calibration"] if calibration else []), *(["screened"] if screened else [])]
     for name in folders:
         folder = specgen_home() / name
         files = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []

@@ -158,6 +158,11 @@ def test_cache_clear_deletes_the_store_and_a_missing_corpus_is_one_line(tmp_path
     proc = specgen("cache", "clear", env={"SPECGEN_HOME": str(tmp_path)})
     assert proc.returncode == 0 and "history: removed 1 files" in proc.stdout, proc.stderr
     assert not (tmp_path / "history").exists() and (tmp_path / "calibration" / "c.json").exists()
+    (tmp_path / "screened").mkdir()
+    (tmp_path / "screened" / "t-q8_0-head.gguf").write_bytes(b"GGUF")
+    proc = specgen("cache", "clear", "--screened", env={"SPECGEN_HOME": str(tmp_path)})
+    assert proc.returncode == 0 and "screened: removed 1 files" in proc.stdout, proc.stderr
+    assert not (tmp_path / "screened").exists() and (tmp_path / "calibration" / "c.json").exists()
     assert_one_line_error(gen("--corpus", str(tmp_path / "missing.txt"), "hi"),
                           f"--corpus expects a text file, found '{tmp_path / 'missing.txt'}' (no such file)")
 
