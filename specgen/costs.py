@@ -49,7 +49,11 @@ COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a 
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 COARSE_SIZES, COARSE_PASSES = (2, 4, 8, 16), 3  # see TimedContext.retime
 # Re-timing suspect sizes may take at most this share of the time live decodes took (after the
-# first recheck): in a short run, measuring must not cost more than a wrong size would.
+# first recheck): in a short run, measuring must not cost more than a wrong size would. Within a
+# text, a recheck also waits until it costs no more than this share of that text's own decoding,
+# else for the text's end (the next clear(), timed as the next prompt's set-up): timed inside a
+# step, one recheck of B = 48 took 1.3 s of a 128-token answer's 2.1 s of decoding, and ten of them
+# a tenth of a 30-prompt bench's, on whichever prompts they fell.
 RECHECK_SHARE = 0.1
 Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
@@ -553,18 +557,20 @@ class TimedContext(CostAwareContext):
         self.curve.threads = ctx.n_threads  # what it was measured (and cached) with
         self._token = 0
         self.decode_s = self.measure_s = 0.0  # live decodes; rechecks and retimes
+        self.text_decode_s = 0.0  # live decodes since the last clear()
 
     def decode(self, batch: Batch) -> np.ndarray:
         self.curve.for_threads(self.inner.n_threads)
         if self.live and len(batch) and self._spare_free(batch):
             self._token = batch.tokens[0]
             self.retime()
-            self.recheck()
+            self.recheck(within_s=RECHECK_SHARE * self.text_decode_s)
         padded = self._padded(batch)  # after a recheck: it may have moved a tile edge
         t0 = time.perf_counter()
         out = self._decode(batch, padded)
         seconds = time.perf_counter() - t0
         self.decode_s += seconds
+        self.text_decode_s += seconds
         if 0 < len(padded) <= self.curve.sizes[-1]:  # steps, not prompt chunks (those extrapolate far)
             # The padding rows attend to nothing: the context term is the batch's own rows'.
             context = batch.positions[0] * len(batch) // len(padded)
@@ -573,6 +579,7 @@ class TimedContext(CostAwareContext):
 
     def clear(self) -> None:
         self.inner.clear()
+        self.text_decode_s = 0.0
         self.retime()
         self.recheck()
 
@@ -601,10 +608,11 @@ class TimedContext(CostAwareContext):
         self.measure_s += time.perf_counter() - t0
         return samples
 
-    def recheck(self) -> list[int]:
+    def recheck(self, within_s: float | None = None) -> list[int]:
         """Time the suspect sizes and B = 1, interleaved, in the (free) spare sequence at position
         0 (as calibrated), and reshape the curve with them; returns the sizes re-measured. Not
-        while earlier measuring took more than RECHECK_SHARE of the decoding time."""
+        while earlier measuring took more than RECHECK_SHARE of the decoding time, nor (given
+        `within_s`) when its timings would take longer than that."""
         suspects = [b for b in self.curve.suspects() if b <= self.inner.n_batch]
         if not suspects or self.inner.n_seq_max < 2 or self.measure_s > RECHECK_SHARE * self.decode_s:
             return []
@@ -614,6 +622,8 @@ class TimedContext(CostAwareContext):
         references = {b: r for b in suspects if (r := self.curve.reference(b, suspects)) is not None
                       and r <= self.inner.n_batch}
         timed = sorted({*suspects, *references.values()})
+        if within_s is not None and MIN_PASSES * sum(map(self.curve.base, [1, *timed])) > within_s:
+            return []
         self.curve.reshape(self._timed_passes(timed, MIN_PASSES), references)
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
         if self.on_reshape is not None and calibrated and not is_busy(others_cores(before, cpu_sample())):

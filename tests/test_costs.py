@@ -222,7 +222,7 @@ def test_a_poisoned_cache_is_re_measured_where_live_decodes_disagree(monkeypatch
     ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=512, n_seq_max=4)
     ctx.decode(Batch([3, 4], [0, 1], [(0,), (0,)], [False, True]))  # the prompt
     timed = TimedContext(ctx, poisoned, live=True, on_reshape=lambda c: (saved.append(c), save_cached(path, c)))
-    for _ in range(12):
+    for _ in range(80):  # a text long enough to afford the recheck within it (see the next test)
         for b in (1, 2, 8):
             step(timed, 2, b)
     assert poisoned.base(8) == pytest.approx(linear(8), rel=0.01)
@@ -230,6 +230,26 @@ def test_a_poisoned_cache_is_re_measured_where_live_decodes_disagree(monkeypatch
     assert saved and load_cached(path).base(8) == pytest.approx(linear(8), rel=0.01)
     assert {s: cells for s, cells in ctx.kv.items() if cells} == {0: {0: 3, 1: 4}}  # spare sequence left empty
     assert not poisoned.suspects()
+
+
+def test_a_recheck_waits_for_the_end_of_a_text_that_cannot_afford_it(monkeypatch):
+    """Timed inside a step, a recheck lands on one prompt's decoding time (one of B = 48 took 1.3 s
+    of a 128-token answer's 2.1 s): within a text it waits until it costs at most RECHECK_SHARE of
+    that text's decoding so far, else it runs at the next clear(), before the next text."""
+    clock = Clock()
+    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    poisoned = CostCurve(SIZES, [linear(b) * (0.5 if b == 8 else 1.0) for b in SIZES])
+    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=512, n_seq_max=4)
+    ctx.decode(Batch([3, 4], [0, 1], [(0,), (0,)], [False, True]))  # the prompt
+    timed = TimedContext(ctx, poisoned, live=True)
+    for _ in range(12):  # 0.6 s of decoding; the recheck would take about 0.25 s
+        for b in (1, 2, 8):
+            step(timed, 2, b)
+    assert poisoned.suspects() == [8] and not poisoned.rechecked
+    during = timed.decode_s
+    timed.clear()
+    assert poisoned.rechecked == {8: 1} and poisoned.base(8) == pytest.approx(linear(8), rel=0.01)
+    assert timed.decode_s == during and timed.measure_s > 0  # measuring, not decoding
 
 
 def test_a_size_that_keeps_disagreeing_is_rechecked_only_so_often(monkeypatch):
