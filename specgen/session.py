@@ -107,14 +107,16 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
 def load_target(cfg: RunConfig) -> Model:
     """The target, loaded from its screened copy (screen.py; derived once, cached) when every
     choice will be an argmax that screening keeps exact: greedy decoding, on a CPU-only build,
-    of a target whose output matrix is F32 or F16. `SPECGEN_SCREEN=0` turns it off."""
+    of a target whose output matrix is F32 or F16 and a good share of it (screen.MIN_SHARE).
+    `SPECGEN_SCREEN=0` turns it off."""
     from . import backend, models, screen
     from .render import spinner
 
     path = models.resolve(cfg.target)
     model = backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
-    screened = screenable(cfg, backend.build_info().accelerator)
-    if not screened or model.meta("general.file_type") not in screen.FILE_TYPES:
+    if not (screenable(cfg, backend.build_info().accelerator)
+            and screen.worth_screening(model.meta("general.file_type"), model.n_vocab, model.n_embd,
+                                       path.stat().st_size)):
         return model
     copy = screen.screened_path(path, models.describe(cfg.target, path)["sha256"])
     if not screen.is_derived(copy):

@@ -80,6 +80,15 @@ def test_a_tie_goes_to_the_lowest_id_as_in_plain_decoding():
     assert int(np.argmax(logits[0])) == 7
 
 
+def test_only_models_whose_output_layer_is_a_good_share_of_them_are_screened():
+    # (file type, n_vocab, n_embd, file bytes): the copy costs a model's size on disk
+    assert screen.worth_screening("0", 262144, 640, 1_078_917_824)  # gemma-3-270m F32: 62%
+    assert screen.worth_screening("0", 49152, 576, 539_845_696)  # smollm2-135m F32: 21%
+    assert not screen.worth_screening("1", 128256, 4096, 16_060_522_496)  # an 8B model in F16: 7%
+    assert not screen.worth_screening("15", 262144, 640, 253_113_024)  # Q4_K_M: its matrix is Q8_0 already
+    assert not screen.worth_screening(None, 262144, 640, 1_078_917_824)
+
+
 def test_only_greedy_cpu_runs_are_screened(monkeypatch):
     cfg = RunConfig(target="t")
     assert screenable(cfg, "cpu")
