@@ -353,18 +353,29 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
+def _sha256_memo(path: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    return specgen_home() / "sha256" / key
+
+
 def remembered_sha256(path: Path) -> str:
     """file_sha256, remembered by the file's path, size and mtime: a model given as a path is
     described on every `-d self` and `bench --json` run, and hashing gigabytes costs seconds."""
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
-    memo = specgen_home() / "sha256" / key
+    memo = _sha256_memo(path)
     if memo.is_file():
         return memo.read_text().strip()
     sha = file_sha256(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
     memo.write_text(sha + "\n")
     return sha
+
+
+def known_sha256(spec: str, path: Path) -> str | None:
+    """describe()'s sha256 where it is had without hashing the file (models.txt's, or remembered)."""
+    entry = None if looks_like_path(spec) else load_manifest().get(spec)
+    memo = _sha256_memo(path)
+    return (expected_sha(entry) if entry else None) or (memo.read_text().strip() if memo.is_file() else None)
 
 
 def describe(spec: str, path: Path) -> dict[str, str]:

@@ -7,7 +7,7 @@ once, a copy of the target whose output layer is Q8_0 (a quarter of F32's bytes;
 kernel serves a verification's columns in one pass) and asks llama.cpp for each row's hidden state h
 beside the approximate logits l^. A bound b_i on |l_i - l^_i| per vocabulary entry says which
 tokens could still be the argmax: those with l^_i + b_i >= max_j (l^_j - b_j). Their exact logits,
-the original matrix's rows times h (in float64), overwrite the approximate ones in the row, so the
+the original matrix's rows times h (in float32), overwrite the approximate ones in the row, so the
 row's argmax is plain decoding's argmax: every other token's exact logit is below a candidate's.
 Lowest-id ties break as before, since no other token can reach the maximum. The rows are no longer
 the target's distribution, so only greedy decoding is screened (session.py decides).
@@ -22,7 +22,7 @@ plus a share for float rounding in either product, where |h - h^| is at most d/2
 (rounding to the nearest step) plus 127 d 2^-11 (the scale's fp16 rounding). The per-block L1
 norms of each row are computed once, at derivation, and cached beside the copy. Per block rather
 than over the whole row, because gemma's hidden states have a few blocks 3-17 times larger than the
-median: on gemma-3-270m F32 the real error stayed under a fifth of the bound, and 1-80 tokens of
+median: on gemma-3-270m F32 the real error stayed under a fifth of the bound, and 1-125 tokens of
 262,144 were candidates per row (with one Cauchy-Schwarz bound over the row, up to 13,040).
 """
 

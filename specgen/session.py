@@ -113,17 +113,23 @@ def load_target(cfg: RunConfig) -> Model:
     from .render import spinner
 
     path = models.resolve(cfg.target)
-    model = backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
-    if not (screenable(cfg, backend.build_info().accelerator)
-            and screen.worth_screening(model.meta("general.file_type"), model.n_vocab, model.n_embd,
-                                       path.stat().st_size)):
-        return model
-    copy = screen.screened_path(path, models.describe(cfg.target, path)["sha256"])
-    if not screen.is_derived(copy):
-        with spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer (once)"):
-            if not screen.derive(path, copy):
-                return model
-    model.close()
+    if not screenable(cfg, backend.build_info().accelerator):
+        return backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
+    backend.check_gguf_file(path)  # a clear line for a missing file or a directory, before its stat
+    sha = models.known_sha256(cfg.target, path)
+    copy = screen.screened_path(path, sha) if sha else None
+    if copy is None or not screen.is_derived(copy):
+        # Load the target to see whether a copy would pay (hashing it only then, for the name).
+        model = backend.LlamaModel(path)
+        if not screen.worth_screening(model.meta("general.file_type"), model.n_vocab, model.n_embd,
+                                      path.stat().st_size):
+            return model
+        copy = screen.screened_path(path, models.describe(cfg.target, path)["sha256"])
+        if not screen.is_derived(copy):
+            with spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer (once)"):
+                if not screen.derive(path, copy):
+                    return model
+        model.close()
     target = backend.LlamaModel(copy, screen=screen.load(copy, path))
     target.source_path = str(path)
     return target
