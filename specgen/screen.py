@@ -197,6 +197,8 @@ def derive(source: Path, dest: Path) -> bool:
     False, writing nothing, when the output matrix is not one of EXACT_TYPES."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
+    from .subset import write_tensors
+
     reader = GGUFReader(source)
     tensors = {t.name: t for t in reader.tensors}
     tied = "output.weight" not in tensors
@@ -222,16 +224,8 @@ def derive(source: Path, dest: Path) -> bool:
             vtype = field.types[0]
             writer.add_key_value(key, field.contents(), vtype,
                                  sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
-        out = [(t.name, np.asarray(t.data), t.tensor_type) for t in reader.tensors if t.name != "output.weight"]
-        out.append(("output.weight", screened, qtype))
-        for name, data, ttype in out:
-            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for _, data, _ in out:
-            writer.write_tensor_data(np.ascontiguousarray(data))
-        writer.close()
+        write_tensors(writer, [(t.name, t.data, t.tensor_type) for t in reader.tensors if t.name != "output.weight"]
+                      + [("output.weight", screened, qtype)])
         if tied:  # the exact matrix is the copy's own embedding matrix: find where it was written
             embd = next(t for t in GGUFReader(tmp).tensors if t.name == "token_embd.weight")
             offset = int(embd.data_offset)

@@ -115,15 +115,19 @@ def cut_vocabulary(src: Path, dst: Path, keep: np.ndarray) -> None:
     writer.add_array(SUBSET_IDS_KEY, [int(i) for i in keep])
     writer.add_uint32(SUBSET_UNK_KEY, unk)
 
-    data = {t.name: (t.data[keep] if t.name in ROW_TENSORS else t.data) for t in reader.tensors}
-    for tensor in reader.tensors:
-        rows = data[tensor.name]
-        writer.add_tensor_info(tensor.name, rows.shape, rows.dtype, rows.nbytes, tensor.tensor_type)
+    write_tensors(writer, [(t.name, t.data[keep] if t.name in ROW_TENSORS else t.data, t.tensor_type)
+                           for t in reader.tensors])
+
+
+def write_tensors(writer, tensors: list[tuple[str, np.ndarray, object]]) -> None:
+    """Finish a GGUFWriter whose metadata is set: (name, raw data, GGML type) per tensor, in order."""
+    for name, data, ttype in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for tensor in reader.tensors:
-        writer.write_tensor_data(np.ascontiguousarray(data[tensor.name]))
+    for _, data, _ in tensors:
+        writer.write_tensor_data(np.ascontiguousarray(data))
     writer.close()
 
 
