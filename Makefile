@@ -11,10 +11,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# specgen.build is stdlib-only: it picks CMake flags for this host, builds llama-cpp-python once per
+# specgen.llama.build is stdlib-only: it picks CMake flags for this host, builds llama-cpp-python once per
 # flag set (cached under ~/.cache/specgen/wheels) and installs it; then specgen itself.
 setup: $(BIN)/python
-	$(BIN)/python -m specgen.build
+	$(BIN)/python -m specgen.llama.build
 	$(BIN)/python -m pip install -q -e '.[test]'
 
 models: setup

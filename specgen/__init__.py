@@ -1,6 +1,6 @@
 """specgen: lossless staged speculative decoding for GGUF models on your own machine.
 
-Kept import-free: `python -m specgen.build` runs before any dependency is installed.
+Kept import-free: `python -m specgen.llama.build` runs before any dependency is installed.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """This machine and this installation: CPU name and flags, specgen's cache home, the shipped data files.
 
-Stdlib only: `python -m specgen.build` imports it before any dependency is installed.
+Stdlib only: `python -m specgen.llama.build` imports it before any dependency is installed.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 # models.txt and configs/ ship inside the package (the repository's top-level copies are links to
@@ -58,16 +59,14 @@ def has_nvidia_gpu() -> bool:
 
 # --- how busy the rest of the machine is ---------------------------------------------------------
 
-BUSY_STAT_FIELDS = (0, 1, 2, 5, 6, 7)
-MIN_CPU_WINDOW_S = 0.2  # /proc/stat counts in 10 ms ticks  # /proc/stat: user nice system [idle iowait] irq softirq steal
+BUSY_STAT_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat: user nice system [idle iowait] irq softirq steal
+MIN_CPU_WINDOW_S = 0.2  # /proc/stat counts in 10 ms ticks
 
 
 def cpu_sample() -> tuple[float, float, float] | None:
     """(wall seconds, CPU seconds all processes have used, CPU seconds this process and its finished
     children have used); None where /proc/stat cannot be read. Steal counts as used: another VM
     took that core. Children count as ours: bench's llama.cpp runs are not another process's load."""
-    import time
-
     try:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         ticks = sum(int(fields[i]) for i in BUSY_STAT_FIELDS if i < len(fields))

@@ -14,44 +14,44 @@ GEMMA = "gemma-3-270m-q4_k_m"
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from specgen import models
+    from specgen.app import models
 
     return models.resolve(SMOLLM2)
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from specgen import models
+    from specgen.app import models
 
     return models.resolve(GEMMA)
 
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path):
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     return LlamaModel(smollm2_path)
 
 
 @pytest.fixture(scope="session")
 def gemma(gemma_path):
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     return LlamaModel(gemma_path)
 
 
 @pytest.fixture(scope="session")
 def smollm2_f32():
-    from specgen import models
-    from specgen.backend import LlamaModel
+    from specgen.app import models
+    from specgen.llama.backend import LlamaModel
 
     return LlamaModel(models.resolve("smollm2-135m-instruct-f32"))
 
 
 @pytest.fixture(scope="session")
 def gemma_f32():
-    from specgen import models
-    from specgen.backend import LlamaModel
+    from specgen.app import models
+    from specgen.llama.backend import LlamaModel
 
     return LlamaModel(models.resolve("gemma-3-270m-f32"))
 

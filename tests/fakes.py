@@ -11,7 +11,7 @@ import hashlib
 
 import numpy as np
 
-from specgen.protocol import Batch, VocabInfo
+from specgen.core.protocol import Batch, VocabInfo
 
 
 class FakeModel:
@@ -132,7 +132,7 @@ class SubsetDraft(FakeModel):
     nothing of them (its view of the history is as lossy as a real cut draft's)."""
 
     def __init__(self, target: FakeModel, keep: list[int], noise: float = 1.0, unk: int = 0):
-        from specgen.vocab import SubsetMap
+        from specgen.core.vocab import SubsetMap
 
         super().__init__(len(keep), keep.index(target.eos), keep.index(target.bos), target.sharpness)
         self.noisy = NoisyDraft(target, noise)

@@ -4,10 +4,10 @@ its own root-to-node path, and dropping branches by sequence id leaves a cache e
 import numpy as np
 import pytest
 
-from specgen.backend import LlamaModel, check_gguf_file
+from specgen.llama.backend import LlamaModel, check_gguf_file
 from specgen.errors import ModelError
-from specgen.kv import evaluate
-from specgen.protocol import Batch
+from specgen.core.kv import evaluate
+from specgen.core.protocol import Batch
 
 pytestmark = pytest.mark.real
 
@@ -150,7 +150,7 @@ def test_a_context_without_fixed_threads_follows_the_free_cores(smollm2_path, mo
     """With a thread per core, a CPU-bound process beside us stalls llama.cpp's thread barriers:
     a context whose threads were not given drops to the cores left free, and comes back when they
     are free again; one given --threads keeps them."""
-    import specgen.backend as backend
+    import specgen.llama.backend as backend
     import specgen.host as host
 
     monkeypatch.setattr(backend, "default_threads", lambda: 4)
@@ -184,7 +184,7 @@ def test_a_context_has_room_for_its_largest_decode_from_the_start(smollm2):
     rows than ever before (gemma: 23 ms for 48 rows, 29 for 64): a speculative target asks for its
     largest decode's rows when it is made (n_seq_max sizes that buffer); its own budget of
     sequence ids is unchanged, and rows come back as they did."""
-    from specgen import backend
+    from specgen.llama import backend
 
     roomy, plain = smollm2.new_context(256, n_seq_max=4, n_outputs=80), smollm2.new_context(256, n_seq_max=4)
     assert backend.L.llama_n_seq_max(roomy._ctx) == 80 and roomy.n_seq_max == 4

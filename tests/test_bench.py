@@ -9,15 +9,16 @@ from dataclasses import replace
 import pytest
 
 from fakes import FakeModel, NoisyDraft
-from specgen import bench as b
-from specgen.benchview import check_plot_path, summary_table, svg_chart
-from specgen.config import RunConfig
-from specgen.costs import CostCurve
+from specgen.bench import report, run, suites, summary
+from specgen.bench.view import check_plot_path, summary_table, svg_chart
+from specgen.app.config import RunConfig
+from specgen.costs.curve import CostCurve
 from specgen.errors import ConfigError, PromptError
-from specgen.prompts import Prompt
-from specgen.methods import METHODS, NAMES
-from specgen.session import Completion, Runner, open_session
-from specgen.stats import RunStats
+from specgen.app.prompts import Prompt
+from specgen.drafting.methods import METHODS, NAMES
+from specgen.app.runner import Completion, Runner
+from specgen.app.session import open_session
+from specgen.core.stats import RunStats
 
 SPEC_BENCH = "../shared/bench/spec-bench/question.jsonl"
 
@@ -34,20 +35,20 @@ def question_lines(n_per_category):
 
 
 def test_spec_bench_categories_group_into_six():
-    prompts = b.parse_question_file(question_lines(4), "q.jsonl")
+    prompts = suites.parse_question_file(question_lines(4), "q.jsonl")
     assert [p.group for p in prompts][:8] == ["mt_bench"] * 8  # writing + roleplay
     assert {p.group for p in prompts} == {"mt_bench", "translation", "rag"}
     assert prompts[0].turns == ("first turn", "second turn")
 
 
 def test_per_group_takes_every_kth_record():
-    prompts = b.parse_question_file(question_lines(40), "q.jsonl")  # mt_bench 80, others 40
-    picked = b.select(prompts, per_group=10)
+    prompts = suites.parse_question_file(question_lines(40), "q.jsonl")  # mt_bench 80, others 40
+    picked = suites.select(prompts, per_group=10)
     mt = [int(p.prompt_id) for p in picked if p.group == "mt_bench"]
     assert mt == list(range(81, 161, 8))  # spread over both categories, not the first ten
     assert sum(p.group == "rag" for p in picked) == 10
-    assert len(b.select(prompts, per_group=10, limit=3)) == 3
-    assert len(b.select(prompts, per_group=1000)) == len(prompts)
+    assert len(suites.select(prompts, per_group=10, limit=3)) == 3
+    assert len(suites.select(prompts, per_group=1000)) == len(prompts)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -57,34 +58,34 @@ def test_per_group_takes_every_kth_record():
 ])
 def test_bad_question_file_names_the_line(line, message):
     with pytest.raises(PromptError, match=message):
-        b.parse_question_file(line, "q.jsonl")
+        suites.parse_question_file(line, "q.jsonl")
 
 
 def test_builtin_suite_covers_the_groups_and_code():
-    name, prompts = b.load_suite("builtin")
-    assert {p.group for p in prompts} == set(b.SPEC_BENCH_GROUPS) | {"code"}
+    name, prompts = suites.load_suite("builtin")
+    assert {p.group for p in prompts} == set(suites.SPEC_BENCH_GROUPS) | {"code"}
     assert any(len(p.turns) == 2 for p in prompts if p.group == "mt_bench")
 
 
 def test_suite_errors(tmp_path):
     with pytest.raises(ConfigError, match="--suite expects builtin, humaneval or a question.jsonl file"):
-        b.load_suite(str(tmp_path / "missing.jsonl"))
+        suites.load_suite(str(tmp_path / "missing.jsonl"))
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"category": "qa", "turns": ["caf\xe9"]}\n')
     with pytest.raises(PromptError, match="expected UTF-8"):
-        b.load_suite(str(bad))
+        suites.load_suite(str(bad))
 
 
 def test_methods_plain_first_once_and_checked():
-    assert b.parse_methods("auto, lookup,plain,auto") == ("plain", "auto", "lookup")
-    assert b.parse_methods(["lookup"]) == ("plain", "lookup")
+    assert run.parse_methods("auto, lookup,plain,auto") == ("plain", "auto", "lookup")
+    assert run.parse_methods(["lookup"]) == ("plain", "lookup")
     with pytest.raises(ConfigError, match="--methods expects .* found 'fast'"):
-        b.parse_methods("lookup,fast")
+        run.parse_methods("lookup,fast")
 
 
 def test_schedule_interleaves_methods_per_prompt():
-    p1, p2 = (b.BenchPrompt("qa", i, ("x",)) for i in "12")
-    order = [(p.prompt_id, m, r) for p, m, r in b.schedule([p1, p2], ["plain", "lookup"], 2)]
+    p1, p2 = (suites.BenchPrompt("qa", i, ("x",)) for i in "12")
+    order = [(p.prompt_id, m, r) for p, m, r in run.schedule([p1, p2], ["plain", "lookup"], 2)]
     assert order == [("1", "plain", 0), ("1", "lookup", 0), ("2", "plain", 0), ("2", "lookup", 0),
                      ("1", "plain", 1), ("1", "lookup", 1), ("2", "plain", 1), ("2", "lookup", 1)]
 
@@ -102,7 +103,7 @@ class EchoRunner:
 
 def test_second_turn_follows_the_models_own_answer():
     runner = EchoRunner()
-    text, stats, _ = b.run_turns(runner, b.BenchPrompt("mt_bench", "1", ("q1", "q2")))
+    text, stats, _ = run.run_turns(runner, suites.BenchPrompt("mt_bench", "1", ("q1", "q2")))
     assert runner.seen[1] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "answer1"},
                               {"role": "user", "content": "q2"}]
     assert text == "answer1\n\nanswer2"
@@ -111,7 +112,7 @@ def test_second_turn_follows_the_models_own_answer():
 
 def trial(pid, group, method, tps, text="same", repeat=0, calls=10, committed=20):
     s = RunStats(n_tokens=int(tps), decode_s=1.0, target_calls=calls, n_committed=committed, drafted=8, accepted=4)
-    return b.Trial(b.BenchPrompt(group, pid, ("x",)), method, repeat, text, s, "length")
+    return run.Trial(suites.BenchPrompt(group, pid, ("x",)), method, repeat, text, s, "length")
 
 
 def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
@@ -119,15 +120,15 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
               trial("2", "qa", "plain", 300), trial("2", "qa", "lookup", 300, text="other"),
               trial("3", "rag", "plain", 50), trial("3", "rag", "lookup", 100),
               trial("4", "rag", "plain", 50)]  # interrupted before lookup ran: left out everywhere
-    rows = {(r.group, r.method): r for r in b.summarize(trials, ["plain", "lookup"], greedy=True)}
+    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], greedy=True)}
     qa = rows[("qa", "lookup")]
     assert qa.speedup == pytest.approx(300 / 200)  # mean(300,300)/mean(100,300), not mean of ratios (2.0)
     assert (qa.lossless_mismatches, qa.n_prompts, qa.mean_accepted, qa.acceptance_rate) == (1, 2, 2.0, 0.5)
     assert rows[("rag", "lookup")].n_prompts == 1
-    overall = rows[(b.OVERALL, "lookup")]
+    overall = rows[(summary.OVERALL, "lookup")]
     assert overall.speedup == pytest.approx((700 / 3) / (450 / 3), abs=1e-3)  # JSON keeps 3 decimals
-    assert rows[(b.OVERALL, "plain")].speedup == 1.0
-    sampled = b.summarize(trials, ["plain", "lookup"], greedy=False)
+    assert rows[(summary.OVERALL, "plain")].speedup == 1.0
+    sampled = summary.summarize(trials, ["plain", "lookup"], greedy=False)
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
@@ -135,7 +136,7 @@ def test_head_to_head_names_each_prompt_another_tool_won_by_more_than_the_margin
     """Overall speedups hide a prompt lost to llama.cpp; bench says which, by how much, against which
     of its rows (the fastest on that prompt), and with both target-call counts (equal counts: a tie
     of plain decodes, which one run cannot settle). Repeats of a prompt count together."""
-    from specgen.benchview import head_to_head_line
+    from specgen.bench.view import head_to_head_line
 
     rivals = ["llama.cpp ngram-mod", "llama.cpp ngram-simple"]
     trials = [trial("1", "qa", "auto", 100, calls=30), trial("1", "qa", rivals[0], 90), trial("1", "qa", rivals[1], 50),
@@ -146,12 +147,12 @@ def test_head_to_head_names_each_prompt_another_tool_won_by_more_than_the_margin
               trial("4", "qa", rivals[1], 10), trial("4", "qa", "auto", 200, repeat=1),  # 250 against 200 tokens
               trial("4", "qa", rivals[0], 100, repeat=1), trial("4", "qa", rivals[1], 10, repeat=1),
               trial("5", "qa", "auto", 100), trial("5", "qa", rivals[0], 300)]  # a rival missing: left out
-    h = b.head_to_head(trials, "auto", rivals)
+    h = summary.head_to_head(trials, "auto", rivals)
     assert (h.n_prompts, h.wins) == (4, 2)
-    assert h.losses == (b.PromptLoss("2", rivals[1], 0.9, 4, 4),)
+    assert h.losses == (summary.PromptLoss("2", rivals[1], 0.9, 4, 4),)
     line = head_to_head_line(h, rivals)
     assert "faster on 2 of 4" in line and "prompt 2 at 0.90x (llama.cpp ngram-simple; target calls 4 against 4)" in line
-    assert head_to_head_line(b.head_to_head(trials[:3], "auto", rivals), rivals).endswith("on none")
+    assert head_to_head_line(summary.head_to_head(trials[:3], "auto", rivals), rivals).endswith("on none")
 
 
 def test_multi_turn_groups_get_a_row_per_turn():
@@ -159,19 +160,19 @@ def test_multi_turn_groups_get_a_row_per_turn():
     shows each turn's speedup beside the group's."""
     def two_turns(pid, method, tps1, tps2, text2="b"):
         turns = tuple(RunStats(n_tokens=t, decode_s=1.0, target_calls=t, n_committed=t) for t in (tps1, tps2))
-        return b.Trial(b.BenchPrompt("mt_bench", pid, ("q1", "q2")), method, 0, "a\n\n" + text2,
-                       b.total_of(turns), "length", ("a", text2), turns)
+        return run.Trial(suites.BenchPrompt("mt_bench", pid, ("q1", "q2")), method, 0, "a\n\n" + text2,
+                       run.total_of(turns), "length", ("a", text2), turns)
     trials = [two_turns("1", "plain", 50, 50), two_turns("1", "auto", 60, 150),
               two_turns("2", "plain", 50, 50), two_turns("2", "auto", 60, 100, text2="c")]
-    rows = {(r.group, r.turn, r.method): r for r in b.summarize(trials, ["plain", "auto"], greedy=True)}
+    rows = {(r.group, r.turn, r.method): r for r in summary.summarize(trials, ["plain", "auto"], greedy=True)}
     assert rows[("mt_bench", 1, "auto")].speedup == pytest.approx(1.2)
     assert rows[("mt_bench", 2, "auto")].speedup == pytest.approx(2.5)
     assert rows[("mt_bench", 2, "auto")].lossless_mismatches == 1 == rows[("mt_bench", None, "auto")].lossless_mismatches
     assert rows[("mt_bench", None, "auto")].speedup == pytest.approx(1.85)  # (210/2 + 160/2) / 2 over 50
-    assert (b.OVERALL, 1, "auto") not in rows  # overall has no turns of its own
+    assert (summary.OVERALL, 1, "auto") not in rows  # overall has no turns of its own
     table = summary_table([r for r in rows.values()], ["plain", "auto"], "t", 1)
     assert [str(c) for c in table.columns[0]._cells] == ["mt_bench", "  turn 1", "  turn 2", "[bold]overall[/bold]"]
-    record = b.trial_record(trials[1], {})
+    record = report.trial_record(trials[1], {})
     assert [t["tokens_per_s"] for t in record["turns"]] == [60.0, 150.0]
 
 
@@ -183,7 +184,7 @@ def test_per_prompt_spread_flags_a_difference_within_noise():
         wobble = 1 if i % 2 else -1  # per-prompt noise that averages out
         trials += [trial(str(i), "qa", "plain", 50), trial(str(i), "qa", "fast", 100 + 5 * wobble),
                    trial(str(i), "qa", "same", 50 + 10 * wobble)]
-    rows = {r.method: r for r in b.summarize(trials, ["plain", "fast", "same"], greedy=False) if r.group == "qa"}
+    rows = {r.method: r for r in summary.summarize(trials, ["plain", "fast", "same"], greedy=False) if r.group == "qa"}
     fast, same = rows["fast"], rows["same"]
     assert 1.9 < fast.speedup_low < fast.speedup == 2.0 < fast.speedup_high < 2.1 and not fast.within_noise
     assert fast.median_speedup == pytest.approx(2.0, abs=0.1)
@@ -197,7 +198,7 @@ def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),
               trial("2", "qa", "plain", 100), empty]
-    rows = {(r.group, r.method): r for r in b.summarize(trials, ["plain", "lookup"], greedy=True)}
+    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], greedy=True)}
     assert rows[("qa", "lookup")].speedup == 2.0 and rows[("qa", "lookup")].tokens_per_s == 200
     assert rows[("qa", "lookup")].n_prompts == 2  # still compared for losslessness
 
@@ -249,21 +250,21 @@ def test_only_auto_decodes_through_the_timing_wrappers():
 def test_bench_on_fake_backend_is_lossless_and_interleaved():
     session, cfg = fake_session(with_draft=True)
     runners = {m: Runner(replace(cfg, method=m, max_tokens=24), session) for m in FAKE_METHODS}
-    prompts = b.select(b.parse_question_file(question_lines(3), "q.jsonl"), per_group=2)
+    prompts = suites.select(suites.parse_question_file(question_lines(3), "q.jsonl"), per_group=2)
     done = []
-    trials = b.run_bench(prompts, runners, repeats=1, on_trial=done.append)
+    trials = run.run_bench(prompts, runners, repeats=1, on_trial=done.append)
     assert set(FAKE_METHODS) == set(METHODS)
     assert [t.method for t in trials[:len(FAKE_METHODS)]] == list(FAKE_METHODS)
     assert len(done) == len(prompts) * len(FAKE_METHODS)
-    rows = b.summarize(trials, FAKE_METHODS, greedy=True)
+    rows = summary.summarize(trials, FAKE_METHODS, greedy=True)
     assert all(r.lossless_mismatches == 0 for r in rows)  # every method reproduces plain greedy text
-    assert {r.group for r in rows} == {"mt_bench", "translation", "rag", b.OVERALL}
-    assert all(r.n_prompts == 2 for r in rows if r.group != b.OVERALL)
+    assert {r.group for r in rows} == {"mt_bench", "translation", "rag", summary.OVERALL}
+    assert all(r.n_prompts == 2 for r in rows if r.group != summary.OVERALL)
 
 
 def test_svg_chart_has_a_bar_per_group_and_method_and_the_plain_line():
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150), trial("1", "qa", "auto", 200)]
-    svg = svg_chart(b.summarize(trials, ["plain", "lookup", "auto"], greedy=True), "title <&>")
+    svg = svg_chart(summary.summarize(trials, ["plain", "lookup", "auto"], greedy=True), "title <&>")
     root = ET.fromstring(svg)  # well-formed, title escaped
     titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert "qa lookup: 1.50x" in titles and "overall auto: 2.00x" in titles and "plain = 1.0x" in titles
@@ -283,10 +284,10 @@ def test_png_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
 
 def test_png_chart_written(tmp_path):
     pytest.importorskip("matplotlib")  # optional: pip install 'specgen[plot]'
-    from specgen.benchview import write_plot
+    from specgen.bench.view import write_plot
 
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150)]
-    write_plot(b.summarize(trials, ["plain", "lookup"], greedy=True), tmp_path / "c.png", "t")
+    write_plot(summary.summarize(trials, ["plain", "lookup"], greedy=True), tmp_path / "c.png", "t")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

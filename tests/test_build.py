@@ -1,6 +1,6 @@
 import pytest
 
-from specgen import build
+from specgen.llama import build
 
 
 def plan_for(monkeypatch, flags, system="Linux", machine="x86_64", nvcc=False, gpu=False, env=None):
@@ -40,7 +40,7 @@ def test_cache_key_changes_with_flags(monkeypatch):
 
 
 def test_doctor_flags_amx_and_missing_isas():
-    from specgen.doctor import build_warnings, enabled_features
+    from specgen.app.doctor import build_warnings, enabled_features
 
     info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 0 |"
     assert enabled_features(info) == ["SSE3", "AVX", "AVX2", "AVX512", "AMX_INT8", "LLAMAFILE"]
@@ -51,7 +51,7 @@ def test_doctor_flags_amx_and_missing_isas():
 
 
 def fake_sdist(root, sgemm_anchor=True):
-    """The two vendored llama.cpp files specgen.build hooks its kernel into, cut down to their anchors."""
+    """The two vendored llama.cpp files specgen.llama.build hooks its kernel into, cut down to their anchors."""
     sgemm = root / build.SGEMM
     sgemm.parent.mkdir(parents=True)
     body = "    // only enable sgemm for prompt processing\n" if sgemm_anchor else "    // changed upstream\n"
@@ -87,7 +87,7 @@ def test_cache_key_changes_with_the_kernel(monkeypatch):
 
 
 def test_doctor_names_the_q8_0_kernel_state():
-    from specgen.doctor import q8_0_kernel
+    from specgen.app.doctor import q8_0_kernel
 
     assert q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = avx512vnni | REPACK = 1 |").startswith("avx512vnni")
     assert "SPECGEN_Q8_0=0" in q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = off |")

@@ -149,11 +149,12 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     """With a seed auto plans from the cached calibration alone, not from this machine's timings.
     The curve written there makes a batch cost 1 + (B - 1)/2 single decodes: drafting after a
     1-2 token match does not pay, after the repeated passage it does, so auto mixes both."""
-    from specgen import backend
-    from specgen.costs import CostCurve, cache_key, save_cached
+    from specgen.llama import tools
+    from specgen.costs.cache import cache_key, save_cached
+    from specgen.costs.curve import CostCurve
     from specgen.host import cpu_name
 
-    key = cache_key(str(smollm2_path), backend.build_info().system_info, 1, 1024, cpu_name())
+    key = cache_key(str(smollm2_path), tools.build_info().system_info, 1, 1024, cpu_name())
     sizes = [1, 2, 4, 8, 16, 32]
     save_cached(isolated_home / "calibration" / f"{key}.json",
                 CostCurve(sizes, [0.010 * (1 + 0.5 * (b - 1)) for b in sizes]))
@@ -194,7 +195,7 @@ def test_demo_compares_auto_with_plain_on_the_same_prompt(isolated_home):
 
 
 def test_demo_summary_line():
-    from specgen.cli import demo_summary
+    from specgen.cli.generate import demo_summary
 
     assert demo_summary(40.0, 90.0, True) == "plain 40.0 tok/s · auto 90.0 tok/s · 2.25x · identical to plain: yes"
     assert SUMMARY.match(demo_summary(50.0, 45.0, False)).group(1) == "no"

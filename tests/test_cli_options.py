@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.methods import METHODS
+from specgen.drafting.methods import METHODS
 
 COMMANDS = typer.main.get_command(app).commands
 # generate's options that make sense for one prompt only, or are spelt differently on purpose

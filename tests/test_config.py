@@ -1,6 +1,6 @@
 import pytest
 
-from specgen.config import DEFAULT_CONFIG, build_config, read_yaml
+from specgen.app.config import DEFAULT_CONFIG, build_config, read_yaml
 from specgen.errors import ConfigError
 
 

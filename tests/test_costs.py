@@ -7,10 +7,21 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
-import specgen.costs as costs
-from specgen.costs import CostCurve, TimedContext, fit, load_cached, measure, save_cached
-from specgen.planner import best_subtree
-from specgen.protocol import Batch
+import specgen.costs.curve as costs
+import specgen.costs.measure as costs_measure
+import specgen.costs.timed as costs_timed
+from specgen.costs.cache import load_cached, save_cached
+from specgen.costs.curve import CostCurve
+from specgen.costs.measure import fit, measure
+from specgen.costs.timed import TimedContext
+from specgen.drafting.planner import best_subtree
+from specgen.core.protocol import Batch
+
+
+def patch_time(monkeypatch, clock) -> None:
+    """The clock calibration and the timed contexts read."""
+    for module in (costs_measure, costs_timed):
+        monkeypatch.setattr(module, "time", clock)
 
 
 def passes(true_cost, sizes, n=6, noise=0.02, spikes=(), seed=0):
@@ -97,8 +108,8 @@ class SlowModelClock:
 
 def slow_calibration(monkeypatch, cost):
     clock = SlowModelClock(cost)
-    monkeypatch.setattr(costs, "_timed_decode", clock.decode)
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=lambda: clock.now, time=lambda: 0.0))
+    monkeypatch.setattr(costs_measure, "_timed_decode", clock.decode)
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=lambda: clock.now, time=lambda: 0.0))
     ctx = FakeContext(FakeModel(n_vocab=16), n_ctx=256, n_seq_max=4)
     ctx.n_batch = 128
     return clock, measure(ctx, 0, 7, budget_s=0.0)
@@ -215,7 +226,7 @@ def test_a_poisoned_cache_is_re_measured_where_live_decodes_disagree(monkeypatch
     and its reference size 7, in the spare sequence) and the corrected curve replaces the cache;
     the sizes that agree are left."""
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     poisoned = CostCurve(SIZES, [linear(b) * (0.5 if b == 8 else 1.0) for b in SIZES])
     path = tmp_path / "curve.json"
     saved = []
@@ -237,7 +248,7 @@ def test_a_recheck_waits_for_the_end_of_a_text_that_cannot_afford_it(monkeypatch
     of a 128-token answer's 2.1 s): within a text it waits until it costs at most RECHECK_SHARE of
     that text's decoding so far, else it runs at the next clear(), before the next text."""
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     poisoned = CostCurve(SIZES, [linear(b) * (0.5 if b == 8 else 1.0) for b in SIZES])
     ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=512, n_seq_max=4)
     ctx.decode(Batch([3, 4], [0, 1], [(0,), (0,)], [False, True]))  # the prompt
@@ -256,7 +267,7 @@ def test_a_size_that_keeps_disagreeing_is_rechecked_only_so_often(monkeypatch):
     """A cost the curve cannot model (here: size 8 always slower live than when re-timed) must not
     keep the machine re-measuring."""
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and b == 8 else 1.0), n_ctx=512, n_seq_max=4)
     curve = CostCurve(SIZES, [linear(b) for b in SIZES])
     timed = TimedContext(ctx, curve, live=True)
@@ -272,15 +283,15 @@ def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_say
     machine), so drafting long lookup chains looks like a 9x win; really a token costs 10 ms and
     each further row 15 ms, so every chain loses to plain decoding. Plain probes measure that, and
     the guard backs off; without them it would trust the curve and never back off."""
-    import specgen.auto
-    from specgen.engine import GenerationRequest, generate
-    from specgen.methods import METHODS, DraftingKit
-    from specgen.planner import PlainSpeed
-    from specgen.sampling import SamplingParams
-    from specgen.stats import RunStats
+    import specgen.drafting.auto
+    from specgen.core.engine import GenerationRequest, generate
+    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.planner import PlainSpeed
+    from specgen.core.sampling import SamplingParams
+    from specgen.core.stats import RunStats
 
     clock = Clock()
-    monkeypatch.setattr(specgen.auto.time, "perf_counter", clock)
+    monkeypatch.setattr(specgen.drafting.auto.time, "perf_counter", clock)
     target = FakeModel(n_vocab=16, sharpness=2.0, script={(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4})
 
     def run():
@@ -303,10 +314,10 @@ def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed
     plain step forced in place of a draft) is owed only after PROBE_EVERY speculative steps with no
     plain step between. On gemma Q4_K_M half of auto's steps draft nothing, and probes were still
     forced into loops the text was copying."""
-    from specgen.methods import METHODS, DraftingKit
-    from specgen.planner import PROBE_EVERY
-    from specgen.sampling import SamplingParams
-    from specgen.verify import Verdict
+    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.planner import PROBE_EVERY
+    from specgen.core.sampling import SamplingParams
+    from specgen.core.verify import Verdict
 
     steep = CostCurve([1, 8], [0.010, 0.080])  # a batch costs what its tokens do one by one
     auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=steep))
@@ -319,7 +330,7 @@ def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed
 
 
 def test_plain_probes_grow_rarer_while_speculation_clearly_wins_and_return_when_it_does_not():
-    from specgen.planner import MAX_PROBE_EVERY, PROBE_EVERY, PlainSpeed
+    from specgen.drafting.planner import MAX_PROBE_EVERY, PROBE_EVERY, PlainSpeed
 
     plain = PlainSpeed()
     intervals = []
@@ -355,7 +366,7 @@ def test_a_thread_count_never_timed_gets_a_coarse_shape_at_once(monkeypatch):
     more relative to one token. A few sizes are timed at once and the whole shape rescaled from
     them, instead of planning with the two-thread shape until each size has been seen to lose."""
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     one_thread = lambda b: 0.010 * (1 + 0.6 * (b - 1))
     ctx = TimedFake(clock, lambda b, live: linear(b) if ctx.n_threads == 2 else one_thread(b), n_ctx=512, n_seq_max=4)
     ctx.n_threads = 2
@@ -377,8 +388,8 @@ def test_rechecks_take_a_bounded_share_of_the_decoding_time(monkeypatch):
     all, again and again, would cost a short run more than a wrong size does. After the first
     recheck, each one waits until measuring so far is at most RECHECK_SHARE of the decode time."""
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
-    monkeypatch.setattr(costs, "RECHECK_SHARE", 0.1)
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    monkeypatch.setattr(costs_timed, "RECHECK_SHARE", 0.1)
     ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and 5 <= b <= 12 else 1.0), n_ctx=512,
                     n_seq_max=4)
     curve = CostCurve(SIZES, [linear(b) for b in SIZES])
@@ -420,7 +431,7 @@ def test_a_batch_past_a_tile_edge_is_priced_and_decoded_at_the_next_edge():
 
     model = FakeModel(n_vocab=16)
     ctx, alone = FakeContext(model, n_seq_max=4), FakeContext(model, n_seq_max=4)
-    padded = costs.CostAwareContext(ctx, curve)
+    padded = costs_timed.CostAwareContext(ctx, curve)
     batch = Batch()
     for j, tok in enumerate([3, 4, 5, 6, 7, 8]):
         batch.add(tok, j, (0,), True)
@@ -448,7 +459,7 @@ def test_a_context_whose_branches_outlive_a_decode_is_not_padded_nor_priced_padd
 
 def test_padded_decodes_are_observed_at_the_size_decoded(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(costs, "time", types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step")
     ctx = TimedFake(clock, lambda b, live: quads(b), n_ctx=512, n_seq_max=4)
     timed = TimedContext(ctx, curve, live=True)

@@ -1,10 +1,10 @@
 import numpy as np
 
 from fakes import FakeContext, FakeModel
-from specgen.engine import FinishEvent, GenerationRequest, TokenEvent, generate
+from specgen.core.engine import FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.errors import PromptError
-from specgen.sampling import SamplingParams
-from specgen.stats import RunStats
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
 
 import pytest
 
@@ -79,7 +79,7 @@ def test_text_decoder_joins_split_utf8():
 
 
 def test_drafts_are_capped_to_fit_one_batch():
-    from specgen.drafters import LookupDrafter
+    from specgen.drafting.lookup import LookupDrafter
 
     model = FakeModel(n_vocab=16, script={(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4})
     ctx = FakeContext(model, n_ctx=256, n_seq_max=4, n_batch=8)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
-from specgen.costs import CostCurve
-from specgen.engine import GenerationRequest, TokenEvent, generate
-from specgen.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join
-from specgen.methods import METHODS, DraftingKit
-from specgen.sampling import SamplingParams
-from specgen.stats import RunStats
+from specgen.costs.curve import CostCurve
+from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join
+from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])
 
@@ -114,7 +114,7 @@ def test_a_corpus_is_drafted_from_when_the_text_itself_has_no_match():
 
 
 def test_the_suffix_automaton_finds_the_longest_earlier_match_of_the_texts_end():
-    from specgen.drafters import SuffixAutomaton
+    from specgen.drafting.lookup import SuffixAutomaton
 
     rng = np.random.default_rng(0)
     text = list(rng.integers(0, 4, 300))
@@ -137,7 +137,7 @@ def test_the_suffix_automaton_finds_the_longest_earlier_match_of_the_texts_end()
 def test_lookup_drafts_a_long_quote_even_when_its_last_ngram_recurs_often():
     """The text quotes a 30-token passage whose last 4-gram occurs many times later: the n-gram
     index's newest occurrences all follow that 4-gram elsewhere; the suffix automaton finds the quote."""
-    from specgen.drafters import LookupDrafter
+    from specgen.drafting.lookup import LookupDrafter
 
     common = [7, 8, 9, 10]
     quote = list(range(100, 126)) + common + [200, 201, 202]
@@ -168,7 +168,7 @@ def test_cache_clear_deletes_the_store_and_a_missing_corpus_is_one_line(tmp_path
 
 
 def test_earlier_texts_stay_searchable_across_index_merges_and_the_oldest_go(monkeypatch):
-    import specgen.history as h
+    import specgen.drafting.history as h
 
     monkeypatch.setattr(h, "NEWEST_MIN", 100)
     monkeypatch.setattr(h, "PROCESS_KEEP", 2000)

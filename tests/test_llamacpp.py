@@ -9,9 +9,9 @@ import pytest
 
 from clihelp import assert_one_line_error, specgen
 from conftest import SMOLLM2
-from specgen import llamacpp
+from specgen.bench import llamacpp
 from specgen.errors import ConfigError, SpecgenError
-from specgen.sampling import SamplingParams
+from specgen.core.sampling import SamplingParams
 
 # What llama-speculative-simple prints (its stdout: prompt echo, then the text; stderr: the log).
 STDOUT = "\n\n<bos>The capital of France is Paris. The capital of France is Paris. The capital\n\n"

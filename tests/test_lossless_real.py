@@ -12,13 +12,14 @@ import json
 import numpy as np
 import pytest
 
-from specgen.config import RunConfig
-from specgen.engine import TokenEvent
-from specgen.prompts import Prompt
-from specgen.kv import evaluate
-from specgen.methods import NAMES
-from specgen.session import Runner, load_session
-from specgen.stats import RunStats
+from specgen.app.config import RunConfig
+from specgen.core.engine import TokenEvent
+from specgen.app.prompts import Prompt
+from specgen.core.kv import evaluate
+from specgen.drafting.methods import NAMES
+from specgen.app.runner import Runner
+from specgen.app.session import load_session
+from specgen.core.stats import RunStats
 
 pytestmark = pytest.mark.real
 

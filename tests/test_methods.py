@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeModel, NoisyDraft
-from specgen import methods as M
-from specgen.config import RunConfig, build_config
-from specgen.costs import CostCurve
+from specgen.drafting import methods as M
+from specgen.app.config import RunConfig, build_config
+from specgen.costs.curve import CostCurve
 from specgen.errors import ConfigError, ModelError
-from specgen.session import open_session
+from specgen.app.session import open_session
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAT = CostCurve([1, 32], [0.010, 0.012])
@@ -68,8 +68,8 @@ def test_an_installed_wheel_finds_the_manifest_and_the_default_config(tmp_path):
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                               str(wheel)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr
-    probe = ("from specgen import config, host, models; "
-             "print(host.PACKAGE_DIR); print(len(models.load_manifest())); print(config.build_config(None, {}).target)")
+    probe = ("from specgen import host; from specgen.app import config, manifest; "
+             "print(host.PACKAGE_DIR); print(len(manifest.load_manifest())); print(config.build_config(None, {}).target)")
     env = {k: v for k, v in os.environ.items() if k != "SPECGEN_MODELS_TXT"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                          env={**env, "PYTHONPATH": str(site)}, timeout=120)

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
-from specgen.drafters import LookupDrafter, ModelDrafter
-from specgen.engine import GenerationRequest, TokenEvent, generate
-from specgen.sampling import SamplingParams
-from specgen.stats import RunStats
+from specgen.drafting.lookup import LookupDrafter
+from specgen.drafting.model import ModelDrafter
+from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 METHODS = {

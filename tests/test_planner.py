@@ -5,16 +5,18 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
-import specgen.costs as costs
-from specgen.costs import BATCH_SIZES, CostCurve, TimedContext, measure, measure_context
-from specgen.engine import GenerationRequest, TokenEvent, generate
-from specgen.methods import METHODS, DraftingKit
-from specgen.protocol import Batch
-from specgen.planner import AcceptanceModel, Guard, PlainSpeed, best_chain_length, best_subtree, reach_probabilities
-from specgen.sampling import SamplingParams
-from specgen.stats import RunStats
-from specgen.tree import DraftTree
-from specgen.verify import Verdict
+import specgen.costs.measure as costs_measure
+from specgen.costs.curve import BATCH_SIZES, CostCurve
+from specgen.costs.measure import measure, measure_context
+from specgen.costs.timed import TimedContext
+from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.core.protocol import Batch
+from specgen.drafting.planner import AcceptanceModel, Guard, PlainSpeed, best_chain_length, best_subtree, reach_probabilities
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
+from specgen.core.tree import DraftTree
+from specgen.core.verify import Verdict
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])  # memory-bound: a batch of 32 costs 1.2x one token
 STEEP = CostCurve([1, 2, 4, 8], [0.010, 0.018, 0.034, 0.066])  # compute-bound: ~linear
@@ -174,7 +176,7 @@ def test_cost_grows_with_context_and_gamma_comes_from_long_prompt_decodes(monkey
     # when the curve was timed (which must not be read as context cost).
     def timed(ctx, spare, n_past, token, b, copy=True, outputs=None):
         return 1.5 * (curve.base(b) + (2e-6 * b * n_past if copy else 0.0))
-    monkeypatch.setattr(costs, "_timed_decode", timed)
+    monkeypatch.setattr(costs_measure, "_timed_decode", timed)
     measure_context(FakeContext(FakeModel(), n_ctx=2048, n_seq_max=4), curve, 1000, 5)
     assert curve.per_context == pytest.approx(2e-6) and curve.per_context_at == 1000
     assert curve(8, context=1500) == pytest.approx(curve(8) + 2e-6 * 8 * 1500)
@@ -375,7 +377,7 @@ def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
     """With a seed, auto plans from the cost curves only: a slow clock (which makes an unseeded
     auto's guard back off) changes nothing, and its sampled output is plain's, draw for draw
     (deterministic drafts, sample-and-match)."""
-    import specgen.auto
+    import specgen.drafting.auto
 
     target = FakeModel(n_vocab=16, sharpness=2.0)
     draft = NoisyDraft(target, noise=0.3)
@@ -383,7 +385,7 @@ def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
 
     def run(seconds_per_call, reproducible):
         clock = iter(np.cumsum(np.random.default_rng(0).exponential(seconds_per_call, 100_000)))
-        monkeypatch.setattr(specgen.auto.time, "perf_counter", lambda: float(next(clock)))
+        monkeypatch.setattr(specgen.drafting.auto.time, "perf_counter", lambda: float(next(clock)))
         tokens, _, auto = auto_run(target, draft, prompt, 64, params, FLAT, draft_curve, reproducible=reproducible)
         return tokens, auto.choices
 
@@ -422,7 +424,7 @@ def test_draft_efficiency_follows_realised_rates_and_relaxes():
     """Draft steps that take twice the time planned halve the draft's rate in the plan; so do
     steps that commit fewer tokens than planned; steps without the draft let it drift back, so it
     is tried again later, but not at each new text."""
-    from specgen.planner import DraftEstimate
+    from specgen.drafting.planner import DraftEstimate
 
     est = DraftEstimate()
     for _ in range(80):
@@ -451,7 +453,7 @@ def test_one_slow_draft_step_does_not_bench_the_draft():
     """A draft step that ran into a hiccup (10x its usual time) would have made each drafted token
     look 2.8x dearer until RELAX brought it back, tens of steps later; it moves the estimates as
     a step at twice them would."""
-    from specgen.planner import DraftEstimate
+    from specgen.drafting.planner import DraftEstimate
 
     est = DraftEstimate()
     est.observe_step_cost(0.007, c_draft_1=0.007)
@@ -479,8 +481,8 @@ def test_guard_judges_long_steps_after_fewer_of_them():
 
 
 def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest():
-    from specgen.auto import MAX_ACCEPT, MAX_ACCEPT_LOOP, _cap_siblings
-    from specgen.tree import DraftTree
+    from specgen.drafting.auto import MAX_ACCEPT, MAX_ACCEPT_LOOP, _cap_siblings
+    from specgen.core.tree import DraftTree
 
     tree = DraftTree.root_only(1)
     loop, short, other = tree.add(2, 0), tree.add(3, 0), tree.add(4, 0)
@@ -527,8 +529,8 @@ def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
     (92% of the time after a 3-token match whose 2-4 occurrences all agree, 10-45% when they
     disagree): measured per support class, a unanimous short match is worth drafting on a
     curve where a single or split one is not."""
-    from specgen.drafters import LookupDrafter
-    from specgen.planner import MAJORITY, MINORITY, SINGLE, UNANIMOUS
+    from specgen.drafting.lookup import LookupDrafter
+    from specgen.drafting.planner import MAJORITY, MINORITY, SINGLE, UNANIMOUS
 
     lookup = LookupDrafter()
     lookup.reset([0, 9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 6, 15, 16, 3, 4])
@@ -554,7 +556,7 @@ def test_a_draft_far_behind_reads_only_the_recent_text_and_output_stays_exact():
     """auto's draft starts reading a long prompt at its last WINDOW tokens (a 3-token answer to a
     long prompt ran at a third of plain's speed while the draft read it all); verification keeps
     the output plain's."""
-    from specgen.drafters import DraftCache
+    from specgen.drafting.model import DraftCache
 
     target = FakeModel(n_vocab=64, sharpness=2.0)
     rng = np.random.default_rng(0)
@@ -588,7 +590,7 @@ def test_where_a_templates_copies_part_is_learned_apart_from_the_passage():
     4-gram has had a different follower every time (a split), and its failures are learned in
     that class, not in the passage's: the passage's estimate stays high, and a line's 16 tokens
     after its number are drafted in one chain (with failures pooled, chains stopped at 11)."""
-    import specgen.auto as A
+    import specgen.drafting.auto as A
 
     line, tail = list(range(20, 30)), [30, 31, 32, 33, 34, 50]
     script = {(k,): k + 1 for k in [*range(20, 29), *range(30, 34)]} | {(34,): 50, (50,): 20}

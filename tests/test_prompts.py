@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specgen.errors import PromptError
-from specgen.prompts import collect_prompts, parse_prompt_file
+from specgen.app.prompts import collect_prompts, parse_prompt_file
 
 
 class FakeStdin(io.StringIO):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specgen import backend
+from specgen.llama import tools
 from specgen.host import cpu_flags
 
 pytestmark = pytest.mark.real
@@ -22,8 +22,8 @@ X86_WITH_KERNEL = platform.machine().lower() in ("x86_64", "amd64") and {"avx2",
 SCRIPT = """
 import hashlib, json, sys
 import numpy as np
-from specgen.backend import LlamaModel
-from specgen.protocol import Batch
+from specgen.llama.backend import LlamaModel
+from specgen.core.protocol import Batch
 model = LlamaModel(sys.argv[1])
 ctx = model.new_context(512, n_seq_max=1)
 toks = model.tokenize("The quick brown fox jumps over the lazy dog. It was the best of times,", add_special=True)
@@ -55,7 +55,7 @@ def logits_with_kernel(path, on: bool) -> dict:
 
 @pytest.mark.skipif(not X86_WITH_KERNEL, reason="the kernel is built for x86-64 with AVX2, F16C and FMA")
 def test_the_build_carries_the_kernel_for_this_cpu():
-    info = backend.build_info().system_info
+    info = tools.build_info().system_info
     isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
     assert f"SPECGEN_Q8_0 = {isa}" in info, info
 

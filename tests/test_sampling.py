@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specgen.sampling import Sampler, SamplingParams, distribution, draw, inverse_cdf
+from specgen.core.sampling import Sampler, SamplingParams, distribution, draw, inverse_cdf
 
 
 def test_greedy_is_argmax_lowest_id_on_ties():

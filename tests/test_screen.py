@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from specgen import screen
-from specgen.config import RunConfig
-from specgen.session import screenable
+from specgen.llama import screen
+from specgen.app.config import RunConfig
+from specgen.app.session import screenable
 
 Q8_0 = GGMLQuantizationType.Q8_0
 
@@ -104,10 +104,10 @@ REAL_F32 = ["smollm2-135m-instruct-f32", "gemma-3-270m-f32"]
 
 
 def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
-    from specgen.engine import TokenEvent
-    from specgen.prompts import Prompt
-    from specgen.session import Runner
-    from specgen.stats import RunStats
+    from specgen.core.engine import TokenEvent
+    from specgen.app.prompts import Prompt
+    from specgen.app.runner import Runner
+    from specgen.core.stats import RunStats
 
     runner = Runner(dataclasses.replace(cfg, max_tokens=n), session)
     return [e.token for e in runner.stream(Prompt(0, prompt), RunStats()) if isinstance(e, TokenEvent)]
@@ -116,7 +116,7 @@ def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
 @pytest.mark.real
 @pytest.mark.parametrize("target", REAL_F32)
 def test_screened_greedy_decoding_equals_the_targets_own(target, monkeypatch):
-    from specgen.session import load_session
+    from specgen.app.session import load_session
 
     cfg = RunConfig(target=target, draft=None, method="plain", chat=False)
     screened = load_session(cfg, ["plain"])
@@ -144,9 +144,9 @@ class Recorder:
 def test_the_bound_holds_on_llama_cpps_own_q8_0_products(target):
     """The bound assumes how ggml computes a Q8_0 product (activations quantized to Q8_0 blocks): one
     row (ggml's vector path) and a batch (specgen's few-columns kernel or ggml's matmul) on this CPU."""
-    from specgen.kv import evaluate
-    from specgen.protocol import Batch
-    from specgen.session import load_target
+    from specgen.core.kv import evaluate
+    from specgen.core.protocol import Batch
+    from specgen.app.session import load_target
 
     model = load_target(RunConfig(target=target, draft=None))
     head = model.screen
@@ -170,6 +170,6 @@ def test_the_bound_holds_on_llama_cpps_own_q8_0_products(target):
 
 @pytest.mark.real
 def test_a_quantized_target_is_loaded_as_it_is():
-    from specgen.session import load_target
+    from specgen.app.session import load_target
 
     assert load_target(RunConfig(target="gemma-3-270m-q4_k_m", draft=None)).screen is None

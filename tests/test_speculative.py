@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
-from specgen.drafters import LookupDrafter, continuation_tree
-from specgen.engine import GenerationRequest, TokenEvent, generate
-from specgen.sampling import SamplingParams
-from specgen.stats import RunStats
-from specgen.tree import DraftTree
-from specgen.verify import walk
+from specgen.drafting.lookup import LookupDrafter, continuation_tree
+from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
+from specgen.core.tree import DraftTree
+from specgen.core.verify import walk
 
 # A model that often repeats what it said, so lookup drafts get accepted and rejected.
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}

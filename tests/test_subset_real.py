@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from specgen.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
+from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
 pytestmark = pytest.mark.real
 
@@ -44,11 +44,11 @@ def with_subset_map(src: Path, dst: Path, target_ids: list[int], unk: int) -> Pa
 
 @pytest.fixture(scope="module")
 def subset_drafts(tmp_path_factory, smollm2_path):
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     n = LlamaModel(smollm2_path).n_vocab
     out = tmp_path_factory.mktemp("subset")
-    from specgen.subset import cut_vocabulary
+    from specgen.llama.gguf import cut_vocabulary
 
     good = out / "identity.gguf"
     cut_vocabulary(smollm2_path, good, np.arange(n))  # a cut that keeps everything: the map is the identity
@@ -59,7 +59,7 @@ def subset_drafts(tmp_path_factory, smollm2_path):
 
 
 def test_the_map_is_read_from_the_gguf(subset_drafts):
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     model = LlamaModel(subset_drafts[0])
     assert model.subset_of_target.unk == 0
@@ -97,7 +97,7 @@ def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
     derive = specgen("draft", "derive", "gemma-3-270m-f32")
     assert derive.returncode == 0, derive.stderr
     path = Path(derive.stdout.strip())
-    from specgen.backend import LlamaModel
+    from specgen.llama.backend import LlamaModel
 
     draft = LlamaModel(path)
     if draft.n_vocab == 262_144:  # the whole vocabulary measured faster: no adapter between them
@@ -121,14 +121,14 @@ def test_sampled_output_with_a_real_subset_draft_matches_plain(tmp_path, smollm2
     """Rejection sampling with a real cut draft (smollm2 Q4_1 cut to 8,000 tokens, without the
     target's second choice for the next token): per-position frequencies match plain sampling, the
     token the draft cannot propose included (two-sample chi-square over the top-k support)."""
-    from specgen.backend import LlamaModel
-    from specgen.drafters import ModelDrafter
-    from specgen.engine import GenerationRequest, TokenEvent, generate
-    from specgen.kv import evaluate
-    from specgen.sampling import SamplingParams
-    from specgen.stats import RunStats
-    from specgen.subset import TokenTable, cut_vocabulary
-    from specgen.vocab import SubsetContext
+    from specgen.llama.backend import LlamaModel
+    from specgen.drafting.model import ModelDrafter
+    from specgen.core.engine import GenerationRequest, TokenEvent, generate
+    from specgen.core.kv import evaluate
+    from specgen.core.sampling import SamplingParams
+    from specgen.core.stats import RunStats
+    from specgen.llama.gguf import TokenTable, cut_vocabulary
+    from specgen.core.vocab import SubsetContext
 
     target, k, n, runs = smollm2_f32, 4, 2, 300
     prompt = target.tokenize("The capital of France is")

@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel, NoisyDraft, SubsetDraft
-from specgen.config import RunConfig
-from specgen.costs import CostCurve
-from specgen.engine import TokenEvent
+from specgen.app.config import RunConfig
+from specgen.costs.curve import CostCurve
+from specgen.core.engine import TokenEvent
 from specgen.errors import ModelError
-from specgen.methods import METHODS
-from specgen.prompts import Prompt
-from specgen.protocol import Batch
-from specgen.session import Runner, open_session
-from specgen.stats import RunStats
-from specgen.vocab import SubsetContext, SubsetMap, check_subset
+from specgen.drafting.methods import METHODS
+from specgen.app.prompts import Prompt
+from specgen.core.protocol import Batch
+from specgen.app.runner import Runner
+from specgen.app.session import open_session
+from specgen.core.stats import RunStats
+from specgen.core.vocab import SubsetContext, SubsetMap, check_subset
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 KEEP = [0, 1, 2, 3, 4, 5, 6, 8, 9, 11, 13]  # 7, 10, 12, 14, 15 are missing: the draft cannot propose them
@@ -121,7 +122,7 @@ def test_a_map_that_disagrees_with_the_tokenizers_is_refused():
 
 
 def test_the_cut_keeps_what_the_tokenizer_needs_and_the_most_used_normal_tokens():
-    from specgen.subset import BYTE, CONTROL, NORMAL, USER_DEFINED, kept_ids
+    from specgen.llama.gguf import BYTE, CONTROL, NORMAL, USER_DEFINED, kept_ids
 
     tokens = ["<pad>", "<eos>", "<unused0>", "<0x0A>", "<start_of_turn>", "the", "cat", "zebra", "Ġ", "dog"]
     types = np.array([CONTROL, CONTROL, CONTROL, BYTE, USER_DEFINED, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL])
@@ -134,9 +135,9 @@ def test_the_cut_keeps_what_the_tokenizer_needs_and_the_most_used_normal_tokens(
 def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
     """Every 4th prompt is held out: its continuation is the model's greedy text (what plain greedy
     decoding writes), and it counts apart from the prompts that rank."""
-    from specgen.engine import GenerationRequest, generate
-    from specgen.sampling import SamplingParams
-    from specgen.subset import HOLD_OUT, count_use
+    from specgen.core.engine import GenerationRequest, generate
+    from specgen.core.sampling import SamplingParams
+    from specgen.app.selfdraft import HOLD_OUT, count_use
 
     a = FakeModel(n_vocab=40).tokenize("a", add_special=False)[0]
     model = FakeModel(n_vocab=40, sharpness=1.0, script={(a,): 30, (30,): 31, (31,): 30})  # after "a": 30 31 30 ..
@@ -156,7 +157,7 @@ def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
 
 
 def test_chain_speed_prefers_agreement_and_cheapness():
-    from specgen.subset import chain_speed
+    from specgen.app.selfdraft import chain_speed
 
     target = CostCurve([1, 4, 16], [0.040, 0.046, 0.070])  # a memory-bound target: batches are cheap
     assert chain_speed(0.9, 0.005, target) > chain_speed(0.8, 0.005, target)
@@ -167,7 +168,7 @@ def test_chain_speed_prefers_agreement_and_cheapness():
 def test_what_is_not_given_to_draft_derive_is_measured():
     """Left open, the body's type is a measured choice like the head's (Q2_K was once fixed: on
     gemma F32 its best candidate modelled 43.6 tok/s against Q4_K_M's 55.2)."""
-    from specgen.subset import candidate_bodies
+    from specgen.app.selfdraft import candidate_bodies
 
     assert candidate_bodies(None, None) == [("Q2_K", None), ("Q2_K", "Q4_0"), ("Q4_K_M", None), ("Q4_K_M", "Q4_0")]
     assert candidate_bodies(None, "Q8_0") == [("Q2_K", "Q8_0"), ("Q4_K_M", "Q8_0")]

@@ -1,8 +1,8 @@
 import pytest
 
 from specgen.errors import ModelError
-from specgen.protocol import VocabInfo
-from specgen.vocab import check_compatible, sample_ids
+from specgen.core.protocol import VocabInfo
+from specgen.core.vocab import check_compatible, sample_ids
 
 
 def info(**kw):

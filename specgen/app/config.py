@@ -1,0 +1,174 @@
+"""Run settings: configs/default.yaml < a -c YAML file < command-line options."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from specgen.core.sampling import SamplingParams
+from specgen.drafting import methods
+from specgen.errors import ConfigError
+from specgen.host import DEFAULT_CONFIG
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    target: str = "gemma-3-270m-f32"
+    draft: str | None = "gemma-3-270m-q2_k"
+    method: str = "auto"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    chat: bool | None = None  # None: on when the target has a chat template (instruct models)
+    system: str | None = None  # system message for chat prompts
+    threads: int | None = None  # None: all cores this process may use
+    ctx: int = 4096
+    gpu_layers: int = 0
+    draft_gpu_layers: int = 0
+    rpc: str | None = None  # llama.cpp RPC servers, "host:port,host:port"
+    corpus: str | None = None  # text files auto also drafts from, "a.txt,b.md" (history.py)
+    store: bool | None = None  # the persistent store of past texts; None: on for generate, off for bench
+
+    @property
+    def rpc_servers(self) -> list[str]:
+        return [s.strip() for s in self.rpc.split(",") if s.strip()] if self.rpc else []
+
+    @property
+    def corpus_files(self) -> list[Path]:
+        return [Path(p.strip()).expanduser() for p in self.corpus.split(",") if p.strip()] if self.corpus else []
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# The types a settings file may give each field, read off RunConfig's annotations (YAML's 1 is a float too).
+_TYPES = {name: tuple(t for arg in (typing.get_args(hint) or (hint,)) for t in ((int, float) if arg is float else (arg,)))
+          for name, hint in typing.get_type_hints(RunConfig).items()}
+
+
+# `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).
+BENCH_TYPES: dict[str, tuple[type, ...]] = {
+    "methods": (str, list), "suite": (str,), "per_group": (int, type(None)), "limit": (int, type(None)),
+    "repeats": (int,),
+}
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {str: "text", int: "an integer", float: "a number", bool: "true/false", type(None): "null",
+             list: "a list"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def validate(values: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """Check keys and value types; `origin` names where they came from for the error message."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        norm = key.replace("-", "_")
+        if norm not in FIELDS and norm not in BENCH_TYPES:
+            raise ConfigError(f"{origin}: unknown key {key!r} (expected one of: "
+                              f"{', '.join([*FIELDS, *BENCH_TYPES])})")
+        types = _TYPES.get(norm) or BENCH_TYPES[norm]
+        # bool is an int in Python; do not let `max_tokens: true` through.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"{origin}: {key} must be {_type_name(types)}, found {value!r}")
+        if norm == "draft" and isinstance(value, str) and value.lower() == "none":
+            value = None
+        out[norm] = value
+    return out
+
+
+def _is_endpoint(server: str) -> bool:
+    host, _, port = server.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads, as every command takes it (also those without a RunConfig)."""
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, found {threads}")
+
+
+def check_ctx(ctx: int) -> None:
+    if ctx < 16:
+        raise ConfigError(f"--ctx must be at least 16 tokens, found {ctx}")
+
+
+def check_ranges(cfg: RunConfig) -> None:
+    methods.get(cfg.method)
+    if cfg.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
+    if cfg.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, found {cfg.temperature}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
+    check_threads(cfg.threads)
+    if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
+        raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")
+    check_ctx(cfg.ctx)
+    for path in cfg.corpus_files:
+        if not path.is_file():
+            raise ConfigError(f"--corpus expects a text file, found {str(path)!r} "
+                              f"({'a directory' if path.is_dir() else 'no such file'})")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
+    return validate(data, str(path))
+
+
+def merged_settings(config_file: Path | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """defaults.yaml, then the -c file, then command-line options that were given (not None)."""
+    values: dict[str, Any] = {}
+    if DEFAULT_CONFIG.exists():
+        values.update(read_yaml(DEFAULT_CONFIG))
+    from_file = read_yaml(config_file) if config_file is not None else {}
+    values.update(from_file)
+    given = validate({k: v for k, v in overrides.items() if v is not None}, "command line")
+    if own_target_without_draft(given, from_file):
+        # The default draft belongs to the default target: a target of your own drafts with
+        # nothing unless -d (or a -c file) names a draft for it.
+        values["draft"] = None
+    values.update(given)
+    return values
+
+
+def own_target_without_draft(given: Mapping[str, Any], from_file: Mapping[str, Any]) -> bool:
+    """The command line names a target, and neither it nor the -c file names a draft."""
+    return "target" in given and "draft" not in given and "draft" not in from_file
+
+
+def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig for `generate`: bench-only settings in a -c file are ignored here."""
+    return run_config(merged_settings(config_file, overrides))
+
+
+def run_config(values: Mapping[str, Any]) -> RunConfig:
+    cfg = RunConfig(**{k: v for k, v in values.items() if k in FIELDS})
+    check_ranges(cfg)
+    return cfg

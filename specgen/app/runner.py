@@ -1,0 +1,153 @@
+"""Running prompts on a session: one method each, the prompt rendered (chat template or plain turns),
+its events streamed to the caller, gathered into a Completion, and its --json record."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from specgen.app.config import RunConfig
+from specgen.app.prompts import Prompt
+from specgen.app.session import Session
+from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
+from specgen.core.protocol import Drafter, Model
+from specgen.core.stats import RunStats
+from specgen.drafting import methods as M
+
+
+def use_chat(cfg: RunConfig, model: Model) -> bool:
+    """--chat/--no-chat, defaulting to on exactly when the GGUF carries a chat template."""
+    return cfg.chat if cfg.chat is not None else bool(model.chat_template)
+
+
+def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
+    """The prompt as text: through the chat template, or (base models) the turns joined by blank lines."""
+    messages = prompt.messages(system)
+    if not chat:
+        return "\n\n".join(m["content"] for m in messages)
+    return model.format_chat(messages)
+
+
+def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
+    """Prompt tokens (render_prompt's text; special tokens parsed only in a chat template's text)."""
+    text = render_prompt(model, prompt, chat, system)
+    if not chat:
+        return model.tokenize(text, add_special=True, parse_special=False)
+    tokens = model.tokenize(text, add_special=True, parse_special=True)
+    # Templates usually write the BOS text themselves; tokenizing with add_special adds another.
+    if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:
+        tokens = tokens[1:]
+    return tokens
+
+
+@dataclass
+class Completion:
+    """One prompt run to its end (or interrupted)."""
+
+    prompt_index: int
+    text: str
+    stats: RunStats
+    finish_reason: str  # length | stop | interrupted
+
+
+class Transcript:
+    """A prompt's events gathered into its Completion as they come (an interrupted run keeps what
+    was committed)."""
+
+    def __init__(self, prompt_index: int):
+        self.prompt_index, self.stats = prompt_index, RunStats()
+        self.pieces: list[str] = []
+        self.reason = "interrupted"
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            self.pieces.append(event.text)
+        else:
+            self.pieces.append(event.tail)
+            self.reason = event.reason
+
+    def completion(self) -> Completion:
+        return Completion(self.prompt_index, "".join(self.pieces), self.stats, self.reason)
+
+    def follow(self, events: Iterator[Event]) -> Iterator[Event]:
+        """`events`, each added as it passes."""
+        for event in events:
+            self.add(event)
+            yield event
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[Transcript]:
+        """Ctrl-C inside raises Interrupted with what was committed: wherever it lands, in the
+        decoding loop or in the caller's rendering between two events."""
+        try:
+            yield self
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            raise Interrupted(self.completion()) from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `partial` keeps what was generated (finished outputs are never lost)."""
+
+    def __init__(self, partial: Completion):
+        super().__init__()
+        self.partial = partial
+
+
+class Runner:
+    """One method on a session. auto's planner lives as long as the runner: what it learns about
+    acceptance carries over prompts."""
+
+    def __init__(self, cfg: RunConfig, session: Session):
+        self.cfg = cfg
+        self.session = session
+        self.method = M.get(cfg.method)
+        self.chat = use_chat(cfg, session.target)
+        self._ctx = session.context_for(self.method)
+        self._kept: Drafter | None = None  # a measured method's drafter: it learns across prompts
+
+    def _drafter(self) -> Drafter | None:
+        if not self.method.measured:
+            return self.method.drafter(self.session.kit(self.method, self.cfg))  # fresh per prompt
+        if self._kept is None:
+            self._kept = self.method.drafter(self.session.kit(self.method, self.cfg))
+        return self._kept
+
+    def prompt_text(self, prompt: Prompt) -> str:
+        """The text this runner's model reads for `prompt` (what another tool must be given)."""
+        return render_prompt(self.session.target, prompt, self.chat, self.cfg.system)
+
+    def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None) -> Iterator[Event]:
+        """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
+        the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
+        drafter is told the text is done: later prompts (and, with the store, later runs) may draft
+        from it."""
+        tokens = encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling)
+        drafter = self._drafter()
+        for event in generate(self.session.target, self._ctx, request, stats if stats is not None else RunStats(), drafter):
+            if isinstance(event, FinishEvent) and drafter is not None:
+                drafter.finish_text()
+            yield event
+
+    def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
+        """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""
+        with Transcript(prompt.index).interruptible() as transcript:
+            for _ in transcript.follow(self.stream(prompt, transcript.stats, max_tokens)):
+                pass
+        return transcript.completion()
+
+    def record(self, result: Completion) -> dict[str, Any]:
+        """The --json record (field names are a contract: scripts depend on them)."""
+        return {
+            "prompt_index": result.prompt_index,
+            "text": result.text,
+            "method": self.cfg.method,
+            "target": self.session.target_label,
+            "draft": self.session.draft_label,
+            "temperature": self.cfg.temperature,
+            **result.stats.record_fields(),
+            "finish_reason": result.finish_reason,
+        }

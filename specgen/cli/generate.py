@@ -1,0 +1,182 @@
+"""`specgen generate` and `specgen demo`: options into a RunConfig, the runner's events rendered."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specgen.app.config import build_config, own_target_without_draft, read_yaml
+from specgen.app.prompts import Prompt, collect_prompts
+from specgen.app.runner import Completion, Interrupted, Runner, Transcript
+from specgen.app.session import load_session
+from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers,
+                                 GpuLayers, MaxTokens, Rpc, Seed, Store, System, Target, Temperature, Threads, TopK,
+                                 TopP)
+from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
+from specgen.drafting.methods import METHODS
+from specgen.errors import SpecgenError
+
+
+def shown(runner: Runner, prompt: Prompt, sink: TextSink | None, max_tokens: int | None = None) -> Completion:
+    """Run `prompt`, its text streamed to `sink` as it is committed (None: not shown). Ctrl-C
+    raises Interrupted with what was committed."""
+    with Transcript(prompt.index).interruptible() as transcript:
+        for event in transcript.follow(runner.stream(prompt, transcript.stats, max_tokens)):
+            if sink is not None:
+                show(event, sink)
+    return transcript.completion()
+
+
+def generate(
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT",
+                                           help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
+    prompts: Optional[Path] = typer.Option(None, "-f", "--prompts", metavar="FILE",
+                                           help="Many prompts: .txt (one per line) or .jsonl."),
+    target: Target = None,
+    draft: Draft = None,
+    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). "
+                                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    chat: Chat = None,
+    system: System = None,
+    config: Config = None,
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first prompt that fails "
+                                   "(default: report it and go on)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON Lines on stdout, one record per prompt."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    draft_gpu_layers: DraftGpuLayers = None,
+    rpc: Rpc = None,
+    corpus: Corpus = None,
+    store: Store = None,
+) -> None:
+    """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
+
+    \b
+    Examples:
+      specgen generate -m smollm2-135m-instruct-q4_1 "Write a haiku about rain"
+      echo "Summarize: ..." | specgen generate -m smollm2-135m-instruct-q4_1 -n 64 --json
+      specgen generate -m target.gguf -d draft.gguf -f prompts.txt
+    """
+    cfg = build_config(config, dict(
+        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store,
+        corpus=",".join(map(str, corpus)) if corpus else None))
+    items = collect_prompts(prompt, prompts, sys.stdin)
+    runner = Runner(cfg, load_session(cfg))
+    given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
+    if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
+        # A target of one's own, and nothing said about a draft: auto can only draft from text.
+        note("hint: no draft model, so auto drafts only from text (the prompt, earlier outputs). A draft model "
+             "often makes it faster: `-d self` derives one from this target (once, then cached), or `-d "
+             "SMALLER.gguf` names a smaller model of the same family (its vocabulary is checked against the "
+             "target's). `-d none` silences this.")
+    sink = TextSink()
+    failed = 0
+    for item in items:
+        try:
+            result = shown(runner, item, None if json_out else sink)
+        except Interrupted as stop:
+            result = stop.partial  # keep what was generated: it is written below, then we exit 130
+        except SpecgenError as e:
+            if fail_fast or len(items) == 1:
+                raise
+            # One bad prompt in a long file: say which, keep going; the exit code reports it.
+            failed += 1
+            sink.close_line()
+            print(f"specgen: error: prompt {item.index + 1}: {e}", file=sys.stderr, flush=True)
+            if json_out:
+                write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})
+            continue
+        if json_out:
+            write_json_record(runner.record(result))
+        else:
+            sink.end()
+        stats_line(result.stats.line())
+        if result.finish_reason == "interrupted":
+            raise typer.Exit(EXIT_INTERRUPTED)
+    if failed:
+        print(f"specgen: {failed} of {len(items)} prompts failed", file=sys.stderr)
+        raise typer.Exit(EXIT_SOME_FAILED)
+
+
+# The default target is a base model: it continues text rather than answering. So the demo gives it
+# text to continue where drafting has something to find: a class whose next methods reuse the
+# names and shapes of the ones before (a 270M base model keeps code sensible longer than prose).
+DEMO_PROMPT = '''\
+class Vector:
+    """A vector in the plane."""
+
+    def __init__(self, x, y):
+        self.x = x
+        self.y = y
+
+    def __repr__(self):
+        return f"Vector({self.x}, {self.y})"
+
+    def __add__(self, other):
+        return Vector(self.x + other.x, self.y + other.y)
+
+    def __sub__(self, other):
+'''
+DEMO_TOKENS = 128
+DEMO_WARMUP_TOKENS = 8
+
+
+def demo(
+    prompt: Optional[str] = typer.Argument(None, metavar="TEXT", help="Text to continue [a Python class to finish]."),
+    target: Target = None,
+    draft: Draft = None,
+    max_tokens: Optional[int] = typer.Option(None, "-n", "--max-tokens", metavar="N",
+                                             help=f"Tokens to generate per answer [{DEMO_TOKENS}]."),
+    threads: Threads = None,
+    config: Config = None,
+) -> None:
+    """Decode one prompt plainly, then with auto: both speeds, the speedup, and whether the texts match.
+
+    Greedy, so auto must write exactly what plain decoding writes. The continuation streams to
+    stdout (drafted tokens dimmed on a terminal); the comparison goes to stderr.
+
+    \b
+    Examples:
+      specgen demo
+      specgen demo -m my-model.gguf -d self "Once upon a time"
+    """
+    cfg = build_config(config, dict(target=target, draft=draft, max_tokens=max_tokens or DEMO_TOKENS,
+                                    temperature=0.0, threads=threads, chat=False, store=False))
+    session = load_session(cfg, ["plain", "auto"], store_default=False)
+    plain, auto = (Runner(dataclasses.replace(cfg, method=m), session) for m in ("plain", "auto"))
+    item = Prompt(0, DEMO_PROMPT if prompt is None else prompt)
+    for runner in (plain, auto):  # first decodes run cold: time neither of them
+        runner.run(item, DEMO_WARMUP_TOKENS)
+    session.forget_texts()  # auto may not draft from its own warm-up
+    pair = f"{cfg.target}" + (f" <- {session.draft_label}" if session.draft_label else " (no draft model)")
+    note(f"demo: {pair} · greedy · {cfg.max_tokens} tokens: plain decoding first, then auto")
+    reference = plain.run(item)
+    sink = TextSink()
+    sink.write(item.text)
+    result = shown(auto, item, sink)
+    sink.end()
+    print(demo_summary(reference.stats.tokens_per_s, result.stats.tokens_per_s, reference.text == result.text),
+          file=sys.stderr)
+    if reference.text != result.text:
+        at = next((i for i, (x, y) in enumerate(zip(reference.text, result.text)) if x != y),
+                  min(len(reference.text), len(result.text)))
+        note(f"the texts part after {at} characters: on a quantized target, llama.cpp's batch-size-dependent "
+             "rounding can flip a near-tie between two tokens (rarely on F32 targets)")
+
+
+def demo_summary(plain_tps: float, auto_tps: float, identical: bool) -> str:
+    """The demo's last line, e.g. `plain 45.2 tok/s · auto 98.4 tok/s · 2.18x · identical to plain: yes`."""
+    return (f"plain {plain_tps:.1f} tok/s · auto {auto_tps:.1f} tok/s · {auto_tps / plain_tps:.2f}x"
+            f" · identical to plain: {'yes' if identical else 'no'}")

@@ -1,0 +1,85 @@
+"""What every command shares: help as Click apps show it, the exit codes, and the options more than
+one command takes, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+def conventional_help(params) -> None:
+    """Help as Click and Typer apps have long shown it: a flag takes no value, so nothing stands
+    beside it (Typer 0.29 writes `<bool>` there, and `<str>` beside arguments a metavar already
+    names), and a help text's brackets are text ("[the cores ...]"), not Rich markup to swallow.
+    Valued options name what they take with a metavar (N, MODEL, FILE) where they are declared."""
+    from rich.markup import escape
+
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        if isinstance(param, typer.core.TyperArgument) and param.metavar:
+            param.display_type_rich = lambda ctx: None
+        if param.help:
+            param.help = escape(param.help)
+
+
+class _HelpFlag:
+    """`--help` is a flag like any other: no `<bool>` beside it."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Command(_HelpFlag, typer.core.TyperCommand):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        conventional_help(self.params)
+
+
+class Group(_HelpFlag, typer.core.TyperGroup):
+    pass
+
+
+def new_typer(**kwargs) -> typer.Typer:
+    return typer.Typer(cls=Group, no_args_is_help=True, **kwargs)
+
+
+EXIT_INTERRUPTED = 130
+EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
+
+# Options more than one command takes, defined once so that a flag means the same everywhere
+# (tests/test_cli_options.py checks the commands against each other). None: not given, so the
+# -c file or configs/default.yaml decides (config.merged_settings).
+Target = Annotated[Optional[str], typer.Option("-m", "--target", metavar="MODEL",
+                                               help="Target model: GGUF path or models.txt name.")]
+Draft = Annotated[Optional[str], typer.Option("-d", "--draft", metavar="MODEL", help="Draft model (path or "
+                                              "name), 'self' (derived from the target: see `specgen draft derive`) "
+                                              "or 'none'.")]
+MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N",
+                                                  help="Tokens to generate per answer [256].")]
+Temperature = Annotated[Optional[float], typer.Option("-t", "--temperature", metavar="T", help="0 = greedy [0].")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K",
+                                             help="Sample from the k most likely tokens (0 = off) [0].")]
+TopP = Annotated[Optional[float], typer.Option("--top-p", metavar="P", help="Nucleus sampling mass in (0, 1] [1].")]
+Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling: same seed, same output.")]
+Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the model's chat template "
+                                              "[on when the model has one].")]
+System = Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help="System message (chat templates).")]
+Config = Annotated[Optional[Path], typer.Option("-c", "--config", metavar="FILE", help="YAML presets (see configs/).")]
+Threads = Annotated[Optional[int], typer.Option("--threads", metavar="N",
+                                                help="CPU threads [the cores other processes leave free].")]
+Ctx = Annotated[Optional[int], typer.Option("--ctx", metavar="N", help="Context size in tokens [4096].")]
+GpuLayers = Annotated[Optional[int], typer.Option("--gpu-layers", metavar="N",
+                                                  help="Target layers to offload to the GPU [0].")]
+DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", metavar="N",
+                                                       help="Draft layers to offload [0].")]
+Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", help="llama.cpp RPC servers "
+                                            "HOST:PORT,... to offload --gpu-layers onto (see `specgen rpc-server`).")]
+Corpus = Annotated[Optional[List[Path]], typer.Option("--corpus", metavar="FILE", help="A text file auto also drafts "
+                                                      "from (documents or code being edited); repeat for more.")]
+Store = Annotated[Optional[bool], typer.Option("--store/--no-store", help="Draft from, and add to, the store of past "
+                                               "generations in the specgen cache (generate: on, bench: off).")]

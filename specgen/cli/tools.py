@@ -1,0 +1,145 @@
+"""The commands around generation: calibrate, doctor, rpc-server, cache clear."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specgen.app import doctor as d
+from specgen.app.config import RunConfig, check_ctx, check_threads
+from specgen.app.curves import CALIBRATE_BUDGET_S, calibration_summary, cost_curve
+from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
+from specgen.cli.options import Ctx, GpuLayers, Threads
+from specgen.cli.render import warn
+from specgen.drafting.auto import LONG_PROMPT
+from specgen.errors import ConfigError
+from specgen.host import specgen_home
+
+
+def rpc_server(
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(50052, "--port", metavar="N", help="TCP port."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="CPU threads [all cores]."),
+) -> None:
+    """Serve this machine's CPU to other specgen/llama.cpp runs over llama.cpp's RPC protocol.
+
+    The RPC protocol has no authentication: listen on a trusted network only.
+
+    \b
+    On this machine:   specgen rpc-server --host 0.0.0.0 --port 50052
+    On the other one:  specgen generate --rpc HOST:50052 --gpu-layers 99 "..."
+    """
+    from specgen.llama import tools  # loads llama.cpp: not at start-up
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, found {port}")
+    check_threads(threads)
+    # The server loop runs inside llama.cpp and never returns to Python, so Python's Ctrl-C handler
+    # would never run: let SIGINT/SIGTERM end the process directly.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    print(f"specgen: serving this CPU over llama.cpp RPC at {host}:{port} (Ctrl-C stops; no authentication: "
+          "trusted networks only)", file=sys.stderr, flush=True)
+    tools.serve_rpc(f"{host}:{port}", threads)
+
+
+def calibrate(
+    model: str = typer.Argument(..., metavar="MODEL", help="GGUF path or models.txt name."),
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of using the cache."),
+) -> None:
+    """Measure (or show the cached) cost of one decode of B tokens, the curve `auto` plans with.
+
+    \b
+    Example:
+      specgen calibrate gemma-3-270m-f32
+    """
+    check_threads(threads)
+    defaults = RunConfig()
+    ctx = defaults.ctx if ctx is None else ctx
+    gpu_layers = defaults.gpu_layers if gpu_layers is None else gpu_layers
+    check_ctx(ctx)
+    # What greedy generation loads (a screened copy where one helps, screen.py): the curve it plans with.
+    llm = load_target(RunConfig(target=model, gpu_layers=gpu_layers))
+    context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads,
+                              n_outputs=TARGET_OUTPUTS)
+    curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)
+    summary, warning = calibration_summary(curve, context.n_threads)
+    print(summary)
+    if warning:
+        warn(warning)
+    table = Table(title=f"{Path(llm.path).name}: one decode of B tokens ({curve.source})", box=None)
+    for col in ("B", "ms", "x B=1", "ms per token", "spread"):
+        table.add_column(col, justify="right")
+    spread = curve.spread or [None] * len(curve.sizes)
+    raw = curve.raw or curve.seconds
+    for b, sec, rel, sp, low in zip(curve.sizes, curve.seconds, curve.relative(), spread, raw):
+        # A raised size: it measured cheaper than a smaller one, but not consistently (noise).
+        note = f" (measured {low * 1000:.1f})" if low < sec * 0.995 else ""
+        table.add_row(str(b), f"{sec * 1000:.1f}{note}", f"{rel:.2f}", f"{sec * 1000 / b:.2f}",
+                      "" if sp is None else f"±{sp * 100:.0f}%")
+    Console(soft_wrap=True).print(table)
+    if curve.linear_from:
+        print(f"between B={curve.linear_from} and B={curve.sizes[-1]}: not timed (calibration's first pass ran out "
+              f"of time), priced on the straight line between them")
+    if curve.per_token_one_output:
+        print(f"one output row (catching up on text): {curve.seconds[0] * 1000:.1f} ms + "
+              f"{curve.per_token_one_output * 1000:.2f} ms per further token (e.g. B=16: "
+              f"{curve.at(16, 0, outputs=1) * 1000:.1f} ms)")
+    if curve.per_context_at:
+        print(f"context: +{curve.per_context * 1e9:.0f} ns per batch token per context token "
+              f"(measured after {curve.per_context_at} tokens; e.g. B=8 after 2048: "
+              f"+{curve.per_context * 8 * 2048 * 1000:.1f} ms)")
+    else:
+        print(f"context: not measured yet (auto measures it after its first prompt over {LONG_PROMPT} tokens)")
+
+
+def doctor(
+    model: Optional[str] = typer.Option(None, "-m", "--model", metavar="MODEL", help="Model for the speed check "
+                                        "[the default target if present, else the smallest model present]."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Run the speed check (a few seconds)."),
+    threads: Threads = None,
+) -> None:
+    """Check the installation: llama.cpp build and flags, CPU, cache, models, and a short speed check.
+
+    Exits 1 when it finds a problem (e.g. a build known to crash on this CPU).
+    """
+    check_threads(threads)
+    found = d.report(model, speed, threads)
+    for line in found.lines:
+        print(line)
+    for w in found.warnings:
+        print(f"warning: {w}")
+    if found.warnings:
+        raise typer.Exit(1)
+    print("ok: no problems found")
+
+
+def cache_clear(
+    calibration: bool = typer.Option(False, "--calibration", help="Also the measured decode costs (measured "
+                                     "again on next use)."),
+    screened: bool = typer.Option(False, "--screened", help="Also the screened copies of F32/F16 targets "
+                                  "(made again on the next greedy run)."),
+) -> None:
+    """Delete the store of past generations that auto drafts from (one file per tokenizer).
+
+    \b
+    Example:
+      specgen cache clear
+    """
+    folders = ["history", *(["calibration"] if calibration else []), *(["screened"] if screened else [])]
+    for name in folders:
+        folder = specgen_home() / name
+        files = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        size = sum(p.stat().st_size for p in files)
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"{name}: removed {len(files)} files ({size / 1e6:.1f} MB) from {folder}")

@@ -1,0 +1,165 @@
+"""Generation loop: prefill, then steps that each end in one target decode, streamed as typed events.
+
+The caller consumes `TokenEvent`s as they are committed and one final `FinishEvent`; `RunStats` is
+updated in place, so a caller interrupted mid-run still has the partial numbers.
+
+KV layout (shared with the speculative methods): the committed text lives in sequence 0; the last
+committed token is "pending" (not yet evaluated) and is the root of every step's batch. Plain
+decoding is the step whose tree is just that root.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+from specgen.errors import PromptError
+from specgen.core.kv import COMMITTED_SEQ, keep_branch, prefill
+from specgen.core.protocol import Batch, Context, Drafter, Model
+from specgen.core.sampling import Sampler, SamplingParams
+from specgen.core.stats import RunStats
+from specgen.core.tree import DraftTree
+from specgen.core.verify import Verdict, verify
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # may be "" while a multi-byte character is incomplete
+    from_draft: bool
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: str  # "length" (max tokens or context full) | "stop" (end-of-generation token)
+    tail: str = ""  # bytes of an unfinished UTF-8 character, flushed as replacement text
+    stats: RunStats | None = None  # the run's counters, final
+
+
+Event = Union[TokenEvent, FinishEvent]
+
+
+class TextDecoder:
+    """Turns token pieces into text incrementally: a UTF-8 character may span several tokens."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token: int) -> str:
+        return self._utf8.decode(self.model.piece(token))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def check_prompt_fits(n_prompt: int, ctx: Context) -> None:
+    if n_prompt == 0:
+        raise PromptError("empty prompt: expected some text, got 0 tokens")
+    if n_prompt >= ctx.n_ctx:
+        raise PromptError(f"prompt is {n_prompt} tokens but the context holds {ctx.n_ctx}: "
+                          f"use --ctx {n_prompt + 256} or more")
+
+
+def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> Batch:
+    """Node i at position n_past + depth(i) in every branch through it; logits for every node."""
+    batch = Batch()
+    for tok, depth, ids in zip(tree.tokens, tree.depths(), seq_ids):
+        batch.add(tok, n_past + depth, ids, True)
+    return batch
+
+
+def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
+             drafter: Drafter | None = None) -> Iterator[Event]:
+    """Each step: the drafter proposes a tree rooted at the last committed token; the target
+    verifies it in one decode; the accepted path and one token of the target's own (the bonus)
+    are committed. Without a drafter every tree is the root alone: plain decoding."""
+    tokens = request.prompt_tokens
+    check_prompt_fits(len(tokens), ctx)
+    clock = time.perf_counter
+    t0 = clock()
+    prefill(ctx, tokens)
+    if drafter is not None:
+        drafter.reset(list(tokens))  # a draft model prefills the prompt too
+    stats.prefill_s = clock() - t0
+
+    sampler = Sampler(request.sampling)
+    decoder = TextDecoder(model)
+    n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
+    root = tokens[-1]
+    reason = "length"
+    t0 = clock()
+    while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
+        # 1. Draft. Tokens beyond what may still be emitted (or fit, in the context or in one
+        # batch) would be wasted work.
+        if drafter is None:
+            tree = None
+        else:
+            room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1, ctx.n_batch) - 1
+            t_draft = clock()
+            tree = drafter.propose(max(0, room))
+            stats.draft_s += clock() - t_draft
+            stats.choices[drafter.last_choice] += 1
+
+        # 2. Verify in one target decode.
+        if tree is None or tree.n_drafted == 0:
+            # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
+            # model every tenth of a millisecond here is a percent of plain decoding's speed).
+            logits = ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True]))
+            verdict = Verdict([], [sampler.sample(logits[0])])
+        else:
+            verdict = verify_tree(ctx, tree, n_past, sampler)
+        stats.target_calls += 1
+        stats.drafted += tree.n_drafted if tree is not None else 0
+        stats.accepted += len(verdict.path)
+        stats.accepted_lengths[len(verdict.path)] += 1
+        n_past += len(verdict.path) + 1
+
+        # 3. Commit the accepted tokens and the bonus token, up to an end-of-generation token.
+        committed, events = [], []
+        for i, token in enumerate(verdict.tokens):
+            committed.append(token)
+            stats.n_committed += 1
+            if model.is_eog(token):
+                reason = "stop"
+                break
+            stats.n_tokens += 1
+            events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path)))
+            if stats.n_tokens >= request.max_tokens:
+                break
+        root = committed[-1]
+        if drafter is not None:
+            t_draft = clock()
+            drafter.observe(verdict, committed)
+            stats.draft_s += clock() - t_draft
+        stats.decode_s += clock() - t0
+        yield from events  # time spent by the consumer (rendering) is not decode time
+        t0 = clock()
+        if reason == "stop":
+            break
+    stats.decode_s += clock() - t0
+    yield FinishEvent(reason, decoder.flush(), stats)
+
+
+def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler) -> Verdict:
+    """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
+    sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path."""
+    seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
+    n_branches = max(max(ids) for ids in seq_ids) + 1
+    if n_branches > ctx.n_seq_max:
+        raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
+    for seq in range(1, n_branches):
+        ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+    logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
+    verdict = verify(tree, logits, sampler)
+    keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
+    return verdict

@@ -1,0 +1,345 @@
+"""Drafting with a draft model: a best-first tree (a chain with branching 1) grown in the draft's
+own KV cache, kept in step with the committed text, optionally with lookup drafting for it (staged)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specgen.core.kv import COMMITTED_SEQ, evaluate, keep_branch, prefill
+from specgen.core.protocol import Batch, Context
+from specgen.core.sampling import SamplingParams, distribution, draw, softmax
+from specgen.core.tree import DraftTree
+from specgen.core.verify import Verdict
+from specgen.drafting.lookup import LookupDrafter
+
+
+class DraftCache:
+    """The draft model's KV cache, kept in step with the committed text in sequence 0.
+
+    Proposals evaluate drafted tokens in extra sequences (one per branch); after verification the
+    deepest accepted node that the draft evaluated is kept, everything else is removed by sequence
+    id, so the next step evaluates only the tokens the draft has not seen (usually the bonus token).
+    """
+
+    # A lazy cache further behind than this starts over from the text's last WINDOW tokens: the
+    # draft proposes from recent text (lookup copies from far back), and reading a long prompt
+    # cost gemma's -d self draft 0.5 ms a token, 400 ms for a RAG prompt, paid by the first step
+    # that uses it: a 3-token answer ran at a third of plain's speed. Verification keeps the output
+    # exact whatever the draft has read.
+    WINDOW = 256
+
+    def __init__(self, ctx: Context, lazy: bool = False):
+        self.ctx = ctx
+        self.lazy = lazy  # leave the prompt to the first catch-up, which never comes if the draft is unused
+        self.tokens: list[int] = []  # committed text (lazy: from where the draft started reading)
+        self.n_eval = 0  # committed tokens evaluated into sequence 0
+        self.caught_up = False  # whether this step evaluated the root (the last committed token)
+
+    def reset(self, tokens: list[int]) -> None:
+        """Prefill the prompt but its last token (the first root), as the target does (lazy: none)."""
+        if self.lazy:
+            self.ctx.clear()
+        else:
+            prefill(self.ctx, tokens)
+        self.tokens = list(tokens)
+        self.n_eval = 0 if self.lazy else len(tokens) - 1
+        self.caught_up = False
+
+    @property
+    def behind(self) -> int:
+        """Committed tokens the next catch-up evaluates (the root included)."""
+        behind = len(self.tokens) - self.n_eval
+        return min(behind, self.WINDOW) if self.lazy else behind
+
+    def catch_up(self) -> np.ndarray:
+        """Evaluate the committed tokens the draft has not seen; q-logits after the last one.
+        Lazy, more than WINDOW behind: start over from the last WINDOW (positions from 0)."""
+        if self.lazy and len(self.tokens) - self.n_eval > self.WINDOW:
+            self.ctx.seq_rm(COMMITTED_SEQ, 0, -1)  # the only sequence between steps
+            self.tokens, self.n_eval = self.tokens[-self.WINDOW:], 0
+        last = evaluate(self.ctx, self.tokens[self.n_eval:], self.n_eval)
+        self.n_eval = len(self.tokens)
+        self.caught_up = True
+        assert last is not None, "catch_up needs at least one unevaluated token (the root)"
+        return last
+
+    def commit(self, committed: list[int], kept_seq: int, kept_depth: int) -> None:
+        """Keep the branch `kept_seq` up to `kept_depth` tokens past the root; drop the rest.
+
+        A step that did not use the draft only appends: the next catch-up evaluates the backlog.
+        """
+        root_pos = len(self.tokens) - 1
+        if self.caught_up:
+            keep_branch(self.ctx, kept_seq, root_pos + kept_depth)
+            self.n_eval = root_pos + kept_depth + 1
+        self.tokens.extend(committed)
+        self.caught_up = False
+
+
+class ModelDrafter:
+    """The draft model grows a tree best-first by cumulative draft probability (q = draft).
+
+    Each level is one draft `llama_decode` for the whole frontier, every frontier node in the
+    sequence of its own branch. Children: the top `branching` tokens of q (greedy), or `branching`
+    draws from q without replacement when sampling (the tree then keeps q for rejection sampling).
+    Greedy: only nodes among the best `max_nodes` so far are expanded, and the final tree is the
+    best `max_nodes` nodes, ancestor-closed because a child's cumulative probability never exceeds
+    its parent's. chain = branching 1 with `min_prob` (stop where the draft's top token is less
+    likely than that).
+
+    With `lookup` (the staged method, deterministic drafts only) a second stage drafts for the
+    draft: the lookup continuation of the best frontier node rides along in the same draft decode,
+    and each lookup token that equals the draft's own argmax joins the tree already evaluated, so
+    one draft call can advance several levels. The tree is the one the draft alone would grow.
+    """
+
+    def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
+                 max_depth: int = 8, min_prob: float = 0.0, lookup: LookupDrafter | None = None,
+                 lookup_len: int = 4, lazy_prefill: bool = False):
+        self.cache = DraftCache(ctx, lazy=lazy_prefill)  # lazy: for `auto`, which may not use the draft
+        self.params = params
+        self.sampling = not params.greedy
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
+        self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
+        self.min_prob = min_prob
+        self.lookup = lookup if not self.sampling else None
+        self.lookup_len = lookup_len
+        self.draft_calls = 0  # draft decodes, all proposals
+        # The last proposal's work, for auto's accounting: its draft decodes, and the seconds its
+        # first decode (the catch-up on committed text) took.
+        self.last_calls, self.last_catch_up_s = 0, 0.0
+        self._grow: _Growth | None = None  # the step's proposal, until observe(): None = a step without the draft
+        self._last_tree = DraftTree.root_only(0)
+        self.last_choice = "staged" if self.lookup is not None else "draft"
+
+    def reset(self, tokens: list[int]) -> None:
+        self._grow = None
+        self.cache.reset(tokens)
+        if self.lookup is not None:
+            self.lookup.reset(tokens)
+
+    @property
+    def backlog(self) -> int:
+        """Committed tokens the draft has not read yet (the root included): the next proposal's
+        first decode reads them all."""
+        return self.cache.behind
+
+    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree:
+        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes."""
+        limit = min(self.max_depth, max_depth)
+        budget = self.max_nodes if max_nodes is None else max_nodes
+        calls = self.draft_calls
+        if limit > 0 and budget > 0:
+            t0 = time.perf_counter()
+            root_logits = self.cache.catch_up()  # first: it may start the draft's text over (WINDOW)
+            self.last_catch_up_s = time.perf_counter() - t0
+        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget)
+        if limit <= 0 or budget <= 0:
+            self.last_calls = 0
+            return self._proposed(g.tree)
+        frontier = self._add_children(g, 0, root_logits)
+        self.draft_calls += 1
+        while expand := self._to_expand(g, frontier, limit):
+            frontier = self._expand(g, expand, limit)
+        self.last_calls = self.draft_calls - calls
+        self._proposed(g.tree)
+        if self.sampling:
+            return g.tree  # every drawn child stays: see _to_expand
+        return self.restrict(g.best(budget))
+
+    def restrict(self, nodes: list[int]) -> DraftTree:
+        """The last proposal cut to `nodes` (ancestor-closed) and re-indexed; the draft's KV
+        bookkeeping follows, so observe() keeps what it can."""
+        assert self._grow is not None, "restrict() follows a propose()"
+        pruned, new_index = self._last_tree.subtree([0, *nodes])
+        self._grow.reindex(new_index)
+        return self._proposed(pruned)
+
+    def _proposed(self, tree: DraftTree) -> DraftTree:
+        self._last_tree = tree
+        return tree
+
+    def _to_expand(self, g: "_Growth", frontier: list[int], limit: int) -> list[int]:
+        """Frontier nodes worth a draft evaluation, best cumulative probability first.
+
+        Greedy: those among the best `max_nodes` so far; the final tree is pruned to those.
+        Sampling: rejection sampling needs each node's children to be exactly the first draws
+        from q, so nothing is pruned afterwards; instead a node is expanded only while its
+        `branching` children still fit in `max_nodes` (a rule that never looks at the draws).
+        """
+        open_ = sorted((v for v in frontier if g.depth[v] < limit), key=lambda v: (-g.cum[v], v))
+        if self.sampling:
+            room = (g.budget - g.tree.n_drafted) // max(1, self.branching)
+            chosen = open_[:max(0, room)]
+        else:
+            best = set(g.best(g.budget))
+            chosen = [v for v in open_ if v in best]
+        return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        g, self._grow = self._grow, None
+        node = 0
+        if g is not None:
+            for v in verdict.path:  # the deepest accepted node whose KV the draft already has
+                if v in g.seq_of:
+                    node = v
+        seq = g.seq_of.get(node, 0) if g is not None else 0
+        self.cache.commit(committed, seq, g.depth[node] if g is not None else 0)
+        if self.lookup is not None:
+            self.lookup.observe(verdict, committed)
+
+    def finish_text(self) -> None:
+        """Nothing to keep: the draft model drafts from the current text alone."""
+
+    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
+        q = distribution(logits, self.params) if self.sampling else softmax(logits)  # over the draft's columns
+        if q.max() < self.min_prob:
+            return []  # the draft is unsure here: stop this branch (decided before any draw)
+        if self.sampling:
+            picks = _draw_without_replacement(q, self.branching, self.rng)
+            g.tree.q_rows[node] = self._over_target_vocab(q)
+        else:
+            picks = _top_k(q, self.branching)
+        return [g.add(self._token(c), node, float(q[c])) for c in picks]
+
+    def _token(self, column: int) -> int:
+        columns = self.cache.ctx.columns
+        return int(column) if columns is None else int(columns[column])
+
+    def _over_target_vocab(self, q: np.ndarray) -> np.ndarray:
+        """q as verification reads it: indexed by token id, zero where the draft has no column."""
+        columns = self.cache.ctx.columns
+        if columns is None:
+            return q
+        full = np.zeros(self.cache.ctx.n_vocab, dtype=q.dtype)
+        full[columns] = q
+        return full
+
+    def _expand(self, g: "_Growth", expand: list[int], limit: int) -> list[int]:
+        """One draft decode for `expand` (plus a lookup run after the best node); new children."""
+        batch = Batch()
+        rows: list[tuple[int, int]] = []
+        run: list[int] = []
+        for v in sorted(expand, key=lambda v: -g.cum[v]):
+            seq = g.take_seq(v, self.cache.ctx)
+            rows.append((v, len(batch)))
+            batch.add(g.tree.tokens[v], g.pos(v), (seq,), True)
+            if self.lookup is not None and len(rows) == 1:
+                room = min(self.lookup_len, limit - g.depth[v] - 1)
+                context = self.cache.tokens + [g.tree.tokens[u] for u in g.tree.path_to(v)]
+                run = self.lookup.continuation(context, room) if room > 0 else []
+                for j, tok in enumerate(run):
+                    batch.add(tok, g.pos(v) + 1 + j, (seq,), True)
+        out = self.cache.ctx.decode(batch)
+        self.draft_calls += 1
+        new: list[int] = []
+        for k, (v, b) in enumerate(rows):
+            kids = self._add_children(g, v, out[b])
+            if k == 0 and run:
+                kids = self._stage_two(g, v, b, out, run, kids)
+            new.extend(kids)
+        return new
+
+    def _stage_two(self, g: "_Growth", v: int, b: int, out: np.ndarray, run: list[int], kids: list[int]) -> list[int]:
+        """Lookup tokens the draft agrees with (argmax) are evaluated nodes; drop the rest's KV."""
+        node, seq, new = v, g.seq_of[v], list(kids)
+        for j, tok in enumerate(run):
+            row = out[b + j]
+            child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
+            if child is None or tok != self._token(int(np.argmax(row))):
+                self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
+                break
+            g.claim(node, child, seq)
+            new.remove(child)
+            node = child
+            new.extend(self._add_children(g, node, out[b + 1 + j]))
+        return new
+
+
+@dataclass
+class _Growth:
+    """One proposal's tree under construction and its draft-KV bookkeeping.
+
+    seq_of[v]: the draft sequence holding the path root..v for every node the draft evaluated.
+    A node's sequence is handed to its first evaluated child; later children get a copy of the
+    parent's path (positions up to the parent only) in a fresh sequence id.
+    """
+
+    tree: DraftTree
+    root_pos: int
+    budget: int  # drafted nodes the proposal may keep
+    cum: list[float] = field(default_factory=lambda: [1.0])
+    depth: list[int] = field(default_factory=lambda: [0])
+    seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
+    handed_down: set[int] = field(default_factory=set)
+    next_seq: int = 1
+
+    def add(self, token: int, parent: int, q: float) -> int:
+        v = self.tree.add(token, parent, q)
+        self.cum.append(self.cum[parent] * q)
+        self.depth.append(self.depth[parent] + 1)
+        return v
+
+    def pos(self, v: int) -> int:
+        return self.root_pos + self.depth[v]
+
+    def best(self, n: int) -> list[int]:
+        order = sorted(range(1, len(self.cum)), key=lambda v: (-self.cum[v], v))
+        return sorted(order[:n])
+
+    def claim(self, parent: int, child: int, seq: int) -> None:
+        self.handed_down.add(parent)
+        self.seq_of[child] = seq
+
+    def take_seq(self, v: int, ctx: Context) -> int:
+        parent = self.tree.parents[v]
+        if parent not in self.handed_down:
+            seq = self.seq_of[parent]
+        else:
+            seq = self.next_seq
+            self.next_seq += 1
+            ctx.seq_cp(self.seq_of[parent], seq, -1, self.pos(parent) + 1)
+        self.claim(parent, v, seq)
+        return seq
+
+    def reindex(self, new_index: dict[int, int]) -> None:
+        """Follow DraftTree.subtree's re-indexing; forget nodes that were pruned."""
+        depth = {new: self.depth[old] for old, new in new_index.items()}
+        self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
+        self.depth = [depth[i] for i in range(len(depth))]
+
+
+def _draw_without_replacement(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
+    """k draws from q without replacement, in draw order (inverse CDF: one uniform per draw)."""
+    picks: list[int] = []
+    rest = q
+    for _ in range(k):
+        total = float(rest.sum())
+        if total <= 0:
+            break
+        x = draw(rest / total, rng)
+        picks.append(x)
+        if len(picks) < k:
+            rest = rest.copy() if rest is q else rest
+            rest[x] = 0.0
+    return picks
+
+
+def _top_k(values: np.ndarray, k: int) -> list[int]:
+    """Indices of the k largest values, largest first (a full sort of 262k costs ms)."""
+    k = min(k, values.shape[0])
+    if k <= 4:  # a few argmax passes beat argpartition over a large vocabulary
+        picks: list[int] = []
+        masked = values
+        for _ in range(k):
+            i = int(np.argmax(masked))
+            picks.append(i)
+            if len(picks) < k:
+                masked = masked.copy() if masked is values else masked
+                masked[i] = -np.inf
+        return picks
+    idx = np.argpartition(-values, k - 1)[:k]
+    return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]

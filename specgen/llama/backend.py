@@ -1,0 +1,332 @@
+"""The only module that imports llama_cpp: models, contexts, multi-sequence batches, KV by sequence id.
+
+Contexts are built with the low-level API because the high-level `Llama()` exposes neither
+`n_seq_max` nor `kv_unified`, which tree verification needs (every branch of a token tree is a
+sequence id; siblings share positions, so the KV cache is edited by sequence id, never by position
+alone).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp as L
+
+from specgen.core.protocol import Batch, LogitsPatch, SubsetMap, VocabInfo
+from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
+from specgen.errors import ModelError, SpecgenError
+from specgen import host
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp logs a great deal while loading; keep the last lines to explain failures and show
+# everything only when SPECGEN_DEBUG is set.
+_recent_log: collections.deque[str] = collections.deque(maxlen=20)
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _recent_log.append(line.rstrip())
+    if os.environ.get("SPECGEN_DEBUG"):
+        sys.stderr.write(line)
+
+
+_initialized = False
+
+
+def _init() -> None:
+    global _initialized
+    if not _initialized:
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _initialized = True
+
+
+def _last_error() -> str:
+    for line in reversed(_recent_log):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line.strip()
+    return ""
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with one clear line unless `path` is a readable file that starts like a GGUF."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelError(f"expected a GGUF model file, got a directory: {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"not a GGUF file: {path} (expected magic bytes 'GGUF', found {magic!r})")
+
+
+class LlamaModel:
+    """A loaded GGUF model (weights and vocabulary); contexts are made from it."""
+
+    def __init__(self, path: str | Path, gpu_layers: int = 0, screen: LogitsPatch | None = None):
+        _init()
+        self.path = str(path)
+        # A screened copy of a target (screen.py): its contexts patch each logits row's possible
+        # argmax tokens with their exact logits, for greedy decoding only.
+        self.screen = screen
+        self.source_path = self.path  # a screened copy's: the target it was made from
+        check_gguf_file(Path(path))
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        self._model = L.llama_model_load_from_file(self.path.encode(), params)
+        if not self._model:
+            detail = _last_error()
+            raise ModelError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported "
+                             f"GGUF){': ' + detail if detail else ''}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab: int = L.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
+        self.n_embd: int = L.llama_model_n_embd(self._model)
+        self.bos: int = L.llama_vocab_bos(self._vocab)
+        self.eos: int = L.llama_vocab_eos(self._vocab)
+        self.name: str = self.meta("general.name") or Path(self.path).stem
+        # Recurrent/hybrid models cannot drop part of a sequence, which rejected drafts need.
+        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self.subset_of_target = self._subset_map()
+        template = L.llama_model_chat_template(self._model, None)
+        self.chat_template: str | None = template.decode("utf-8", errors="replace") if template else None
+        self._pieces: dict[int, bytes] = {}
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def _subset_map(self) -> SubsetMap | None:
+        """A vocabulary-subset draft's map to its target's ids, from the GGUF's specgen.* metadata
+        (read with the gguf package: llama.cpp's metadata API renders arrays as text)."""
+        unk = self.meta(SUBSET_UNK_KEY)
+        if unk is None:
+            return None
+        from gguf import GGUFReader
+
+        field = GGUFReader(self.path).get_field(SUBSET_IDS_KEY)
+        ids = np.array(field.contents() if field is not None else [], dtype=np.int64)
+        return SubsetMap(ids, int(unk))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (L.llama_token * n_max)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's own text for a token (special tokens included), for vocab checks."""
+        text = L.llama_vocab_get_text(self._vocab, token)
+        return text or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self._vocab, token))
+
+    def vocab_info(self, sample_ids: Sequence[int]) -> VocabInfo:
+        samples = tuple((i, self.token_text(i)) for i in sample_ids if 0 <= i < self.n_vocab)
+        return VocabInfo(L.llama_vocab_type(self._vocab), self.n_vocab, self.bos, self.eos, samples)
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render messages with the GGUF's own Jinja chat template (llama-cpp-python's formatter)."""
+        if not self.chat_template:
+            raise ModelError(f"--chat needs a chat template, but {Path(self.path).name} has none "
+                             "(use --no-chat)")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        fmt = Jinja2ChatFormatter(self.chat_template, eos_token=self.token_text(self.eos).decode(errors="replace"),
+                                  bos_token=self.token_text(self.bos).decode(errors="replace"))
+        try:
+            return fmt(messages=messages).prompt
+        except Exception as e:  # templates raise their own errors (e.g. role order)
+            raise ModelError(f"the chat template of {Path(self.path).name} rejected the messages: {e}") from None
+
+    def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
+                    n_threads: int | None = None, n_outputs: int = 1) -> "LlamaContext":
+        return LlamaContext(self, n_ctx, n_seq_max, n_batch, n_threads, n_outputs)
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+LLAMA_MAX_SEQ = 256  # llama.cpp's limit on n_seq_max (llama-cparams.h)
+THREAD_CHECK_S = 0.5  # how often a context without fixed threads looks at the other processes
+FREE_CORE_MARGIN = 0.3  # a core another process uses less than this much still counts as free
+
+
+class LlamaContext:
+    """A llama.cpp context whose KV cache is shared by up to `n_seq_max` sequences (kv_unified),
+    with room for `n_outputs` rows of logits from the start."""
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
+                 n_threads: int | None = None, n_outputs: int = 1):
+        self.model = model
+        threads = n_threads or default_threads()
+        params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        # llama.cpp sizes its logits buffer at n_seq_max rows, then reallocates and clears the
+        # whole buffer inside each decode that needs more rows than ever before: with gemma's
+        # 262k vocabulary, 23 ms for 48 rows and 29 for 64, each paid again by the next larger
+        # tree (a cold 128-token run of q321 decoded in 576 ms against 557 with the room
+        # reserved). Asking for the sequences reserves the rows once, when the context is made.
+        params.n_seq_max = min(LLAMA_MAX_SEQ, max(n_seq_max, n_outputs))
+        params.kv_unified = True  # without it each sequence only gets n_ctx / n_seq_max cells
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self.screen = model.screen
+        if self.screen is not None:  # each output row's hidden state too, room reserved now
+            params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_NONE
+        self._embeddings = self.screen is not None
+        self._ctx = L.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecgenError(f"llama.cpp could not create a context of {n_ctx} tokens for "
+                               f"{Path(model.path).name}: {_last_error() or 'out of memory?'}")
+        self.n_ctx: int = L.llama_n_ctx(self._ctx)
+        self.n_seq_max = n_seq_max
+        # llama.cpp may adjust both (n_ctx is padded, n_batch capped by n_ctx): use what it chose.
+        self.n_batch = min(n_batch, L.llama_n_batch(self._ctx), L.llama_n_ubatch(self._ctx))
+        self.n_threads = self.max_threads = threads
+        # Threads not given: follow the cores other processes leave free (see _follow_free_cores).
+        self.adaptive = n_threads is None
+        self._cpu_seen, self._next_check = None, 0.0
+        self.n_vocab = model.n_vocab
+        self.columns = None
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(self.n_batch, 0, n_seq_max)
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """One `llama_decode`; returns the logits rows of the tokens with logits=True, in order.
+
+        The rows are a read-only view of llama.cpp's output buffer (copying 1 MB per row of a
+        262k vocabulary costs more than the work done with it): valid until the next decode on
+        this context; copy what you keep.
+        """
+        n = len(batch)
+        if n == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self.adaptive and time.monotonic() >= self._next_check:
+            self._follow_free_cores()
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = batch.tokens[i]
+            b.pos[i] = batch.positions[i]
+            ids = batch.seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            row = b.seq_id[i]
+            for j, s in enumerate(ids):
+                row[j] = s
+            b.logits[i] = batch.logits[i]
+        n_out = batch.n_outputs
+        if self.screen is not None and self._embeddings != (n_out > 0):
+            # With embeddings on llama.cpp outputs every row: a prompt's rows ask for none.
+            self._embeddings = n_out > 0
+            L.llama_set_embeddings(self._ctx, self._embeddings)
+        rc = L.llama_decode(self._ctx, b)
+        if rc == 1:
+            raise SpecgenError(f"the context is full ({self.n_ctx} tokens): use a larger --ctx")
+        if rc != 0:
+            raise SpecgenError(f"llama_decode failed with code {rc}: {_last_error()}")
+        # llama_get_logits: the requested rows, contiguous, in batch order.
+        ptr = L.llama_get_logits(self._ctx)
+        if self.screen is None or n_out == 0:
+            out = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        else:  # every row was output (see above); keep the asked-for ones, exact where it counts
+            out = np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+            hidden = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.model.n_embd))
+            if n_out < n:
+                asked = np.flatnonzero(batch.logits)
+                out, hidden = out[asked], hidden[asked]
+            self.screen.patch(out, hidden)
+        out.flags.writeable = False
+        return out
+
+    def _follow_free_cores(self) -> None:
+        """Use as many threads as other processes leave cores free (at most the configured ones).
+
+        llama.cpp's CPU threads meet at a barrier after every operation of the graph, spinning
+        while they wait: with a thread per core and a CPU-bound process beside us, the thread
+        that gets descheduled holds the others for a scheduler slice at each barrier. Measured
+        on 2 cores with one busy: one decode of 8 tokens of gemma Q4_K_M took 75-208 ms with 2
+        threads and 70 ms with 1; one token, 16-135 ms against 11.5 ms. Checked every
+        THREAD_CHECK_S from /proc/stat (what other processes used meanwhile)."""
+
+        self._next_check = time.monotonic() + THREAD_CHECK_S
+        now = host.cpu_sample()
+        others = host.others_cores(self._cpu_seen, now)
+        self._cpu_seen = now
+        if others is None:
+            return
+        cores = default_threads()
+        wanted = max(1, min(self.max_threads, math.floor(cores - others + FREE_CORE_MARGIN)))
+        if wanted != self.n_threads:
+            L.llama_set_n_threads(self._ctx, wanted, wanted)
+            self.n_threads = wanted
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        # Called directly: llama-cpp-python's LlamaContext.kv_cache_seq_rm turns seq -1 into 0.
+        return bool(L.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        L.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        L.llama_memory_seq_keep(self._mem, seq_id)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,249 @@
+"""Build and install llama-cpp-python for this host (stdlib only: runs before anything is installed).
+
+`python -m specgen.llama.build` chooses CMake flags from the host, adds specgen's Q8_0 kernel
+(native/q8_0_few_columns.h) to the pinned sdist, builds it once per (version, python, flags,
+kernel), caches the wheel under ``$SPECGEN_HOME/wheels`` (``~/.cache/specgen``) and installs it
+into the running interpreter's environment. pip caches wheels by name and
+version only, never by CMAKE_ARGS, so pip's own cache is bypassed and ours is keyed by flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.host import cpu_flags, has_nvidia_gpu, specgen_home
+
+
+def pinned_llama_version() -> str:
+    """The llama-cpp-python version specgen pins: pyproject.toml's dependency, the one place it is
+    written (read from the installed package's metadata where there is no source tree)."""
+    pin = re.compile(r"llama-cpp-python\s*==\s*([0-9][0-9A-Za-z.]*)")
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        found = pin.search(pyproject.read_text(encoding="utf-8"))
+    else:
+        from importlib.metadata import PackageNotFoundError, requires
+
+        try:
+            found = next(filter(None, map(pin.search, requires("specgen") or [])), None)
+        except PackageNotFoundError:
+            found = None
+    if found is None:
+        sys.exit("specgen: cannot find the llama-cpp-python pin (pyproject.toml or specgen's metadata)")
+    return found.group(1)
+
+
+LLAMA_CPP_PYTHON_VERSION = pinned_llama_version()
+
+# /proc/cpuinfo flag -> ggml CMake option. Each option is set explicitly ON or OFF so a build never
+# enables an ISA the CPU lacks. (AVX-VNNI is left at ggml's default, off: AVX512-VNNI covers it.)
+X86_FEATURES = [
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("bmi2", "GGML_BMI2"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+]
+# AMX stays off even where the CPU has it: ggml's AMX kernels segfault on first decode on some
+# Xeons (upstream llama.cpp #20824), which is also why GGML_NATIVE (which would pick AMX) is off.
+# llama.cpp's RPC backend (`specgen generate --rpc`, `specgen rpc-server`): a small extra library.
+RPC_ON = "-DGGML_RPC=ON"
+AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+# specgen's own kernel for Q8_0 products with few columns (a verification batch's output layer),
+# compiled into llama.cpp's CPU backend: see the header's comment for why and for its exactness.
+KERNEL = Path(__file__).resolve().parent / "native" / "q8_0_few_columns.h"
+KERNEL_NAME = "specgen_q8_0_few_columns.h"
+# Where it is hooked in, each anchor a line of the vendored llama.cpp that must occur exactly once.
+SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+CPU_BACKEND = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp"
+HOOKS = [
+    (SGEMM, '#include "sgemm.h"\n', f'#include "sgemm.h"\n#include "{KERNEL_NAME}"\n'),
+    (SGEMM, "    // only enable sgemm for prompt processing\n",
+     "#ifdef SPECGEN_Q8_0\n"
+     "    if (Atype == GGML_TYPE_Q8_0 && Btype == GGML_TYPE_Q8_0 && Ctype == GGML_TYPE_F32 &&\n"
+     "        specgen_q8_0::matmul(m, n, k, A, lda, B, ldb, (float *) C, ldc, params->ith, params->nth))\n"
+     "        return true;\n"
+     "#endif\n"
+     "    // only enable sgemm for prompt processing\n"),
+    (CPU_BACKEND, '#include "ggml-cpu.h"\n',
+     f'#include "ggml-cpu.h"\n#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/{KERNEL_NAME}"\n#endif\n'),
+    (CPU_BACKEND, "        features.push_back({ nullptr, nullptr });\n",
+     "    #ifdef SPECGEN_Q8_0\n"
+     "        features.push_back({ \"SPECGEN_Q8_0\", specgen_q8_0::enabled() ? SPECGEN_Q8_0 : \"off\" });\n"
+     "    #endif\n"
+     "        features.push_back({ nullptr, nullptr });\n"),
+]
+
+
+def kernel_digest() -> str:
+    """What the patch adds, for the wheel cache's key: the kernel and where it is hooked in."""
+    blob = KERNEL.read_bytes() + repr(HOOKS).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    cmake_args: list[str]
+    reason: str
+
+    @property
+    def key(self) -> str:
+        blob = "\n".join([LLAMA_CPP_PYTHON_VERSION, sys.implementation.cache_tag, platform.machine(),
+                          *self.cmake_args, kernel_digest()])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
+    """Choose CMake flags for this host; SPECGEN_CMAKE_ARGS overrides everything."""
+    env = os.environ if env is None else env
+    override = env.get("SPECGEN_CMAKE_ARGS")
+    if override is not None:
+        return BuildPlan(override.split(), "SPECGEN_CMAKE_ARGS is set")
+    system, machine = platform.system(), platform.machine().lower()
+    if system == "Darwin":
+        return BuildPlan(["-DGGML_METAL=ON", RPC_ON], "macOS: Metal (llama.cpp's default there)")
+    # Said in the plan's reason (printed by whoever builds), not printed here: `specgen doctor`
+    # also asks for the plan and builds nothing.
+    no_gpu = ""
+    if shutil.which("nvcc"):
+        if has_nvidia_gpu():
+            return BuildPlan(["-DGGML_CUDA=ON", RPC_ON], "nvcc and an NVIDIA driver found: CUDA build")
+        no_gpu = "nvcc found but no NVIDIA driver/GPU, so "
+    if machine in ("x86_64", "amd64"):
+        flags = cpu_flags()
+        args = ["-DGGML_NATIVE=OFF"]
+        args += [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in X86_FEATURES]
+        args += AMX_OFF + [RPC_ON]
+        have = [flag for flag, _ in X86_FEATURES if flag in flags]
+        return BuildPlan(args, f"{no_gpu}x86-64 CPU build with {', '.join(have) or 'no SIMD extensions'}; AMX off")
+    return BuildPlan([RPC_ON], f"{no_gpu}{system} {machine}: llama.cpp defaults")
+
+
+def _installed_marker() -> Path:
+    return Path(sys.prefix) / "specgen-llama-build.txt"
+
+
+def installed_for(plan: BuildPlan) -> bool:
+    """Whether this environment's llama-cpp-python is specgen's build for `plan`."""
+    marker = _installed_marker()
+    return marker.exists() and marker.read_text().strip() == plan.key
+
+
+def _run_with_progress(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Run a pip build, keep the full log, and show ninja/make's [i/n] counter as progress."""
+    step = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]|\[\s*(\d+)%\]")
+    tty = sys.stderr.isatty()
+    started, last_print = time.time(), 0.0
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            m = step.search(line)
+            if not m:
+                continue
+            pct = int(m.group(3)) if m.group(3) else 100 * int(m.group(1)) // max(1, int(m.group(2)))
+            now = time.time()
+            if tty:
+                print(f"\r  compiling llama.cpp: {pct:3d}%  ({now - started:.0f}s)", end="", file=sys.stderr)
+            elif now - last_print > 30:
+                print(f"  compiling llama.cpp: {pct}% ({now - started:.0f}s)", file=sys.stderr)
+                last_print = now
+        rc = proc.wait()
+    if tty:
+        print(file=sys.stderr)
+    return rc
+
+
+def fetch_sdist(tmp: Path) -> Path:
+    """The pinned llama-cpp-python sdist, unpacked under `tmp` (pip fetches it, so pip's index and
+    proxy settings apply)."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(tmp),
+           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+    if subprocess.run(cmd).returncode != 0:
+        sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
+                 "(pip download failed; see its messages above)")
+    archive = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(tmp, filter="data")
+        else:  # Python < 3.11.4: no extraction filters; the archive comes from our pinned index
+            tar.extractall(tmp)
+    archive.unlink()
+    return tmp / archive.name[: -len(".tar.gz")]
+
+
+def patch_llama_cpp(source: Path) -> Path:
+    """Add specgen's Q8_0 kernel to the unpacked sdist. Each hook goes after an anchor line that must
+    occur exactly once, so a changed llama.cpp fails the build loudly rather than building without it."""
+    shutil.copyfile(KERNEL, source / Path(SGEMM).parent / KERNEL_NAME)
+    for rel, anchor, replacement in HOOKS:
+        path = source / rel
+        text = path.read_text(encoding="utf-8")
+        if text.count(anchor) != 1:
+            sys.exit(f"specgen: cannot add its Q8_0 kernel to llama.cpp: expected the line {anchor.strip()!r} "
+                     f"once in {rel}, found it {text.count(anchor)} times")
+        path.write_text(text.replace(anchor, replacement), encoding="utf-8")
+    return source
+
+
+def build_wheel(plan: BuildPlan, cache: Path) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
+    if wheels:
+        return wheels[0]
+    print(f"specgen: building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source "
+          f"(no wheel cached for these flags; takes minutes)", file=sys.stderr)
+    print(f"  CMAKE_ARGS={' '.join(plan.cmake_args)}", file=sys.stderr)
+    env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args), FORCE_CMAKE="1")
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
+        source = patch_llama_cpp(fetch_sdist(Path(tmp)))
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "-w", tmp, str(source)]
+        log_path = cache.parent / f"build-{plan.key}.log"
+        if _run_with_progress(cmd, env, log_path) != 0:
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            sys.exit("specgen: llama-cpp-python build failed; last lines of "
+                     f"{log_path}:\n" + "\n".join(tail))
+        built = next(Path(tmp).glob("llama_cpp_python-*.whl"))
+        final = cache / built.name
+        shutil.move(str(built), final)  # same filesystem: the cache never holds a half wheel
+    (cache / "build.txt").write_text(" ".join(plan.cmake_args) + "\n")
+    return final
+
+
+def main() -> None:
+    plan = plan_build()
+    if installed_for(plan):
+        print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} already built for this host "
+              f"({plan.reason})", file=sys.stderr)
+        return
+    print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}: {plan.reason}", file=sys.stderr)
+    cache = specgen_home() / "wheels" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}-{plan.key}"
+    wheel = build_wheel(plan, cache)
+    print(f"specgen: installing {wheel.name} (cached in {cache})", file=sys.stderr)
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "--force-reinstall", "--no-deps", str(wheel)], check=True)
+    subprocess.run([*pip, str(wheel)], check=True)  # its dependencies (numpy, jinja2, ...)
+    _installed_marker().write_text(plan.key + "\n")
+
+
+if __name__ == "__main__":
+    main()
