@@ -1,4 +1,5 @@
-"""Writing a file so that readers see the old version or the new one, never half of either."""
+"""Files specgen writes: atomically (readers see the old version or the new one, never half of
+either), output paths checked before the work that fills them, damaged state files set aside."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from specgen.errors import ConfigError
+from specgen.report import reporter
 
 
 @contextlib.contextmanager
@@ -29,3 +33,32 @@ def write_text(dest: Path, text: str) -> None:
     """`dest.write_text(text)`, atomically."""
     with replacing(dest) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Fail before a long run, not after it: `path` (given as `option`) must be a file that can be
+    created or replaced in an existing folder."""
+    if path.is_dir():
+        raise ConfigError(f"{option} expects a file to write, found a folder: {path}")
+    folder = path.parent
+    if not folder.is_dir():
+        found = "a file" if folder.exists() else "nothing"
+        raise ConfigError(f"{option} expects a file in an existing folder, found {found} at {folder}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot write in {folder}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def set_aside(path: Path, problem: str) -> None:
+    """A state file that fails its checks: renamed to NAME.bad beside it (never deleted, so it can
+    be looked at), with one warning naming it; its reader then rebuilds it."""
+    aside = path.with_name(path.name + ".bad")
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside.name}"
+    except OSError as e:
+        where = f"could not move it aside ({e.strerror or e})"
+    reporter().warn(f"{path}: {problem}; {where}, and it is rebuilt")

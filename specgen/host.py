@@ -35,6 +35,14 @@ def _cpuinfo_field(name: str) -> str | None:
     return None
 
 
+def default_threads() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     return set((_cpuinfo_field("flags") or "").split())

@@ -40,3 +40,18 @@ def use(new: Reporter) -> Reporter:
     global _current
     old, _current = _current, new
     return old
+
+
+# Writes that failed while the work went on (a full disk, an unwritable cache): each was warned
+# about once; the command's exit code says so at the end (cli.main).
+_failed_writes: list[str] = []
+
+
+def write_failed(path: object, error: OSError, then: str) -> None:
+    """Say that writing `path` failed, and what the run does instead (`then`)."""
+    _failed_writes.append(str(path))
+    _current.warn(f"could not write {path}: {error.strerror or error}; {then}")
+
+
+def failed_writes() -> list[str]:
+    return list(_failed_writes)

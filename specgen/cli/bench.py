@@ -19,12 +19,12 @@ from specgen.bench.run import parse_methods, run_bench
 from specgen.bench.suites import load_suite, select
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
-from specgen.cli.options import (EXIT_INTERRUPTED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
+from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
                                  MaxTokens, Rpc, Seed, Store, System, Target, Temperature, Threads, TopK, TopP)
-from specgen.cli.render import count_progress
+from specgen.cli.render import count_progress, error
 from specgen.drafting import methods as M
 from specgen.errors import ConfigError
-from specgen.files import write_text
+from specgen.files import check_writable, write_text
 from specgen.host import cpu_sample, others_cores
 
 
@@ -86,6 +86,8 @@ def bench(
         if values.get(key) is not None and values[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None))
+    if json_file is not None:
+        check_writable(json_file, "--json")
     if plot is not None:
         check_plot_path(plot)
     suite_name, pool = load_suite(values.get("suite") or "builtin")
@@ -129,11 +131,25 @@ def bench(
     versus = [head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
     for h in versus:
         console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
+    failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
     if json_file is not None:
         report = bench_report(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
                               trials, rows, calibration_at_start, versus)
-        write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
+                           "--json", json_file)
     if plot is not None and rows:
-        write_plot(rows, plot, title)
+        failed += _written(lambda: write_plot(rows, plot, title), "--plot", plot)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+    if failed:
+        raise typer.Exit(EXIT_WRITE_FAILED)
+
+
+def _written(write, option: str, path: Path) -> list[str]:
+    """Run `write`; on an OSError say which file in one line and return it as failed."""
+    try:
+        write()
+        return []
+    except OSError as e:
+        error(f"could not write {option} {path}: {e.strerror or e}; the table above is what was measured")
+        return [str(path)]

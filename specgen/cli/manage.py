@@ -1,4 +1,4 @@
-"""The commands that manage models: models list / pull / path, draft derive."""
+"""The commands that manage models: models list / pull / path / verify, draft derive."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specgen.app import models
-from specgen.app.manifest import cached_path, derived_drafts, drafts_dir, human_size, is_present, load_manifest
-from specgen.errors import ConfigError, SpecgenError
+from specgen.app import models, verify
+from specgen.app.manifest import (ModelEntry, cached_path, derived_drafts, drafts_dir, human_size, is_present,
+                                  load_manifest, manifest_path)
+from specgen.errors import ConfigError, ModelError
 
 
 def draft_derive(
@@ -73,20 +74,62 @@ def models_list() -> None:
             console.print(f"  {path.name}  {human_size(path.stat().st_size)}", highlight=False)
 
 
-def models_pull(names: List[str] = typer.Argument(..., metavar="NAME...", help="Names from models.txt.")) -> None:
+def named_entries(names: List[str]) -> list[ModelEntry]:
+    """models.txt's entries for `names`, every name checked before any work starts."""
+    manifest = load_manifest()
+    unknown = [name for name in names if name not in manifest]
+    if unknown:
+        raise ModelError(f"unknown model {unknown[0]!r}: expected a name from {manifest_path().name} "
+                         f"({', '.join(sorted(manifest))})")
+    return [manifest[name] for name in names]
+
+
+def models_pull(
+    names: List[str] = typer.Argument(..., metavar="NAME...", help="Names from models.txt."),
+    force: bool = typer.Option(False, "--force", help="Fetch (or derive) again even when present; the file "
+                               "in the cache is replaced only by one that passes its sha256 check."),
+) -> None:
     """Download (or derive) models into the cache, checking their sha256."""
     manifest = load_manifest()
-    for name in names:
-        if name not in manifest:
-            raise SpecgenError(f"unknown model {name!r}: expected a name from models.txt "
-                               f"({', '.join(sorted(manifest))})")
-    for name in names:
-        entry = manifest[name]
-        if is_present(entry):
-            print(f"{name}: present at {cached_path(entry)}", file=sys.stderr)
+    for entry in named_entries(names):
+        if is_present(entry) and not force:
+            found = verify.check(entry)
+            if found.status == verify.MISMATCH:
+                raise ModelError(verify.mismatch_message(entry, found))
+            print(f"{entry.name}: present at {cached_path(entry)}", file=sys.stderr)
             continue
         path = models.pull(entry, manifest)
-        print(f"{name}: pulled to {path}", file=sys.stderr)
+        print(f"{entry.name}: pulled to {path}", file=sys.stderr)
+
+
+def verify_line(entry: ModelEntry, found: verify.Finding) -> str:
+    if found.status == verify.MISMATCH:
+        return (f"{entry.name}: MISMATCH ({found.what} expected {verify.short(found.expected)}, "
+                f"found {verify.short(found.found)})")
+    return f"{entry.name}: " + {verify.UNCHECKED: "no sha256 to check against"}.get(found.status, found.status)
+
+
+def models_verify(names: List[str] = typer.Argument(None, metavar="NAME", show_default=False,
+                                                    help="Names from models.txt [every model present].")) -> None:
+    """Hash cached models again and check them against models.txt; exits 1 on a mismatch.
+
+    A name without a sha256 in models.txt is checked against the one its first pull recorded.
+
+    \b
+    Example:
+      specgen models verify smollm2-135m-instruct-q4_1
+    """
+    entries = named_entries(names) if names else [e for e in load_manifest().values() if is_present(e)]
+    bad = []
+    for entry in entries:
+        found = verify.check(entry, rehash=True)
+        print(verify_line(entry, found), flush=True)
+        if found.status == verify.MISMATCH:
+            bad.append(entry.name)
+    if bad:
+        print(f"specgen: {len(bad)} of {len(entries)} models do not match {manifest_path().name}: "
+              f"`specgen models pull --force {' '.join(bad)}` fetches them again", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 def models_path(name: str = typer.Argument(..., metavar="NAME", help="A name from models.txt.")) -> None:

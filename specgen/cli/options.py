@@ -50,6 +50,7 @@ def new_typer(**kwargs) -> typer.Typer:
 
 EXIT_INTERRUPTED = 130
 EXIT_SOME_FAILED = 1  # a many-prompt run finished, but some prompts failed
+EXIT_WRITE_FAILED = 74  # the work was done and shown, but a file could not be written (sysexits' EX_IOERR)
 
 # Options more than one command takes, defined once so that a flag means the same everywhere
 # (tests/test_cli_options.py checks the commands against each other). None: not given, so the

@@ -65,6 +65,11 @@ def warn(message: str) -> None:
     print(f"specgen: warning: {message}", file=sys.stderr, flush=True)
 
 
+def error(message: str) -> None:
+    """An error the command goes on past (its exit code says it): the same one line as main's."""
+    print(f"specgen: error: {message}", file=sys.stderr, flush=True)
+
+
 class TerminalReporter(Reporter):
     """What lower layers report, on stderr: spinners and bars on a terminal, plain lines when not."""
 

@@ -19,7 +19,7 @@ from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
 from specgen.cli.options import Ctx, GpuLayers, Threads
 from specgen.cli.render import warn
 from specgen.drafting.auto import LONG_PROMPT
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, SpecgenError
 from specgen.host import specgen_home
 
 
@@ -139,7 +139,14 @@ def cache_clear(
     folders = ["history", *(["calibration"] if calibration else []), *(["screened"] if screened else [])]
     for name in folders:
         folder = specgen_home() / name
-        files = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
-        size = sum(p.stat().st_size for p in files)
-        shutil.rmtree(folder, ignore_errors=True)
-        print(f"{name}: removed {len(files)} files ({size / 1e6:.1f} MB) from {folder}")
+        # Whatever stands there goes, a file where the folder should be included (it breaks writes).
+        entries = list(folder.iterdir()) if folder.is_dir() else [folder] if folder.exists() else []
+        size = sum(p.stat().st_size for p in entries if p.is_file())
+        try:
+            if folder.is_dir():
+                shutil.rmtree(folder)
+            else:
+                folder.unlink(missing_ok=True)
+        except OSError as e:
+            raise SpecgenError(f"could not remove {e.filename or folder}: {e.strerror or e}") from None
+        print(f"{name}: removed {len(entries)} files ({size / 1e6:.1f} MB) from {folder}")

@@ -14,6 +14,7 @@ write at once), cut to its newest STORE_KEEP tokens when it passes STORE_MAX.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -23,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specgen.files import replacing
+from specgen.report import reporter, write_failed
 from specgen.drafting.sources import CORPUS, MAX_MATCH, PROCESS, STORE, Continuation
 
 SEPARATOR = 0xFFFFFFFF  # between texts; never a token id
@@ -182,27 +184,49 @@ class Store:
 
     def __init__(self, path: Path, max_tokens: int = STORE_MAX, keep_tokens: int = STORE_KEEP):
         self.path, self.max_tokens, self.keep_tokens = path, max_tokens, keep_tokens
+        self.failed = False  # a write failed: this run stops adding to the store (it said so once)
 
     def read(self) -> np.ndarray:
         try:
             with open(self.path, "rb") as f:
                 fcntl.flock(f, fcntl.LOCK_SH)
                 data = f.read()
-        except OSError:
+        except FileNotFoundError:
+            return np.zeros(0, dtype=np.uint32)
+        except OSError as e:
+            reporter().warn(f"cannot read the store of past generations {self.path}: {e.strerror or e}; "
+                            "this run drafts without it")
             return np.zeros(0, dtype=np.uint32)
         return np.frombuffer(data[: len(data) // 4 * 4], dtype="<u4").astype(np.uint32)
 
     def append(self, tokens: Sequence[int]) -> None:
-        blob = join([tokens]).astype("<u4").tobytes()
+        """Add a finished text. A write that fails (a full disk, a path that is a folder) is said once
+        and leaves the store as it was: the text is never half in it."""
+        if self.failed:
+            return
+        try:
+            self._append(join([tokens]).astype("<u4").tobytes())
+        except OSError as e:
+            self.failed = True
+            write_failed(self.path, e, "this run's texts are not added to the store of past generations")
+
+    def _append(self, blob: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            with open(self.path, "ab") as f:
+            with open(self.path, "ab", buffering=0) as f:  # unbuffered: a failed write fails here
                 fcntl.flock(f, fcntl.LOCK_EX)
                 # Another process may have cut the store (a new file) while this one waited.
                 if not self.path.exists() or os.fstat(f.fileno()).st_ino != os.stat(self.path).st_ino:
                     continue
-                f.write(blob)
-                f.flush()
+                end = f.seek(0, os.SEEK_END)
+                try:
+                    view = memoryview(blob)
+                    while view:
+                        view = view[f.write(view):]
+                except OSError:
+                    with contextlib.suppress(OSError):  # what reached the disk is part of a text: take it back
+                        f.truncate(end)
+                    raise
                 if f.tell() // 4 > self.max_tokens:
                     self._cut()
                 return

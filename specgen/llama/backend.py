@@ -25,6 +25,7 @@ from specgen.core.protocol import Batch, LogitsPatch, SubsetMap, VocabInfo
 from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 from specgen.errors import ModelError, SpecgenError
 from specgen import host
+from specgen.host import default_threads
 
 GGUF_MAGIC = b"GGUF"
 
@@ -325,8 +326,3 @@ class LlamaContext:
         self.close()
 
 
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)

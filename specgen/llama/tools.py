@@ -13,7 +13,8 @@ from typing import Sequence
 import llama_cpp as L
 
 from specgen.errors import ModelError
-from specgen.llama.backend import _init, _last_error, default_threads
+from specgen.host import default_threads
+from specgen.llama.backend import _init, _last_error
 
 
 _FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16": L.LLAMA_FTYPE_MOSTLY_BF16,
