@@ -245,3 +245,40 @@ def test_cache_clear_removes_a_file_where_the_history_folder_should_be(tmp_path)
     proc = specgen("cache", "clear", env={"SPECGEN_HOME": str(tmp_path)})
     assert proc.returncode == 0 and "history: removed 1 files" in proc.stdout, proc.stderr
     assert not (tmp_path / "history").exists()
+
+
+@pytest.mark.real
+def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, monkeypatch, warnings):
+    import numpy as np
+
+    from specgen.app import models
+    from specgen.app.config import RunConfig
+    from specgen.app.manifest import known_sha256, models_dir
+    from specgen.app.session import load_session
+    from specgen.llama import screen
+    from test_screen import plain_tokens
+
+    cfg = RunConfig(target="smollm2-135m-instruct-f32", draft=None, method="plain", chat=False)
+    load_session(cfg, ["plain"])  # the real cache holds its screened copy
+    path = models.resolve(cfg.target)
+    real = screen.screened_path(path, known_sha256(cfg.target, path))
+    home = tmp_path / "home"
+    (home / "screened").mkdir(parents=True)
+    (home / "models").symlink_to(models_dir())
+    copy = home / "screened" / real.name
+    for suffix in (".gguf", ".json"):
+        copy.with_suffix(suffix).symlink_to(real.with_suffix(suffix))
+    with np.load(real.with_suffix(".npz")) as norms:
+        err_l1, q_l1 = norms["err_l1"].copy(), norms["q_l1"]
+    err_l1[7, 0] = np.nan  # a bound that no longer bounds anything
+    np.savez(copy.with_suffix(".npz"), err_l1=err_l1, q_l1=q_l1)
+    monkeypatch.setenv("SPECGEN_HOME", str(home))
+
+    screened = load_session(cfg, ["plain"])
+    assert len(warnings) == 1 and f"{copy}: a damaged screened copy" in warnings[0]
+    assert copy.with_name(copy.name + ".bad").is_symlink() and copy.with_suffix(".npz.bad").is_file()
+    assert screen.is_derived(copy) and not copy.is_symlink()  # made again
+    assert screened.target.screen is not None
+    monkeypatch.setenv("SPECGEN_SCREEN", "0")
+    own = load_session(cfg, ["plain"])
+    assert plain_tokens(screened, cfg, "The three primary colours are") == plain_tokens(own, cfg, "The three primary colours are")

@@ -6,8 +6,10 @@ on the raw contexts, so its decodes never move the curves. runner.py runs prompt
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Sequence
 
 from specgen.app import models
@@ -24,8 +26,9 @@ from specgen.costs.measure import measure_context
 from specgen.costs.timed import CostAwareContext, TimedContext
 from specgen.drafting import methods as M
 from specgen.drafting.history import History, Store, store_path, vocab_key
+from specgen.files import set_aside
 from specgen.host import specgen_home
-from specgen.report import reporter
+from specgen.report import reporter, write_failed
 
 TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
 TARGET_OUTPUTS = max(BATCH_SIZES)  # logits rows it has room for from the start: its largest decode
@@ -118,21 +121,44 @@ def load_target(cfg: RunConfig) -> Model:
     backend.check_gguf_file(path)  # a clear line for a missing file or a directory, before its stat
     sha = known_sha256(cfg.target, path)
     copy = screen.screened_path(path, sha) if sha else None
-    if copy is None or not screen.is_derived(copy):
+    head = _screened_head(copy, path) if copy is not None and screen.is_derived(copy) else None
+    if head is None:
         # Load the target to see whether a copy would pay (hashing it only then, for the name).
         model = backend.LlamaModel(path)
         if not screen.worth_screening(model.meta("general.file_type"), model.n_vocab, model.n_embd,
                                       path.stat().st_size):
             return model
         copy = screen.screened_path(path, describe(cfg.target, path)["sha256"])
-        if not screen.is_derived(copy):
-            with reporter().spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer (once)"):
-                if not screen.derive(path, copy):
-                    return model
+        head = _screened_head(copy, path) if screen.is_derived(copy) else None
+        if head is None:
+            try:
+                with reporter().spinner(f"screening {path.name}: a {screen.SCREEN_TYPE} copy of its output layer "
+                                        "(once)"):
+                    if not screen.derive(path, copy):
+                        return model
+            except OSError as e:
+                write_failed(copy, e, "the target runs without a screened copy")
+                return model
+            head = screen.load(copy, path)
         model.close()
-    target = backend.LlamaModel(copy, screen=screen.load(copy, path))
+    target = backend.LlamaModel(copy, screen=head)
     target.source_path = str(path)
     return target
+
+
+def _screened_head(copy: Path, source: Path):
+    """The screened copy's head, or None after setting a damaged copy aside (it is made again)."""
+    from specgen.llama import screen
+
+    try:
+        return screen.load(copy, source)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parts = [copy.with_suffix(suffix) for suffix in screen.SUFFIXES if copy.with_suffix(suffix).exists()]
+        for part in parts[1:]:
+            with contextlib.suppress(OSError):
+                os.replace(part, part.with_name(part.name + ".bad"))
+        set_aside(parts[0], f"a damaged screened copy ({e}; its sidecar files moved with it)")
+        return None
 
 
 def screenable(cfg: RunConfig, accelerator: str) -> bool:

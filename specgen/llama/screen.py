@@ -29,6 +29,7 @@ median: on gemma-3-270m F32 the real error stayed under a fifth of the bound, an
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,15 +180,32 @@ def screened_path(source: Path, source_sha256: str) -> Path:
 
 
 def load(path: Path, source: Path) -> ScreenedHead:
-    """The ScreenedHead of a screened copy made by derive()."""
+    """The ScreenedHead of a screened copy made by derive(). Its sidecar is checked first, since a
+    wrong bound would break greedy equality: ValueError (or KeyError, TypeError, OSError) says
+    what does not fit."""
     meta = json.loads(path.with_suffix(".json").read_text())
+    if meta.get("version") != SCREEN_VERSION or meta.get("exact_in") not in ("copy", "source"):
+        raise ValueError(f"expected version {SCREEN_VERSION} with exact_in copy or source")
     matrix = ExactMatrix(str(path if meta["exact_in"] == "copy" else source), **meta["exact"])
-    norms = np.load(path.with_suffix(".npz"))
-    return ScreenedHead(matrix.open(), norms["err_l1"], norms["q_l1"])
+    itemsize = 4 if matrix.dtype == "F32" else 2
+    if (matrix.dtype not in EXACT_TYPES or min(matrix.n_rows, matrix.n_embd, matrix.offset + 1) < 1
+            or matrix.n_embd % BLOCK or matrix.offset + matrix.n_rows * matrix.n_embd * itemsize
+            > os.path.getsize(matrix.file)):
+        raise ValueError("expected the exact matrix inside its file")
+    with np.load(path.with_suffix(".npz")) as norms:
+        err_l1, q_l1 = norms["err_l1"], norms["q_l1"]
+    shape = (matrix.n_rows, matrix.n_embd // BLOCK)
+    if err_l1.shape != shape or q_l1.shape != shape or not (np.isfinite(err_l1).all() and np.isfinite(q_l1).all()
+                                                            and (err_l1 >= 0).all() and (q_l1 >= 0).all()):
+        raise ValueError(f"expected finite non-negative norms of shape {shape}")
+    return ScreenedHead(matrix.open(), err_l1, q_l1)
+
+
+SUFFIXES = (".gguf", ".json", ".npz")  # a screened copy and its sidecar
 
 
 def is_derived(path: Path) -> bool:
-    return all(path.with_suffix(s).is_file() for s in (".gguf", ".json", ".npz"))
+    return all(path.with_suffix(s).is_file() for s in SUFFIXES)
 
 
 def derive(source: Path, dest: Path) -> bool:
