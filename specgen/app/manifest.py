@@ -146,16 +146,14 @@ def looks_like_path(spec: str) -> bool:
     return os.sep in spec or "/" in spec or spec.endswith(".gguf") or Path(spec).exists()
 
 
-
 def drafts_dir() -> Path:
     """Where `specgen draft derive` (and -d self) keeps the drafts it derives."""
     return specgen_home() / "drafts"
 
+
 def derived_drafts() -> list[Path]:
     """The derived drafts in the cache, oldest first."""
     return sorted(drafts_dir().glob("*.gguf"), key=lambda p: p.stat().st_mtime) if drafts_dir().is_dir() else []
-
-
 
 
 def file_sha256(path: Path) -> str:

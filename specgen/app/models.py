@@ -27,6 +27,7 @@ from specgen.errors import ModelError
 from specgen.files import replacing, write_text
 from specgen.report import reporter
 
+
 def resolve(spec: str, pull_missing: bool = True) -> Path:
     """A MODEL argument (path or models.txt name) -> a local GGUF path, pulling a name if needed."""
     if looks_like_path(spec):

@@ -8,6 +8,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+
 def conventional_help(params) -> None:
     """Help as Click and Typer apps have long shown it: a flag takes no value, so nothing stands
     beside it (Typer 0.29 writes `<bool>` there, and `<str>` beside arguments a metavar already

@@ -117,8 +117,6 @@ MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24, 40)
 MATCH_BIN_TOPS = tuple(b - 1 for b in MATCH_BINS[1:]) + (MAX_MATCH,)
 
 
-
-
 @dataclass(frozen=True)
 class NodeEvidence:
     """What a drafted node's acceptance was estimated from: its source and the bin of that
