@@ -9,7 +9,9 @@ import pytest
 from fakes import FakeContext, FakeModel
 from specgen.costs.curve import CostCurve
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
-from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join
+from specgen import report
+from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join, store_path
+from specgen.drafting.store import FILE_HEADER, encode, parse
 from specgen.drafting.methods import METHODS, DraftingKit
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
@@ -181,3 +183,180 @@ def test_earlier_texts_stay_searchable_across_index_merges_and_the_oldest_go(mon
     assert history.continuations(newest_kept[:10], 3, 4)[0].tokens == newest_kept[10:13]
     assert history.continuations(texts[-1][:10], 3, 4)[0].tokens == texts[-1][10:13]
     assert history.continuations(texts[0][:10], 3, 4) == []  # past PROCESS_KEEP: forgotten
+
+
+# --- the store's format: damage is found, said once, and costs only the texts it lands in ---------
+
+
+class Recorder(report.Reporter):
+    def __init__(self):
+        self.warnings = []
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+
+@pytest.fixture
+def warnings(monkeypatch):
+    """What lower layers warn about, and a fresh list of failed writes."""
+    recorder = Recorder()
+    monkeypatch.setattr(report, "_failed_writes", [])
+    old = report.use(recorder)
+    yield recorder.warnings
+    report.use(old)
+
+
+def texts_of(data):
+    """The texts of a joined token array (see `join`)."""
+    chunks = np.split(np.asarray(data), np.nonzero(np.asarray(data) == SEPARATOR)[0] + 1)
+    return [c[:-1].tolist() for c in chunks if len(c)]
+
+
+def filled(path, texts):
+    store = Store(path)
+    for text in texts:
+        store.append(text)
+    return store
+
+
+def some_texts(count, length=100, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 50_000, length).tolist() for _ in range(count)]
+
+
+def is_clean(path):
+    found = parse(path.read_bytes())
+    return path.read_bytes().startswith(FILE_HEADER) and not found.damaged
+
+
+def test_the_store_reads_back_what_was_appended_in_its_own_format(tmp_path, warnings):
+    texts = some_texts(5) + [[7, 8], [SEPARATOR - 1] * 3]
+    path = tmp_path / "h.v2.store"
+    filled(path, texts)
+    assert np.array_equal(Store(path).read(), join(texts)) and Store(path).read().dtype == np.uint32
+    assert path.read_bytes() == FILE_HEADER + b"".join(encode(t) for t in texts)
+    assert path.stat().st_size % 4 == 0 and warnings == []
+    assert store_path(tmp_path, "abc") == tmp_path / "history" / "abc.v2.store"  # never an old raw .u32
+
+
+def test_a_store_truncated_mid_record_keeps_the_earlier_texts_and_is_rewritten_clean(tmp_path, warnings):
+    texts = some_texts(3)
+    path = tmp_path / "h.v2.store"
+    filled(path, texts)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 150)  # the last record loses its tail
+    assert texts_of(Store(path).read()) == texts[:2]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "(2 texts kept)" in warnings[0]
+    assert path.read_bytes() == FILE_HEADER + encode(texts[0]) + encode(texts[1])
+    store = Store(path)
+    assert texts_of(store.read()) == texts[:2]
+    store.append([1, 2, 3])
+    assert texts_of(Store(path).read()) == texts[:2] + [[1, 2, 3]] and len(warnings) == 1 and is_clean(path)
+
+
+def test_random_bytes_over_the_middle_cost_only_the_texts_they_touch(tmp_path, warnings):
+    texts = some_texts(10)
+    path = tmp_path / "h.v2.store"
+    filled(path, texts)
+    size = len(encode(texts[0]))  # every record: 12 + 400 bytes
+    at = len(FILE_HEADER) + 3 * size + 50  # from inside the 4th text, 1,001 bytes: the 4th to the 6th
+    data = bytearray(path.read_bytes())
+    data[at:at + 1001] = np.random.default_rng(1).integers(0, 256, 1001, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    touched = range((at - len(FILE_HEADER)) // size, (at + 1001 - len(FILE_HEADER) - 1) // size + 1)
+    healthy = [t for i, t in enumerate(texts) if i not in touched]
+    assert list(touched) == [3, 4, 5] and texts_of(Store(path).read()) == healthy
+    assert len(warnings) == 1 and str(path) in warnings[0] and f"{3 * size:,} damaged bytes skipped" in warnings[0]
+    assert "(7 texts kept)" in warnings[0] and is_clean(path)
+    assert texts_of(Store(path).read()) == healthy and len(warnings) == 1  # said once: the file is clean now
+
+
+def test_garbage_after_the_records_is_dropped_and_later_texts_are_found_behind_it(tmp_path, warnings):
+    texts = some_texts(2)
+    path = tmp_path / "h.v2.store"
+    filled(path, texts)
+    with open(path, "ab") as f:
+        f.write(b"not a record: 37 bytes of plain text.")  # 37: what follows is misaligned
+    Store(path).append([4, 5, 6])  # a writer that never read the store appends behind the garbage
+    assert texts_of(Store(path).read()) == texts + [[4, 5, 6]]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "37 damaged bytes skipped" in warnings[0]
+    assert is_clean(path)
+
+
+def test_a_foreign_file_is_set_aside_and_a_new_store_started(tmp_path, warnings):
+    path = tmp_path / "h.v2.store"
+    junk = np.random.default_rng(2).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    path.write_bytes(junk)
+    store = Store(path)
+    assert len(store.read()) == 0 and not path.exists()
+    assert (tmp_path / "h.v2.store.bad").read_bytes() == junk  # never deleted
+    assert len(warnings) == 1 and str(path) in warnings[0] and "moved to h.v2.store.bad" in warnings[0]
+    store.append([1, 2, 3])
+    assert texts_of(Store(path).read()) == [[1, 2, 3]] and is_clean(path) and len(warnings) == 1
+
+
+def test_a_store_whose_header_is_lost_keeps_its_texts(tmp_path, warnings):
+    texts = some_texts(3)
+    path = tmp_path / "h.v2.store"
+    filled(path, texts)
+    path.write_bytes(b"\0" * 20 + path.read_bytes()[20:])  # the header and the first record's start
+    assert texts_of(Store(path).read()) == texts[1:] and not (tmp_path / "h.v2.store.bad").exists()
+    assert len(warnings) == 1 and "its header among them" in warnings[0] and is_clean(path)
+
+
+def test_a_crash_mid_append_loses_only_the_half_written_text(tmp_path, warnings):
+    a, b, c = some_texts(3, length=64)
+    path = tmp_path / "h.v2.store"
+    filled(path, [a])
+    with open(path, "ab") as f:
+        f.write(encode(b)[:130])  # the process died inside its write
+    filled(path, [c])
+    assert texts_of(Store(path).read()) == [a, c]  # c never glued to the half of b
+    assert len(warnings) == 1 and "130 damaged bytes skipped (2 texts kept)" in warnings[0]
+
+
+def _many_writer(path, i, failed):
+    store = Store(path)
+    for j in range(150):
+        store.append([i * 100_000 + j] * (1 + (i * 7 + j) % 40))
+    failed.put(store.failed)
+
+
+def test_two_writers_at_once_leave_every_text_whole(tmp_path, warnings):
+    path = tmp_path / "h.v2.store"
+    failed = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_many_writer, args=(path, i, failed)) for i in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert [failed.get(timeout=10) for _ in procs] == [False, False]
+    texts = texts_of(Store(path).read())
+    expected = [[i * 100_000 + j] * (1 + (i * 7 + j) % 40) for i in (1, 2) for j in range(150)]
+    assert sorted(texts) == sorted(expected) and warnings == [] and is_clean(path)
+    for i in (1, 2):  # each writer's texts in its order
+        assert [t for t in texts if t[0] // 100_000 == i] == [t for t in expected if t[0] // 100_000 == i]
+
+
+def test_a_cut_keeps_the_newest_whole_texts(tmp_path, warnings):
+    rng = np.random.default_rng(3)
+    texts = [[i] * int(rng.integers(1, 20)) for i in range(60)]
+    path = tmp_path / "h.v2.store"
+    store = Store(path, max_tokens=200, keep_tokens=100)
+    for text in texts:
+        store.append(text)
+    kept = texts_of(Store(path).read())
+    assert kept == texts[len(texts) - len(kept):] and kept[-1] == texts[-1]  # the newest, whole, in order
+    assert sum(len(t) + 1 for t in kept) <= 200 and path.stat().st_size // 4 <= 200
+    assert warnings == [] and is_clean(path)
+
+
+def test_a_cut_of_a_damaged_store_keeps_its_healthy_texts(tmp_path, warnings):
+    path = tmp_path / "h.v2.store"
+    filled(path, [[1] * 10, [2] * 10])
+    with open(path, "ab") as f:
+        f.write(b"\xff" * 13)
+    store = Store(path, max_tokens=40, keep_tokens=30)
+    store.append([3] * 10)  # past max_tokens: cut
+    assert texts_of(Store(path).read()) == [[2] * 10, [3] * 10] and is_clean(path)
+    assert len(warnings) == 1 and "13 damaged bytes skipped" in warnings[0]

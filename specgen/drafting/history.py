@@ -7,29 +7,25 @@ current text's last n tokens are found by binary search in O(log N), newest firs
 match (a quoted passage, a recurring template) is found as such by extending backwards. Building
 is a few numpy sorts: a store of a million tokens indexes in well under a second.
 
-The store lives in $SPECGEN_HOME/history/<tokenizer>.u32: token ids as little-endian uint32,
-texts separated by SEPARATOR, appended under an exclusive lock (several specgen processes may
-write at once), cut to its newest STORE_KEEP tokens when it passes STORE_MAX.
+The store (store.py) lives in $SPECGEN_HOME/history/<tokenizer>.v2.store: one checksummed
+record per text, appended under an exclusive lock (several specgen processes may write at once),
+cut to its newest STORE_KEEP tokens when it passes STORE_MAX; a damaged part is skipped and said.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
-import os
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from specgen.files import replacing
-from specgen.report import reporter, write_failed
 from specgen.drafting.sources import CORPUS, MAX_MATCH, PROCESS, STORE, Continuation
+from specgen.drafting.store import SEPARATOR, Store, join, store_path
 
-SEPARATOR = 0xFFFFFFFF  # between texts; never a token id
+# Store and store_path are re-exported: History's callers build their store from here.
+__all__ = ["History", "SEPARATOR", "Store", "TextIndex", "join", "store_path", "vocab_key"]
+
 HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
-STORE_MAX, STORE_KEEP = 1_000_000, 500_000  # tokens: the store is cut to its newest STORE_KEEP
 NEWEST_MIN, PROCESS_KEEP = 4096, 1_000_000  # tokens: see History
 
 
@@ -170,79 +166,6 @@ def _newest_tokens(texts: list[np.ndarray], keep: int) -> list[np.ndarray]:
         kept.append(text)
         total += len(text)
     return kept[::-1]
-
-
-def join(texts: Iterable[Sequence[int]]) -> np.ndarray:
-    parts: list[np.ndarray] = []
-    for text in texts:
-        parts += [np.asarray(text, dtype=np.uint32), np.array([SEPARATOR], dtype=np.uint32)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
-
-
-class Store:
-    """The persistent store of one tokenizer's past texts (see the module docstring)."""
-
-    def __init__(self, path: Path, max_tokens: int = STORE_MAX, keep_tokens: int = STORE_KEEP):
-        self.path, self.max_tokens, self.keep_tokens = path, max_tokens, keep_tokens
-        self.failed = False  # a write failed: this run stops adding to the store (it said so once)
-
-    def read(self) -> np.ndarray:
-        try:
-            with open(self.path, "rb") as f:
-                fcntl.flock(f, fcntl.LOCK_SH)
-                data = f.read()
-        except FileNotFoundError:
-            return np.zeros(0, dtype=np.uint32)
-        except OSError as e:
-            reporter().warn(f"cannot read the store of past generations {self.path}: {e.strerror or e}; "
-                            "this run drafts without it")
-            return np.zeros(0, dtype=np.uint32)
-        return np.frombuffer(data[: len(data) // 4 * 4], dtype="<u4").astype(np.uint32)
-
-    def append(self, tokens: Sequence[int]) -> None:
-        """Add a finished text. A write that fails (a full disk, a path that is a folder) is said once
-        and leaves the store as it was: the text is never half in it."""
-        if self.failed:
-            return
-        try:
-            self._append(join([tokens]).astype("<u4").tobytes())
-        except OSError as e:
-            self.failed = True
-            write_failed(self.path, e, "this run's texts are not added to the store of past generations")
-
-    def _append(self, blob: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            with open(self.path, "ab", buffering=0) as f:  # unbuffered: a failed write fails here
-                fcntl.flock(f, fcntl.LOCK_EX)
-                # Another process may have cut the store (a new file) while this one waited.
-                if not self.path.exists() or os.fstat(f.fileno()).st_ino != os.stat(self.path).st_ino:
-                    continue
-                end = f.seek(0, os.SEEK_END)
-                try:
-                    view = memoryview(blob)
-                    while view:
-                        view = view[f.write(view):]
-                except OSError:
-                    with contextlib.suppress(OSError):  # what reached the disk is part of a text: take it back
-                        f.truncate(end)
-                    raise
-                if f.tell() // 4 > self.max_tokens:
-                    self._cut()
-                return
-
-    def _cut(self) -> None:
-        """Keep the newest keep_tokens, from a text's start (called holding the lock)."""
-        data = np.fromfile(self.path, dtype="<u4")
-        tail = data[-self.keep_tokens:]
-        seps = np.nonzero(tail == SEPARATOR)[0]
-        tail = tail[seps[0] + 1:] if len(seps) else tail[:0]
-        with replacing(self.path, suffix=".tmp") as tmp:
-            tail.astype("<u4").tofile(tmp)
-
-
-def store_path(home: Path, vocab_key: str) -> Path:
-    return home / "history" / f"{vocab_key}.u32"
 
 
 def vocab_key(fingerprint: object) -> str:
