@@ -88,11 +88,14 @@ class Session:
                 save_cached(curve.cache_path, curve)
 
 
-def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, store_default: bool = True) -> Session:
+def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, store_default: bool = True,
+                 screen: bool = True) -> Session:
     """Resolve (pulling if needed) and load the target, and the draft when a method can use one.
 
     `method_names`: every method these models will run (bench runs several on one session);
-    `store_default`: whether auto uses the persistent store of past texts unless cfg.store says."""
+    `store_default`: whether auto uses the persistent store of past texts unless cfg.store says;
+    `screen`: whether a greedy target may be loaded from its screened copy (a server, whose requests
+    may sample, says no)."""
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up, for commands without a model
 
     chosen = [M.get(name) for name in (method_names or (cfg.method,))]
@@ -100,7 +103,7 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
         M.check_runnable(method, cfg.draft is not None)
     if cfg.rpc_servers:
         tools.add_rpc_servers(cfg.rpc_servers)  # before loading: layers offload onto these devices
-    target = load_target(cfg)
+    target = load_target(cfg, screen)
     draft = None
     if cfg.draft is not None and any(m.draft != M.NO_DRAFT for m in chosen):
         path = models.self_draft(cfg.target) if cfg.draft == models.SELF else models.resolve(cfg.draft)
@@ -108,7 +111,7 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
     return open_session(cfg, chosen, target, draft, store_default=store_default)
 
 
-def load_target(cfg: RunConfig) -> Model:
+def load_target(cfg: RunConfig, screen_greedy: bool = True) -> Model:
     """The target, loaded from its screened copy (screen.py; derived once, cached) when every
     choice will be an argmax that screening keeps exact: greedy decoding, on a CPU-only build,
     of a target whose output matrix is F32 or F16 and a good share of it (screen.MIN_SHARE).
@@ -116,7 +119,7 @@ def load_target(cfg: RunConfig) -> Model:
     from specgen.llama import backend, screen, tools
 
     path = models.resolve(cfg.target)
-    if not screenable(cfg, tools.build_info().accelerator):
+    if not (screen_greedy and screenable(cfg, tools.build_info().accelerator)):
         return backend.LlamaModel(path, gpu_layers=cfg.gpu_layers)
     backend.check_gguf_file(path)  # a clear line for a missing file or a directory, before its stat
     sha = known_sha256(cfg.target, path)

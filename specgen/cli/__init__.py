@@ -7,7 +7,7 @@ import os
 import sys
 
 from specgen import report
-from specgen.cli import bench, generate, manage, tools
+from specgen.cli import bench, chat, generate, manage, serve, tools
 from specgen.cli.options import EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Command, new_typer
 from specgen.cli.render import OutputClosed, TerminalReporter
 from specgen.errors import SpecgenError
@@ -29,7 +29,8 @@ def _show_reports() -> None:
 
 
 for group, name, command in (
-        (app, None, generate.generate), (app, None, bench.bench), (app, None, generate.demo),
+        (app, None, generate.generate), (app, None, bench.bench), (app, None, generate.demo), (app, None, chat.chat),
+        (app, None, serve.serve),
         (app, "rpc-server", tools.rpc_server), (app, None, tools.calibrate), (app, None, tools.doctor),
         (cache_app, "clear", tools.cache_clear), (draft_app, "derive", manage.draft_derive),
         (models_app, "list", manage.models_list), (models_app, "pull", manage.models_pull),

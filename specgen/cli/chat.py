@@ -1,0 +1,136 @@
+"""`specgen chat`: a conversation in the terminal through the model's chat template, each reply
+streamed (drafted tokens dimmed) with its stats line; piped stdin is one message per line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from specgen.app.config import build_config
+from specgen.app.conversation import Conversation
+from specgen.app.runner import Interrupted, Runner
+from specgen.app.session import load_session
+from specgen.cli.generate import shown
+from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Config, Ctx, Draft, MaxTokens, Seed, Store,
+                                 System, Target, Temperature, Threads, TopK, TopP)
+from specgen.cli.render import TextSink, error, stats_line
+from specgen.drafting.methods import METHODS
+from specgen.errors import ConfigError, SpecgenError
+
+CHAT_MODEL = "smollm2-135m-instruct-q4_1"  # the instruct model in models.txt to suggest
+COMMANDS = {
+    "/reset": "forget the conversation",
+    "/system TEXT": "set the system message (and reset; /system alone clears it)",
+    "/stats": "totals so far: replies, tokens, tok/s",
+    "/exit": "leave (Ctrl-D too)",
+    "/help": "this list",
+}
+
+
+def chat(
+    target: Target = None,
+    draft: Draft = None,
+    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). "
+                                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
+    system: System = None,
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    threads: Threads = None,
+    ctx: Ctx = None,
+    config: Config = None,
+    store: Store = None,
+) -> None:
+    """Chat with an instruct model: each line you type is a message, the reply streams back.
+
+    Later replies draft from earlier turns (auto). Ctrl-C stops a reply, Ctrl-D leaves; /help lists
+    the commands (/reset, /system TEXT, /stats, /exit). Piped stdin: one message per line.
+
+    \b
+    Examples:
+      specgen chat -m smollm2-135m-instruct-q4_1
+      specgen chat -m qwen2.5-7b-instruct-q4_k_m -d qwen2.5-0.5b-instruct-q8_0 --system "Be brief."
+      printf 'Name a colour\\nAnother one\\n' | specgen chat -m smollm2-135m-instruct-q4_1
+    """
+    cfg = build_config(config, dict(
+        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, chat=True, system=system, threads=threads, ctx=ctx, store=store))
+    runner = Runner(cfg, load_session(cfg))
+    if not runner.session.target.chat_template:
+        raise ConfigError(f"specgen chat needs a model with a chat template; {cfg.target} has none "
+                          f"(try -m {CHAT_MODEL})")
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (input() gains line editing and history)
+        except ImportError:
+            pass
+        print(f"specgen chat: {cfg.target}" + (f" <- {runner.session.draft_label}" if runner.session.draft_label
+                                                else "") + f" · {cfg.method} · /help for commands, Ctrl-D to leave",
+              file=sys.stderr, flush=True)
+    conversation, sink, failed = Conversation(cfg.system), TextSink(), 0
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print(file=sys.stderr)
+            break
+        except KeyboardInterrupt:  # at the prompt: the line is dropped, ask again
+            print(file=sys.stderr)
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            if command(line, conversation):
+                break
+            continue
+        prompt = conversation.ask(line)
+        try:
+            result = shown(runner, prompt, sink)
+        except Interrupted as stop:
+            result = stop.partial  # kept: the conversation goes on from what was said
+        except SpecgenError as e:  # e.g. the conversation outgrew --ctx: say so, the chat goes on
+            sink.close_line()
+            error(f"{e} (/reset starts over)")
+            failed += 1
+            continue
+        sink.end()
+        stats_line(result.stats.line())
+        conversation.answered(prompt, result)
+        if result.finish_reason == "interrupted" and not interactive:
+            raise typer.Exit(EXIT_INTERRUPTED)  # piped: Ctrl-C ends the run, as in generate
+    if failed and not interactive:
+        raise typer.Exit(EXIT_SOME_FAILED)
+
+
+def command(line: str, conversation: Conversation) -> bool:
+    """Carry out a /command (its output on stderr, beside the stats); True: leave the chat."""
+    name, _, arg = line.partition(" ")
+    if name in ("/exit", "/quit"):
+        return True
+    if name == "/reset":
+        conversation.reset()
+        say("conversation forgotten")
+    elif name == "/system":
+        conversation.system = arg.strip() or None
+        conversation.reset()
+        say(f"system message {'set' if conversation.system else 'cleared'}; conversation forgotten")
+    elif name == "/stats":
+        say(conversation.summary())
+    elif name == "/help":
+        width = max(map(len, COMMANDS))
+        say("\n".join(f"{usage:<{width}}  {what}" for usage, what in COMMANDS.items())
+            + "\nCtrl-C stops a reply (the chat goes on); Ctrl-D leaves")
+    else:
+        say(f"unknown command {name}; commands: {', '.join(usage.split()[0] for usage in COMMANDS)}")
+    return False
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

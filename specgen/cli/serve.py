@@ -1,0 +1,105 @@
+"""`specgen serve`: options into a session, served over HTTP with OpenAI's API (specgen/serve/)."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+from typing import Optional
+
+import typer
+
+from specgen.app.config import build_config
+from specgen.app.session import load_session
+from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, MaxTokens, Rpc, Seed, Store,
+                                 System, Target, Temperature, Threads, TopK, TopP)
+from specgen.cli.render import note, warn
+from specgen.drafting.methods import METHODS
+from specgen.errors import ConfigError
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail before loading the model, in one line, where the address cannot be listened on."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve(
+    target: Target = None,
+    draft: Draft = None,
+    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto): "
+                                         + ", ".join(METHODS) + "."),
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
+    system: System = None,
+    config: Config = None,
+    threads: Threads = None,
+    ctx: Ctx = None,
+    gpu_layers: GpuLayers = None,
+    draft_gpu_layers: DraftGpuLayers = None,
+    rpc: Rpc = None,
+    corpus: Corpus = None,
+    store: Store = None,
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to listen on (0.0.0.0: every "
+                             "interface; then give --api-key)."),
+    port: int = typer.Option(8080, "--port", metavar="N", help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", metavar="KEY", envvar="SPECGEN_API_KEY",
+                                          help="Require `Authorization: Bearer KEY` on every /v1 route."),
+    max_queue: int = typer.Option(16, "--max-queue", metavar="N", help="Requests that may wait while one is "
+                                  "decoded; more get 503 with Retry-After."),
+) -> None:
+    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models.
+
+    Requests run one at a time, each with its own sampling settings (the options here are the
+    defaults); every response carries llama-server's `timings` and a `speculative` object.
+
+    \b
+    Examples:
+      specgen serve -m smollm2-135m-instruct-q4_1
+      curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+    """
+    import uvicorn
+
+    from specgen.serve.app import Server
+    from specgen.serve.worker import Runners, Worker
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port expects 1..65535, found {port}")
+    if max_queue < 0:
+        raise ConfigError(f"--max-queue must be at least 0, found {max_queue}")
+    cfg = build_config(config, dict(
+        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, seed=seed, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, corpus=",".join(map(str, corpus)) if corpus else None))
+    _check_listen(host, port)
+    if not _loopback(host) and api_key is None:
+        warn(f"serving on {host} without --api-key: anyone who can reach this port can use the model")
+    session = load_session(cfg, screen=False)  # requests may sample: the target's own logits, not a screened copy's
+    worker = Worker(Runners(cfg, session), max_queue)
+    server = Server(worker, session.target_label, cfg.method, api_key)
+    note(f"serving {session.target_label} ({cfg.method}) at http://{host}:{port}/v1")
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler
+    # it found: a quiet one makes that a clean exit 0 rather than death by signal.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    try:
+        uvicorn.run(server.app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        worker.close()
+    note("server stopped")

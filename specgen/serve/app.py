@@ -1,0 +1,197 @@
+"""The HTTP face: OpenAI's routes and response shapes (plus llama-server's `timings` and a
+`speculative` object), server-sent events for streams, an API key, body and queue limits."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specgen.core.stats import RunStats
+from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
+from specgen.serve.worker import Done, Job, Worker
+
+MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
+DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
+RETRY_AFTER_S = 1
+
+
+def error_response(e: RequestError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 503 else None
+    return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}},
+                        status_code=e.status, headers=headers)
+
+
+def timings(done: Done) -> dict:
+    s = done.stats
+    return {"prompt_n": done.prompt_tokens, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
+            "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted}
+
+
+def speculative(method: str, s: RunStats) -> dict:
+    return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
+            "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices)}
+
+
+def usage(done: Done) -> dict:
+    n = done.stats.n_tokens
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": n, "total_tokens": done.prompt_tokens + n}
+
+
+class Server:
+    """Routes over one Worker; `model_id` is what /v1/models lists and responses name."""
+
+    def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None):
+        self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
+        self.app = Starlette(routes=[
+            Route("/health", self.health),
+            Route("/v1/models", self.models),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ], exception_handlers={HTTPException: self._http_error})
+
+    async def _http_error(self, request: HttpRequest, exc: HTTPException) -> Response:
+        return error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    def _authorized(self, request: HttpRequest) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key>",
+                               kind="authentication_error")
+
+    async def health(self, request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: HttpRequest) -> Response:
+        try:
+            self._authorized(request)
+        except RequestError as e:
+            return error_response(e)
+        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",
+                                                         "created": 0, "owned_by": "specgen"}]})
+
+    async def chat(self, request: HttpRequest) -> Response:
+        return await self._generate(request, chat_request, "chat.completion")
+
+    async def completions(self, request: HttpRequest) -> Response:
+        return await self._generate(request, completion_request, "text_completion")
+
+    async def _generate(self, http: HttpRequest, parse: Callable[[dict], Request], kind: str) -> Response:
+        try:
+            self._authorized(http)
+            request = parse(body_json(await _body(http)))
+            job = self.worker.submit(request, asyncio.get_running_loop())
+        except RequestError as e:
+            return error_response(e)
+        reply = Reply(kind, self.model_id, self.method, request)
+        if request.stream:
+            return StreamingResponse(self._events(job, reply), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            pieces = [piece async for piece in _pieces(job)]
+        except RequestError as e:
+            return error_response(e)
+        finally:
+            job.cancelled.set()  # the client may have gone: nothing more is owed to it
+        return JSONResponse(reply.whole(pieces[-1]))
+
+    async def _events(self, job: Job, reply: Reply) -> AsyncIterator[str]:
+        try:
+            if reply.kind == "chat.completion":
+                yield _sse(reply.chunk({"role": "assistant", "content": ""}))
+            async for item in _pieces(job):
+                yield _sse(reply.chunk(item) if isinstance(item, str) else reply.last(item))
+                if isinstance(item, Done) and job.request.include_usage:
+                    yield _sse(reply.usage_chunk(item))
+        except RequestError as e:
+            yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
+        finally:
+            job.cancelled.set()  # a client that went away stops its generation at the next step
+        yield "data: [DONE]\n\n"
+
+
+async def _body(http: HttpRequest) -> bytes:
+    """The request body, at most MAX_BODY bytes. A bigger one is read to its end before the 413
+    (unless it is absurd), so that the client, still sending, can read the answer."""
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > DRAIN_LIMIT:
+        raise RequestError(413, f"expected a request body of at most {MAX_BODY} bytes, found {declared}")
+    body, size = bytearray(), 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size <= MAX_BODY:
+            body += chunk
+        elif size > DRAIN_LIMIT:
+            break
+    if size > MAX_BODY:
+        raise RequestError(413, f"expected a request body of at most {MAX_BODY} bytes, found {size} or more")
+    return bytes(body)
+
+
+async def _pieces(job: Job) -> AsyncIterator[str | Done]:
+    """The job's text pieces, then its Done; a RequestError the worker put is raised."""
+    while True:
+        item = await job.events.get()
+        if isinstance(item, RequestError):
+            raise item
+        yield item
+        if isinstance(item, Done):
+            return
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class Reply:
+    """One response's shapes: OpenAI's chat.completion / text_completion, whole or as chunks."""
+
+    def __init__(self, kind: str, model_id: str, method: str, request: Request):
+        self.kind, self.method, self.request = kind, method, request
+        self.model = request.model or model_id
+        self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, object_name: str) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+
+    def _choice(self, content: str | dict, finish_reason: str | None, whole: bool) -> dict:
+        if self.kind == "chat.completion":
+            key = "message" if whole else "delta"
+            body = {"role": "assistant", "content": content} if whole else content
+            return {"index": 0, key: body, "finish_reason": finish_reason, "logprobs": None}
+        return {"index": 0, "text": content, "finish_reason": finish_reason, "logprobs": None}
+
+    def _extras(self, done: Done) -> dict:
+        return {"timings": timings(done), "speculative": speculative(self.method, done.stats)}
+
+    def whole(self, done: Done) -> dict:
+        return {**self._head(self.kind), "choices": [self._choice(done.text, done.finish_reason, True)],
+                "usage": usage(done), **self._extras(done)}
+
+    def chunk(self, piece: str | dict) -> dict:
+        name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
+        content = ({"content": piece} if isinstance(piece, str) else piece) if self.kind == "chat.completion" else piece
+        return {**self._head(name), "choices": [self._choice(content, None, False)]}
+
+    def last(self, done: Done) -> dict:
+        """The chunk that ends the choice: its finish_reason, and the numbers local clients read."""
+        chunk = self.chunk({} if self.kind == "chat.completion" else "")
+        chunk["choices"][0]["finish_reason"] = done.finish_reason
+        return {**chunk, **self._extras(done)}
+
+    def usage_chunk(self, done: Done) -> dict:
+        """stream_options.include_usage: a last chunk with no choices and the usage."""
+        return {**self.chunk(""), "choices": [], "usage": usage(done)}

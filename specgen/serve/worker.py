@@ -1,0 +1,153 @@
+"""One decode loop for the whole server: the models are not thread-safe, so requests run one at a
+time in arrival order on a worker thread, each streaming its pieces back to the request's event
+loop. A bounded number may wait; past it the server answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from specgen.app.config import RunConfig
+from specgen.app.runner import Runner
+from specgen.app.session import Session
+from specgen.core.engine import FinishEvent, TokenEvent
+from specgen.core.stats import RunStats
+from specgen.errors import SpecgenError
+from specgen.serve.requests import Request, RequestError
+
+log = logging.getLogger("specgen.serve")
+RUNNERS_KEPT = 8  # runners by sampling settings: each keeps what auto learned about acceptance
+
+
+class StopText:
+    """Text as it may be shown: never a stop string, and a piece that may begin one held back until
+    the next pieces decide."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops, self.text, self.sent, self.hit = stops, "", 0, False
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        start = max(0, self.sent - max((len(s) for s in self.stops), default=0))
+        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if found:
+            self.text, self.hit = self.text[:min(found)], True
+            return self.flush()
+        held = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        out, self.sent = self.text[self.sent:len(self.text) - held], max(self.sent, len(self.text) - held)
+        return out
+
+    def flush(self) -> str:
+        out, self.sent = self.text[self.sent:], len(self.text)
+        return out
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str
+    finish_reason: str  # stop | length
+    stats: RunStats
+    prompt_tokens: int
+
+
+@dataclass
+class Job:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, item: object) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+class Runners:
+    """A Runner per (chat, sampling) on the one session; the most recently used are kept."""
+
+    def __init__(self, cfg: RunConfig, session: Session):
+        self.cfg, self.session = cfg, session
+        self._kept: OrderedDict[tuple, Runner] = OrderedDict()
+
+    def get(self, request: Request) -> Runner:
+        s = request.sampling
+        cfg = dataclasses.replace(
+            self.cfg, chat=None if request.chat else False,
+            temperature=self.cfg.temperature if s.temperature is None else float(s.temperature),
+            top_p=self.cfg.top_p if s.top_p is None else float(s.top_p),
+            top_k=self.cfg.top_k if s.top_k is None else s.top_k, seed=self.cfg.seed if s.seed is None else s.seed)
+        key = (cfg.chat, cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
+        if key not in self._kept:
+            self._kept[key] = Runner(cfg, self.session)
+            while len(self._kept) > RUNNERS_KEPT:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        return self._kept[key]
+
+
+class Worker:
+    def __init__(self, runners: Runners, max_queue: int):
+        self.runners, self.max_queue = runners, max_queue
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._waiting = 0  # submitted, not finished
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="specgen-decode", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
+        with self._lock:
+            if self._waiting >= self.max_queue + 1:  # the one decoding and max_queue waiting
+                raise RequestError(503, f"the server is busy: {self.max_queue} requests are waiting already; "
+                                        "retry shortly", kind="server_busy")
+            self._waiting += 1
+        job = Job(request, loop)
+        self._jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                if not job.cancelled.is_set():
+                    job.put(self._generate(job))
+            except SpecgenError as e:  # a prompt too long for the context, say
+                job.put(RequestError(400, str(e)))
+            except Exception as e:  # never a traceback to the client; the log has it
+                log.exception("generation failed")
+                job.put(RequestError(500, f"generation failed: {type(e).__name__}", kind="server_error"))
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+
+    def _generate(self, job: Job) -> Done:
+        """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
+        request, runner = job.request, self.runners.get(job.request)
+        stats, stop, reason = RunStats(), StopText(request.stop), "length"
+        n_prompt = len(runner.prompt_tokens(request.prompt))
+        events = runner.stream(request.prompt, stats, request.max_tokens or runner.cfg.max_tokens)
+        try:
+            for event in events:
+                if job.cancelled.is_set():
+                    break
+                if isinstance(event, TokenEvent):
+                    piece = stop.feed(event.text)
+                    if piece:
+                        job.put(piece)
+                    if stop.hit:
+                        reason = "stop"
+                        break
+                elif isinstance(event, FinishEvent):
+                    piece = stop.feed(event.tail) + stop.flush()
+                    if piece:
+                        job.put(piece)
+                    reason = "stop" if stop.hit else event.reason
+        finally:
+            events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
+        return Done(stop.text, reason, stats, n_prompt)
