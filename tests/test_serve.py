@@ -195,3 +195,9 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
         port = s.getsockname()[1]
         assert_one_line_error(specgen("serve", "-m", SMOLLM2, "--port", str(port)),
                               f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_streamed_prompt_too_long_for_the_context_is_a_400_before_the_stream(auto):
+    with pytest.raises(openai.BadRequestError, match="but the context holds"):
+        auto.client.completions.create(model="x", prompt="word " * 9000, max_tokens=4, stream=True)
+    assert auto.client.completions.create(model="x", prompt="1, 2, 3,", max_tokens=4).choices[0].text

@@ -96,22 +96,35 @@ class Server:
         except RequestError as e:
             return error_response(e)
         reply = Reply(kind, self.model_id, self.method, request)
-        if request.stream:
-            return StreamingResponse(self._events(job, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            pieces = [piece async for piece in _pieces(job)]
+            # A request refused by the model (a prompt too long for the context) is refused before
+            # a stream's 200: the first piece decides.
+            first = await job.events.get()
+            if isinstance(first, RequestError):
+                raise first
+            if request.stream:
+                return StreamingResponse(self._events(job, reply, first), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            pieces = [first] if isinstance(first, Done) else [piece async for piece in _pieces(job)]
         except RequestError as e:
+            job.cancelled.set()
             return error_response(e)
-        finally:
-            job.cancelled.set()  # the client may have gone: nothing more is owed to it
+        except BaseException:
+            job.cancelled.set()  # the client went away while it waited: nothing more is owed to it
+            raise
         return JSONResponse(reply.whole(pieces[-1]))
 
-    async def _events(self, job: Job, reply: Reply) -> AsyncIterator[str]:
+    async def _events(self, job: Job, reply: Reply, first: str | Done) -> AsyncIterator[str]:
+        async def items() -> AsyncIterator[str | Done]:
+            yield first
+            if not isinstance(first, Done):
+                async for item in _pieces(job):
+                    yield item
+
         try:
             if reply.kind == "chat.completion":
                 yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-            async for item in _pieces(job):
+            async for item in items():
                 yield _sse(reply.chunk(item) if isinstance(item, str) else reply.last(item))
                 if isinstance(item, Done) and job.request.include_usage:
                     yield _sse(reply.usage_chunk(item))
