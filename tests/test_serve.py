@@ -201,3 +201,13 @@ def test_a_streamed_prompt_too_long_for_the_context_is_a_400_before_the_stream(a
     with pytest.raises(openai.BadRequestError, match="but the context holds"):
         auto.client.completions.create(model="x", prompt="word " * 9000, max_tokens=4, stream=True)
     assert auto.client.completions.create(model="x", prompt="1, 2, 3,", max_tokens=4).choices[0].text
+
+
+def test_a_later_request_drafts_from_an_earlier_answer(auto):
+    ask = dict(model="x", messages=[{"role": "user", "content": "List the planets of the solar system."}],
+               max_tokens=48, temperature=0)
+    first = auto.client.chat.completions.create(**ask)
+    again = auto.client.chat.completions.create(**ask)
+    steps = again.model_extra["speculative"]["steps"]
+    assert steps.get("history", 0) > 0, steps  # this process's earlier texts, the first answer among them
+    assert again.model_extra["speculative"]["mean_accepted"] > first.model_extra["speculative"]["mean_accepted"]
