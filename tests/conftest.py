@@ -57,6 +57,25 @@ def gemma_f32():
 
 
 @pytest.fixture
+def warnings(monkeypatch):
+    """What lower layers warn about (report.reporter()), and a fresh list of failed writes."""
+    from specgen import report
+
+    class Recorder(report.Reporter):
+        def __init__(self):
+            self.warnings = []
+
+        def warn(self, message):
+            self.warnings.append(message)
+
+    recorder = Recorder()
+    monkeypatch.setattr(report, "_failed_writes", [])
+    old = report.use(recorder)
+    yield recorder.warnings
+    report.use(old)
+
+
+@pytest.fixture
 def isolated_home(tmp_path, monkeypatch):
     """A SPECGEN_HOME of its own, for tests that write to the model cache."""
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))

@@ -9,7 +9,6 @@ import pytest
 from fakes import FakeContext, FakeModel
 from specgen.costs.curve import CostCurve
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
-from specgen import report
 from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join, store_path
 from specgen.drafting.store import FILE_HEADER, encode, parse
 from specgen.drafting.methods import METHODS, DraftingKit
@@ -186,24 +185,6 @@ def test_earlier_texts_stay_searchable_across_index_merges_and_the_oldest_go(mon
 
 
 # --- the store's format: damage is found, said once, and costs only the texts it lands in ---------
-
-
-class Recorder(report.Reporter):
-    def __init__(self):
-        self.warnings = []
-
-    def warn(self, message):
-        self.warnings.append(message)
-
-
-@pytest.fixture
-def warnings(monkeypatch):
-    """What lower layers warn about, and a fresh list of failed writes."""
-    recorder = Recorder()
-    monkeypatch.setattr(report, "_failed_writes", [])
-    old = report.use(recorder)
-    yield recorder.warnings
-    report.use(old)
 
 
 def texts_of(data):

@@ -18,24 +18,6 @@ from specgen import report
 from specgen.errors import ConfigError
 
 
-class Recorder(report.Reporter):
-    def __init__(self):
-        self.warnings = []
-
-    def warn(self, message):
-        self.warnings.append(message)
-
-
-@pytest.fixture
-def warnings(monkeypatch):
-    """What lower layers warn about, and a fresh list of failed writes."""
-    recorder = Recorder()
-    monkeypatch.setattr(report, "_failed_writes", [])
-    old = report.use(recorder)
-    yield recorder.warnings
-    report.use(old)
-
-
 # --- output paths, checked before the work -------------------------------------------------------
 
 
