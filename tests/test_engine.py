@@ -29,6 +29,7 @@ def test_plain_greedy_follows_argmax_of_full_history():
     assert reason == "length" and len(tokens) == 12
     assert stats.target_calls == 12 and stats.mean_accepted == 1.0
     assert stats.drafted == stats.accepted == 0
+    assert stats.n_prompt == len(prompt)  # what the server reports as prompt_tokens
 
 
 def test_stops_on_end_of_generation_without_emitting_it():

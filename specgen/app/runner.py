@@ -119,16 +119,13 @@ class Runner:
         """The text this runner's model reads for `prompt` (what another tool must be given)."""
         return render_prompt(self.session.target, prompt, self.chat, self.cfg.system)
 
-    def prompt_tokens(self, prompt: Prompt) -> list[int]:
-        """The tokens this runner's model reads for `prompt`."""
-        return encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)
-
     def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
         from it."""
-        request = GenerationRequest(self.prompt_tokens(prompt), max_tokens or self.cfg.max_tokens, self.cfg.sampling)
+        tokens = encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling)
         drafter = self._drafter()
         for event in generate(self.session.target, self._ctx, request, stats if stats is not None else RunStats(), drafter):
             if isinstance(event, FinishEvent) and drafter is not None:

@@ -90,7 +90,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     prefill(ctx, tokens)
     if drafter is not None:
         drafter.reset(list(tokens))  # a draft model prefills the prompt too
-    stats.prefill_s = clock() - t0
+    stats.prefill_s, stats.n_prompt = clock() - t0, len(tokens)
 
     sampler = Sampler(request.sampling)
     decoder = TextDecoder(model)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RunStats:
+    n_prompt: int = 0  # prompt tokens read (prefill)
     n_tokens: int = 0  # tokens emitted as text (a final stop token is not text)
     n_committed: int = 0  # tokens the target committed, a final stop token included
     target_calls: int = 0  # target decodes after prefill
@@ -21,7 +22,7 @@ class RunStats:
 
     def add(self, other: "RunStats") -> None:
         """Fold in the counters of another run (e.g. the next turn of a conversation)."""
-        for name in ("n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
+        for name in ("n_prompt", "n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
                      "draft_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_lengths.update(other.accepted_lengths)

@@ -33,7 +33,7 @@ def error_response(e: RequestError) -> JSONResponse:
 
 def timings(done: Done) -> dict:
     s = done.stats
-    return {"prompt_n": done.prompt_tokens, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
+    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
             "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
             "draft_n": s.drafted, "draft_n_accepted": s.accepted}
 
@@ -44,8 +44,8 @@ def speculative(method: str, s: RunStats) -> dict:
 
 
 def usage(done: Done) -> dict:
-    n = done.stats.n_tokens
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": n, "total_tokens": done.prompt_tokens + n}
+    s = done.stats
+    return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_tokens, "total_tokens": s.n_prompt + s.n_tokens}
 
 
 class Server:
@@ -105,14 +105,17 @@ class Server:
             if request.stream:
                 return StreamingResponse(self._events(job, reply, first), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            pieces = [first] if isinstance(first, Done) else [piece async for piece in _pieces(job)]
+            done = first
+            if not isinstance(done, Done):
+                async for done in _pieces(job):
+                    pass  # the pieces are shown whole at the end: only the Done is kept
         except RequestError as e:
             job.cancelled.set()
             return error_response(e)
         except BaseException:
             job.cancelled.set()  # the client went away while it waited: nothing more is owed to it
             raise
-        return JSONResponse(reply.whole(pieces[-1]))
+        return JSONResponse(reply.whole(done))
 
     async def _events(self, job: Job, reply: Reply, first: str | Done) -> AsyncIterator[str]:
         async def items() -> AsyncIterator[str | Done]:

@@ -52,7 +52,6 @@ class Done:
     text: str
     finish_reason: str  # stop | length
     stats: RunStats
-    prompt_tokens: int
 
 
 @dataclass
@@ -130,7 +129,6 @@ class Worker:
         """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
         request, runner = job.request, self.runners.get(job.request)
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
-        n_prompt = len(runner.prompt_tokens(request.prompt))
         events = runner.stream(request.prompt, stats, request.max_tokens or runner.cfg.max_tokens)
         try:
             for event in events:
@@ -150,4 +148,4 @@ class Worker:
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
-        return Done(stop.text, reason, stats, n_prompt)
+        return Done(stop.text, reason, stats)
