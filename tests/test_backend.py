@@ -4,6 +4,7 @@ its own root-to-node path, and dropping branches by sequence id leaves a cache e
 import numpy as np
 import pytest
 
+from specgen.llama import tools
 from specgen.llama.backend import LlamaModel, check_gguf_file
 from specgen.errors import ModelError
 from specgen.core.kv import evaluate
@@ -69,11 +70,14 @@ def fresh_logits(model: LlamaModel, committed: list[int], path: list[int], pad_t
     return ctx.decode(Batch([then], [n_past + len(path)], [(0,)], [True]))[0].copy()
 
 
-# F32 weights: llama.cpp's logits for a row do not depend on the rest of the batch, so the tree
-# must match each path to 1e-3. Quantized weights: some CPU kernels (repacked Q4_K, Q8 activation
-# blocks) round a row differently by its index in the batch, measured here at up to ~6e-2 relative
-# on gemma Q4_K_M node 4 and ~9e-2 after the KV edit on smollm2 Q4_1 (0 and <7e-4 with F32);
-# there the argmax must still agree.
+# specgen's build computes every row of a decode of up to 128 tokens as a one-token decode would
+# (test_kernels.py), so a tree node's logits equal its path's decoded alone, bit for bit, on F32 and
+# quantized weights alike. llama.cpp as it ships (a GPU build, say) rounds rows by their batch: there
+# the tree must match to 1e-3 on F32 and 0.15 relative on quantized weights (measured up to ~9e-2
+# on smollm2 Q4_1 after the KV edit), with the same argmax.
+INVARIANT = "SPECGEN_INVARIANT = on" in tools.build_info().system_info
+
+
 @pytest.mark.parametrize("name,tol", [("smollm2_f32", 1e-3), ("gemma_f32", 1e-3),
                                       ("smollm2", 0.15), ("gemma", 0.15)])
 def test_tree_batch_logits_equal_per_path_logits_and_kv_keep(name, tol, request):
@@ -95,6 +99,7 @@ def test_tree_batch_logits_equal_per_path_logits_and_kv_keep(name, tol, request)
     for i in range(len(tree)):
         ref = fresh_logits(model, committed, [tree[j] for j in path_to(i)], len(tree))
         assert rel_err(logits[i], ref) < tol, f"node {i}"
+        assert np.array_equal(logits[i], ref) or not INVARIANT, f"node {i}: not bit-identical"
         assert int(np.argmax(logits[i])) == int(np.argmax(ref))
 
     # Accept branch seq 2 up to node 4 (root -> 1 -> 4); drop the others by sequence id.
@@ -108,6 +113,7 @@ def test_tree_batch_logits_equal_per_path_logits_and_kv_keep(name, tol, request)
     after = ctx.decode(Batch([nxt], [n_past + len(path)], [(0,)], [True]))[0]
     ref = fresh_logits(model, committed, path, len(tree), then=nxt)
     assert rel_err(after, ref) < tol
+    assert np.array_equal(after, ref) or not INVARIANT
     assert int(np.argmax(after)) == int(np.argmax(ref))
 
 

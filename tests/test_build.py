@@ -51,25 +51,37 @@ def test_doctor_flags_amx_and_missing_isas():
 
 
 def fake_sdist(root, sgemm_anchor=True):
-    """The two vendored llama.cpp files specgen.llama.build hooks its kernel into, cut down to their anchors."""
-    sgemm = root / build.SGEMM
-    sgemm.parent.mkdir(parents=True)
-    body = "    // only enable sgemm for prompt processing\n" if sgemm_anchor else "    // changed upstream\n"
-    sgemm.write_text('#include "sgemm.h"\nbool llamafile_sgemm(...) {\n' + body + "}\n")
-    cpu = root / build.CPU_BACKEND
-    cpu.write_text('#include "ggml-cpu.h"\n    auto f = [] {\n        features.push_back({ nullptr, nullptr });\n')
+    """The vendored llama.cpp files specgen.llama.build hooks into, cut down to their anchor lines."""
+    texts: dict[str, str] = {}
+    for rel, anchor, _, *times in build.HOOKS:
+        if rel == build.SGEMM and "only enable sgemm" in anchor and not sgemm_anchor:
+            anchor = "    // changed upstream\n"
+        texts[rel] = texts.get(rel, "") + "// vendored code\n" + anchor * (times[0] if times else 1)
+    for rel, text in texts.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
     return root
 
 
-def test_the_kernel_is_hooked_in_before_tinyblas_and_named_in_the_features(tmp_path):
+def test_the_kernels_are_hooked_in_before_llama_cpps_and_named_in_the_features(tmp_path):
     source = build.patch_llama_cpp(fake_sdist(tmp_path))
+    for header, rel in build.HEADERS:
+        assert (source / rel).read_bytes() == header.read_bytes()
     sgemm = (source / build.SGEMM).read_text()
-    kernel = source / build.SGEMM.rsplit("/", 1)[0] / build.KERNEL_NAME
-    assert kernel.read_bytes() == build.KERNEL.read_bytes()
-    assert sgemm.index(f'#include "{build.KERNEL_NAME}"') < sgemm.index("specgen_q8_0::matmul(")
-    assert sgemm.index("specgen_q8_0::matmul(") < sgemm.index("// only enable sgemm for prompt processing")
+    assert sgemm.index('#include "specgen_few_columns.h"') < sgemm.index("specgen_few::matmul(")
+    # a kernel first, then ggml's one-row code for few columns, and only then tinyBLAS
+    assert sgemm.index("specgen_few::matmul(") < sgemm.index("if (specgen::invariant(n))")
+    assert sgemm.index("if (specgen::invariant(n))") < sgemm.index("// only enable sgemm for prompt processing")
+    repack = (source / build.REPACK).read_text()
+    assert repack.count("specgen_rows4") == 6 and "nrows > 3" not in repack
+    tiled = (source / build.TILED).read_text()
+    assert tiled.count("|| specgen::invariant(") == 2
+    ops = (source / build.OPS).read_text()
+    assert "nek1 >= 512 && !specgen::invariant(1);" in ops and "!specgen::invariant(neq1)" in ops
+    kv = (source / build.KV_CACHE).read_text()
+    assert kv.count("&& !specgen::invariant(1)) {") == 4
     cpu = (source / build.CPU_BACKEND).read_text()
-    assert cpu.index('"SPECGEN_Q8_0"') < cpu.index("{ nullptr, nullptr }")
+    assert cpu.index('"SPECGEN_INVARIANT"') < cpu.index('"SPECGEN_KERNELS"') < cpu.index("{ nullptr, nullptr }")
 
 
 def test_a_changed_llama_cpp_fails_the_build_naming_the_missing_line(tmp_path):
@@ -86,9 +98,12 @@ def test_cache_key_changes_with_the_kernel(monkeypatch):
     assert plan_for(monkeypatch, {"avx2"}).key != a
 
 
-def test_doctor_names_the_q8_0_kernel_state():
-    from specgen.app.doctor import q8_0_kernel
+def test_doctor_names_the_kernels_state():
+    from specgen.app.doctor import kernels
 
-    assert q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = avx512vnni | REPACK = 1 |").startswith("avx512vnni")
-    assert "SPECGEN_Q8_0=0" in q8_0_kernel("CPU : AVX2 = 1 | SPECGEN_Q8_0 = off |")
-    assert q8_0_kernel("CPU : AVX2 = 1 | REPACK = 1 |").startswith("not in this build")
+    on = kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = on | SPECGEN_KERNELS = avx2: q8_0 q4_1 | REPACK = 1 |")
+    assert on.startswith("batch-invariant") and "kernels for avx2: q8_0 q4_1;" in on
+    assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on | SPECGEN_KERNELS = off |")
+    assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on |")  # a CPU without AVX2
+    assert "SPECGEN_KERNELS=0" in kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = off | SPECGEN_KERNELS = off |")
+    assert kernels("CPU : AVX2 = 1 | REPACK = 1 |").startswith("not in this build")

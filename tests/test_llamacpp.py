@@ -80,6 +80,26 @@ def test_flags_follow_the_bench_settings():
     assert sampled[sampled.index("--seed") + 1] == "7" and sampled[sampled.index("-md") + 1] == "d.gguf"
 
 
+PLAIN_STDERR = """llama_perf_sampler_print:    sampling time =       3.10 ms /    40 runs   (    0.08 ms per token, 12903.23 tokens per second)
+llama_perf_context_print:        load time =     120.70 ms
+llama_perf_context_print: prompt eval time =      40.11 ms /     9 tokens (    4.46 ms per token,   224.38 tokens per second)
+llama_perf_context_print:        eval time =     310.00 ms /    31 runs   (   10.00 ms per token,   100.00 tokens per second)
+llama_perf_context_print:       total time =     400.22 ms /    40 tokens
+"""
+
+
+def test_llama_cpps_plain_decoding_is_read_from_its_eval_time():
+    text, stats = llamacpp.parse_plain(" Paris is the capital. [end of text]\n", PLAIN_STDERR)
+    assert text == " Paris is the capital."
+    assert (stats.n_tokens, stats.decode_s) == (31, pytest.approx(0.31))  # not the prompt's eval line
+    with pytest.raises(SpecgenError, match="llama-completion printed no 'eval time' line: boom"):
+        llamacpp.parse_plain("", "boom\n")
+    setup = llamacpp.Setup(Path("/b/llama-speculative-simple"), Path("t.gguf"), None, 64, 2, 4096)
+    cmd = llamacpp.plain_command(setup, "hi")
+    assert cmd[0] == "/b/llama-completion" and "-no-cnv" in cmd and "--no-display-prompt" in cmd
+    assert cmd[cmd.index("--top-k") + 1] == "1" and cmd[cmd.index("-n") + 1] == "64"
+
+
 def test_configurations_default_to_the_ngram_types_and_draft_types_need_a_draft():
     assert llamacpp.spec_types(None, False) == list(llamacpp.DEFAULT_SPEC_TYPES)
     assert llamacpp.spec_types(None, True)[-1] == "draft-simple"
@@ -100,6 +120,15 @@ sys.stderr.write("I decoded %4d tokens in    0.250 seconds, speed: 10 t/s\\n" % 
 sys.stderr.write("I n_drafted = 10\\nI n_accept  = 6\\n")
 '''
 
+FAKE_PLAIN = '''#!{python}
+"""A stand-in llama-completion: N words after the prompt, its perf lines on stderr."""
+import sys
+args = sys.argv[1:]
+n = int(args[args.index("-n") + 1])
+sys.stdout.write(" word" * n)
+sys.stderr.write("llama_perf_context_print:        eval time =     200.00 ms /  %5d runs   (ms per token)\\n" % (n - 1))
+'''
+
 
 @pytest.mark.real
 @pytest.mark.parametrize("target", [SMOLLM2, pytest.param("smollm2-135m-instruct-f32", marks=pytest.mark.real)])
@@ -109,6 +138,9 @@ def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path, target):
     fake = folder / llamacpp.BINARY
     fake.write_text(FAKE.format(python=sys.executable, log=str(log)))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    fake_plain = folder / llamacpp.PLAIN_BINARY
+    fake_plain.write_text(FAKE_PLAIN.format(python=sys.executable))
+    fake_plain.chmod(fake_plain.stat().st_mode | stat.S_IEXEC)
     proc = specgen("bench", "-m", target, "--methods", "lookup", "--limit", "1", "-n", "8",
                    "--llama-cpp", str(folder), "--spec-type", "ngram-mod", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -121,7 +153,9 @@ def test_bench_runs_llama_cpp_beside_specgen_and_reports_it(tmp_path, target):
     assert "lookup against the fastest llama.cpp row on each prompt: as fast or faster on" in proc.stdout
     versus = report["head_to_head"]
     assert [h["method"] for h in versus] == ["lookup"] and versus[0]["n_prompts"] == 1
-    assert report["settings"]["methods"] == ["plain", "lookup", "llama.cpp ngram-mod"]
+    assert report["settings"]["methods"] == ["plain", "lookup", "llama.cpp plain", "llama.cpp ngram-mod"]
+    plain_row = next(r for r in report["summary"] if r["method"] == "llama.cpp plain" and r["group"] == "overall")
+    assert plain_row["tokens_per_s"] == pytest.approx(7 / 0.2)  # its eval time: 7 one-token decodes
     # The builtin suite's first prompt has two turns: the second follows plain's own first answer.
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     # The target as given: an F32 one's screened copy (screen.py) is specgen's alone.

@@ -36,15 +36,21 @@ def enabled_features(system_info: str) -> list[str]:
     return [name for name, on in re.findall(r"([A-Z0-9_]+) = (\d+)", system_info) if on != "0"]
 
 
-def q8_0_kernel(system_info: str) -> str:
-    """Whether the build carries specgen's Q8_0 kernel (specgen/native), in words for `doctor`."""
-    found = re.search(r"SPECGEN_Q8_0 = (\w+)", system_info)
-    if found is None:
-        return "not in this build (llama.cpp's own kernels; python -m specgen.llama.build adds it on x86-64)"
-    if found.group(1) == "off":
-        return "built in, turned off by SPECGEN_Q8_0=0"
-    return (f"{found.group(1)} (Q8_0 products of up to 128 rows with AVX-512, 64 with AVX2, e.g. a verification "
-            "batch's output layer)")
+def kernels(system_info: str) -> str:
+    """Batch invariance and specgen's few-column kernels in this build (specgen/llama/native), in
+    words for `doctor`."""
+    invariant = re.search(r"SPECGEN_INVARIANT = (\w+)", system_info)
+    if invariant is None:
+        return ("not in this build (llama.cpp's own kernels: a batch may round differently from one-token "
+                "decodes; python -m specgen.llama.build adds them)")
+    if invariant.group(1) == "off":
+        return "built in, turned off by SPECGEN_KERNELS=0 (llama.cpp's own kernels)"
+    found = re.search(r"SPECGEN_KERNELS = ([^|]*)", system_info)
+    have = found.group(1).strip() if found else "off"
+    which = (f"specgen's kernels for {have}" if have != "off" else
+             "no specgen kernel on this build or setting")
+    return (f"batch-invariant decoding for up to 128 rows; {which}; other weight types through ggml's "
+            "one-row code")
 
 
 def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:
@@ -134,7 +140,7 @@ def report(model: str | None, speed: bool, threads: int | None) -> Report:
              f"llama.cpp build: {', '.join(features) or 'no CPU extensions'}; computes on {info.accelerator}; "
              f"RPC backend {'yes' if info.rpc else 'no'}",
              f"  built by specgen for this host: {'yes' if build.installed_for(plan) else 'no'} ({plan.reason})",
-             f"  specgen's Q8_0 kernel: {q8_0_kernel(info.system_info)}",
+             f"  specgen's kernels: {kernels(info.system_info)}",
              f"host: {cpu_name()} · {os.cpu_count()} cores · {threads or backend.default_threads()} threads used "
              f"· {platform.system()} {platform.machine()}"]
     home = specgen_home()

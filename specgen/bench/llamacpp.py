@@ -16,6 +16,11 @@ This leaves out one step that specgen's own count includes: it errs in llama.cpp
 that logs no steps is taken at its own printed count. A run that stopped early counts its
 end-of-generation token; specgen counts tokens of text, so that one is left out.
 
+Beside them, where the folder also holds `llama-completion`, a row "llama.cpp plain": llama.cpp's own
+one-token-at-a-time decoding of the target with the same sampling, timed by its own `eval time`
+(the prompt excluded), so that the table answers "faster than the llama.cpp I use?" and not only
+"faster than specgen's plain". Its text is compared like the others.
+
 A conversation's later turns get the context specgen's plain run had: the earlier questions and
 plain's own answers, rendered exactly as specgen renders them, so both decode after the same text.
 """
@@ -33,8 +38,11 @@ from specgen.bench.run import ExternalRun, conversations
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.errors import ConfigError, SpecgenError
+from specgen.report import reporter
 
 BINARY = "llama-speculative-simple"
+PLAIN_BINARY = "llama-completion"
+PLAIN_ROW = "llama.cpp plain"
 # One run per configuration; a configuration may chain types ("draft-simple,ngram-map-k": llama.cpp
 # then keeps, each step, the draft with the most expected accepted tokens).
 DEFAULT_SPEC_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-cache")
@@ -45,6 +53,8 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DECODED_AT = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) \w decoded\s", re.M)
 _STEP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) D accepted (\d+)/(\d+) draft tokens", re.M)
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_EVAL = re.compile(r"^\S*:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", re.M)
+_END_OF_TEXT = " [end of text]\n"
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
@@ -88,14 +98,17 @@ class Setup:
     sampling: SamplingParams = SamplingParams()
 
 
-def command(setup: Setup, spec_type: str, prompt: str) -> list[str]:
+def sampling_flags(s: SamplingParams) -> list[str]:
     """The bench's sampling settings in llama.cpp's flags (greedy: top-k 1 makes its sampler an
     argmax; llama.cpp's own top-k default of 40 would otherwise apply when sampling)."""
-    s = setup.sampling
-    sampling = (["--temp", "0", "--top-k", "1"] if s.greedy else
-                ["--temp", f"{s.temperature:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}", "--min-p", "0",
-                 *(["--seed", str(s.seed)] if s.seed is not None else [])])
-    cmd = [str(setup.binary), "-m", str(setup.target), "-p", prompt, "-n", str(setup.max_tokens), *sampling,
+    return (["--temp", "0", "--top-k", "1"] if s.greedy else
+            ["--temp", f"{s.temperature:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}", "--min-p", "0",
+             *(["--seed", str(s.seed)] if s.seed is not None else [])])
+
+
+def command(setup: Setup, spec_type: str, prompt: str) -> list[str]:
+    cmd = [str(setup.binary), "-m", str(setup.target), "-p", prompt, "-n", str(setup.max_tokens),
+           *sampling_flags(setup.sampling),
            "-c", str(setup.n_ctx), "-b", str(setup.n_ctx), "-ub", "512", "-t", str(setup.threads),
            "--spec-type", spec_type, "-v", "--log-timestamps"]  # each step's end: see the module's note
     if setup.draft is not None and "draft" in spec_type:
@@ -183,6 +196,38 @@ def clip_to(text: str, reference: str) -> str:
     return reference if text.startswith(reference) else text
 
 
+def plain_command(setup: Setup, prompt: str) -> list[str]:
+    """llama-completion on the same prompt, sampling and threads, the prompt not echoed, no chat
+    mode (the prompt is already rendered with the template, as specgen's plain run read it)."""
+    return [str(setup.binary.parent / PLAIN_BINARY), "-m", str(setup.target), "-p", prompt, "-n",
+            str(setup.max_tokens), *sampling_flags(setup.sampling), "-c", str(setup.n_ctx), "-b", "512", "-ub", "512", "-t", str(setup.threads),
+            "-no-cnv", "--no-display-prompt", "--no-warmup"]
+
+
+def parse_plain(stdout: str, stderr: str) -> tuple[str, RunStats]:
+    """The text llama-completion wrote and its decode speed: `eval time = T ms / N runs` counts the
+    one-token decodes after the prompt (the first token comes from the prompt's own pass)."""
+    found = _EVAL.search(stderr + "\n" + stdout)
+    if found is None:
+        tail = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "no output")
+        raise SpecgenError(f"{PLAIN_BINARY} printed no 'eval time' line: {tail.strip()}")
+    runs, seconds = int(found.group(2)), float(found.group(1)) / 1000
+    text = stdout[: -len(_END_OF_TEXT)] if stdout.endswith(_END_OF_TEXT) else stdout
+    return text, RunStats(n_tokens=runs, n_committed=runs, target_calls=runs, decode_s=seconds)
+
+
+def run_plain(setup: Setup, prompt: str) -> tuple[str, RunStats]:
+    try:
+        proc = subprocess.run(plain_command(setup, prompt), capture_output=True, text=True, errors="replace",
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SpecgenError(f"{PLAIN_BINARY} ran past {TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
+        raise SpecgenError(f"{PLAIN_BINARY} failed with exit code {proc.returncode}: {tail.strip()}")
+    return parse_plain(proc.stdout, proc.stderr)
+
+
 def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
     try:
         proc = subprocess.run(command(setup, spec_type, prompt), capture_output=True, text=True, errors="replace",
@@ -208,14 +253,21 @@ def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: R
     setup = Setup(binary, Path(session.target.source_path), Path(draft.path) if draft is not None else None,
                   plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
 
-    def runner(spec: str) -> ExternalRun:
+    def runner(spec: str | None) -> ExternalRun:
         def run_prompt(prompt, answers):
             texts, per_turn = [], []
             for conversation, answer in zip(conversations(prompt, answers), answers):
-                text, stats = run(setup, spec, plain.prompt_text(conversation))
-                texts.append(clip_to(text, answer))
+                rendered = plain.prompt_text(conversation)
+                text, stats = run_plain(setup, rendered) if spec is None else run(setup, spec, rendered)
+                texts.append(text if spec is None else clip_to(text, answer))
                 per_turn.append(stats)
             return texts, per_turn
         return run_prompt
 
-    return {method_name(spec): runner(spec) for spec in types}
+    rows = {method_name(spec): runner(spec) for spec in types}
+    if (binary.parent / PLAIN_BINARY).is_file():
+        rows = {PLAIN_ROW: runner(None), **rows}
+    else:
+        reporter().warn(f"no {PLAIN_BINARY} in {binary.parent}: the table has no row for llama.cpp's own plain "
+                        "decoding (build it with: cmake --build build --target llama-completion)")
+    return rows

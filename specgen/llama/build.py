@@ -1,7 +1,7 @@
 """Build and install llama-cpp-python for this host (stdlib only: runs before anything is installed).
 
-`python -m specgen.llama.build` chooses CMake flags from the host, adds specgen's Q8_0 kernel
-(native/q8_0_few_columns.h) to the pinned sdist, builds it once per (version, python, flags,
+`python -m specgen.llama.build` chooses CMake flags from the host, adds specgen's batch invariance
+and few-column kernels (native/) to the pinned sdist, builds it once per (version, python, flags,
 kernel), caches the wheel under ``$SPECGEN_HOME/wheels`` (``~/.cache/specgen``) and installs it
 into the running interpreter's environment. pip caches wheels by name and
 version only, never by CMAKE_ARGS, so pip's own cache is bypassed and ours is keyed by flags.
@@ -66,35 +66,96 @@ RPC_ON = "-DGGML_RPC=ON"
 AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
-# specgen's own kernel for Q8_0 products with few columns (a verification batch's output layer),
-# compiled into llama.cpp's CPU backend: see the header's comment for why and for its exactness.
-KERNEL = Path(__file__).resolve().parent / "native" / "q8_0_few_columns.h"
-KERNEL_NAME = "specgen_q8_0_few_columns.h"
-# Where it is hooked in, each anchor a line of the vendored llama.cpp that must occur exactly once.
-SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
-CPU_BACKEND = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp"
+# specgen's batch invariance and few-column kernels, compiled into llama.cpp's CPU backend: see
+# the headers' comments (native/invariant.h for why, native/few_columns.h for the kernels).
+NATIVE = Path(__file__).resolve().parent / "native"
+CPU_DIR = "vendor/llama.cpp/ggml/src/ggml-cpu"
+# (source under native/, where it goes in the sdist)
+HEADERS = [
+    (NATIVE / "invariant.h", f"{CPU_DIR}/specgen_invariant.h"),
+    (NATIVE / "few_columns.h", f"{CPU_DIR}/llamafile/specgen_few_columns.h"),
+]
+SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"
+CPU_BACKEND = f"{CPU_DIR}/ggml-cpu.cpp"
+OPS = f"{CPU_DIR}/ops.cpp"
+REPACK = f"{CPU_DIR}/repack.cpp"
+TILED = f"{CPU_DIR}/tiled/tiled.cpp"
+KV_CACHE = "vendor/llama.cpp/src/llama-kv-cache.cpp"
+# Where they are hooked in: (file, anchor, replacement[, how many times the anchor occurs, else once]).
 HOOKS = [
-    (SGEMM, '#include "sgemm.h"\n', f'#include "sgemm.h"\n#include "{KERNEL_NAME}"\n'),
+    # Products: a specgen kernel first; for few columns without one, ggml's one-column code.
+    (SGEMM, '#include "simd-mappings.h"\n', '#include "simd-mappings.h"\n#include "specgen_few_columns.h"\n'),
     (SGEMM, "    // only enable sgemm for prompt processing\n",
-     "#ifdef SPECGEN_Q8_0\n"
-     "    if (Atype == GGML_TYPE_Q8_0 && Btype == GGML_TYPE_Q8_0 && Ctype == GGML_TYPE_F32 &&\n"
-     "        specgen_q8_0::matmul(m, n, k, A, lda, B, ldb, (float *) C, ldc, params->ith, params->nth))\n"
+     "#ifdef SPECGEN_FEW\n"
+     "    if (Ctype == GGML_TYPE_F32 && specgen_few::matmul(m, n, k, A, lda, B, ldb, (float *) C, ldc,\n"
+     "            (ggml_type) Atype, (ggml_type) Btype, params->ith, params->nth))\n"
      "        return true;\n"
      "#endif\n"
+     "    if (specgen::invariant(n))\n"
+     "        return false;\n"
      "    // only enable sgemm for prompt processing\n"),
-    (CPU_BACKEND, '#include "ggml-cpu.h"\n',
-     f'#include "ggml-cpu.h"\n#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/{KERNEL_NAME}"\n#endif\n'),
+    # Repacked weights (Q4_0, Q4_K, IQ4_NL on AVX2): few columns through the one-column GEMV, each
+    # quantized as one row is (not in the 4-row interleaved layout the GEMM reads).
+    (REPACK, '#include "repack.h"\n',
+     '#include "repack.h"\n#include "specgen_invariant.h"\n'
+     '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
+    # Q4_0 and Q4_K weights stay in ggml's layout where a specgen kernel reads them (prompts then go
+    # through tinyBLAS and the tiled K-quant matmul instead of the repacked GEMM).
+    (REPACK, "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n",
+     "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n"
+     "#if defined(SPECGEN_FEW) && defined(GGML_USE_LLAMAFILE)\n"
+     "    if (specgen_few::keeps_layout(cur->type)) {\n"
+     "        return nullptr;\n"
+     "    }\n"
+     "#endif\n"),
+    (REPACK, "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {\n",
+     "            const int64_t specgen_rows4 = specgen::invariant(ne11) ? 0 : ne11 - ne11 % 4;\n"
+     "            for (int64_t i11 = ith * 4; i11 < specgen_rows4; i11 += nth * 4) {\n"),
+    (REPACK, "            const int64_t i11_processed = ne11 - ne11 % 4;\n",
+     "            const int64_t i11_processed = specgen_rows4;\n"),
+    (REPACK, "        if (nrows > 3) {\n",
+     "        const int64_t specgen_rows4 = specgen::invariant(ne11) ? 0 : nrows - (nrows % 4);\n"
+     "        if (specgen_rows4 > 0) {\n"),
+    (REPACK, "        for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {\n",
+     "        for (int iter = specgen_rows4; iter < nrows; iter++) {\n"),
+    # The tiled K-quant matmul (from 8 columns): few columns go on to ggml's one-column code.
+    (TILED, '#include "tiled-kernel.h"\n', '#include "tiled-kernel.h"\n#include "../specgen_invariant.h"\n'),
+    (TILED, "    if (!ggml_tiled_min_batch(dst->src[1]->ne[1])) {\n",
+     "    if (!ggml_tiled_min_batch(dst->src[1]->ne[1]) || specgen::invariant(dst->src[1]->ne[1])) {\n"),
+    (TILED, "    if (!ggml_tiled_min_batch(cne1)) {\n",
+     "    if (!ggml_tiled_min_batch(cne1) || specgen::invariant(cne1)) {\n"),
+    # Attention: few query rows through the per-row loop over the whole cache (no KV split over
+    # threads for one row, no tiles).
+    (OPS, '#include "vec.h"\n', '#include "vec.h"\n#include "specgen_invariant.h"\n'),
+    (OPS, "&& q->type == GGML_TYPE_F32 && nek1 >= 512;\n",
+     "&& q->type == GGML_TYPE_F32 && nek1 >= 512 && !specgen::invariant(1);\n"),
+    (OPS, "                                neq1 >= Q_TILE_SZ);\n",
+     "                                neq1 >= Q_TILE_SZ && !specgen::invariant(neq1));\n"),
+    # The KV cache: flash attention sums a row's cells in cell order, so a committed token must never
+    # land in a cell before earlier ones (a hole left by a rejected draft), which plain decoding
+    # never does. Cells freed by dropped drafts are not reused before the cache wraps around.
+    (KV_CACHE, '#include "llama-kv-cache.h"\n',
+     '#include "llama-kv-cache.h"\n#include "../ggml/src/ggml-cpu/specgen_invariant.h"\n'),
+    (KV_CACHE, "new_head != cells.size() && new_head < head) {\n",
+     "new_head != cells.size() && new_head < head && !specgen::invariant(1)) {\n", 3),
+    (KV_CACHE, "        if (head_cur > cells.get_used() + 2*n_tokens) {\n",
+     "        if (head_cur > cells.get_used() + 2*n_tokens && !specgen::invariant(1)) {\n"),
+    # What the build has, in llama.cpp's system info (`specgen doctor` reads it).
+    (CPU_BACKEND, '#include "amx/amx.h"\n',
+     '#include "amx/amx.h"\n#include "specgen_invariant.h"\n'
+     '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
     (CPU_BACKEND, "        features.push_back({ nullptr, nullptr });\n",
-     "    #ifdef SPECGEN_Q8_0\n"
-     "        features.push_back({ \"SPECGEN_Q8_0\", specgen_q8_0::enabled() ? SPECGEN_Q8_0 : \"off\" });\n"
+     "        features.push_back({ \"SPECGEN_INVARIANT\", specgen::current().invariant ? \"on\" : \"off\" });\n"
+     "    #ifdef SPECGEN_FEW\n"
+     "        features.push_back({ \"SPECGEN_KERNELS\", specgen_few::describe() });\n"
      "    #endif\n"
      "        features.push_back({ nullptr, nullptr });\n"),
 ]
 
 
 def kernel_digest() -> str:
-    """What the patch adds, for the wheel cache's key: the kernel and where it is hooked in."""
-    blob = KERNEL.read_bytes() + repr(HOOKS).encode()
+    """What the patch adds, for the wheel cache's key: the headers and where they are hooked in."""
+    blob = b"".join(source.read_bytes() for source, _ in HEADERS) + repr(HOOKS).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -191,15 +252,18 @@ def fetch_sdist(tmp: Path) -> Path:
 
 
 def patch_llama_cpp(source: Path) -> Path:
-    """Add specgen's Q8_0 kernel to the unpacked sdist. Each hook goes after an anchor line that must
-    occur exactly once, so a changed llama.cpp fails the build loudly rather than building without it."""
-    shutil.copyfile(KERNEL, source / Path(SGEMM).parent / KERNEL_NAME)
-    for rel, anchor, replacement in HOOKS:
+    """Add specgen's batch invariance and kernels to the unpacked sdist. Each hook replaces an anchor
+    line that must occur exactly once, so a changed llama.cpp fails the build loudly rather than
+    building without them."""
+    for header, rel in HEADERS:
+        shutil.copyfile(header, source / rel)
+    for rel, anchor, replacement, *times in HOOKS:
         path = source / rel
         text = path.read_text(encoding="utf-8")
-        if text.count(anchor) != 1:
-            sys.exit(f"specgen: cannot add its Q8_0 kernel to llama.cpp: expected the line {anchor.strip()!r} "
-                     f"once in {rel}, found it {text.count(anchor)} times")
+        expected = times[0] if times else 1
+        if text.count(anchor) != expected:
+            sys.exit(f"specgen: cannot add its kernels to llama.cpp: expected the line {anchor.strip()!r} "
+                     f"{'once' if expected == 1 else f'{expected} times'} in {rel}, found it {text.count(anchor)} times")
         path.write_text(text.replace(anchor, replacement), encoding="utf-8")
     return source
 

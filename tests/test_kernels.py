@@ -1,0 +1,127 @@
+"""Batch invariance and specgen's few-column kernels (specgen/llama/native) on the real models.
+
+A token's logits must be the same bits whether the target decoded it alone or as any row of a
+verification batch, with one thread or two: that is what makes greedy speculative decoding equal
+plain decoding on quantized targets. Each check runs in a child process so that SPECGEN_KERNELS
+(read once per process by llama.cpp) can differ between runs."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from specgen.app import models
+from specgen.host import cpu_flags
+from specgen.llama import tools
+
+pytestmark = pytest.mark.real
+
+X86_WITH_KERNELS = platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "f16c", "fma"} <= cpu_flags()
+INVARIANT_BUILD = "SPECGEN_INVARIANT = on" in tools.build_info().system_info
+needs_invariance = pytest.mark.skipif(not INVARIANT_BUILD, reason="llama.cpp built without specgen's patch")
+
+# Prefills a prompt of 600 tokens (past the 512 cells from which llama.cpp splits one-token attention
+# over threads), then decodes 16 tokens one at a time with 2 threads and with 1, and in batches of
+# 2..16 rows at two offsets. Prints each row's sha256 per way of decoding it.
+SCRIPT = r"""
+import hashlib, json, sys
+import llama_cpp
+if sys.argv[2] == "no-repack":  # every weight in ggml's own layout, read by ggml's vec_dot
+    default_params = llama_cpp.llama_model_default_params
+    def no_repack():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+    llama_cpp.llama_model_default_params = no_repack
+from specgen.llama.backend import LlamaModel
+from specgen.core.protocol import Batch
+model = LlamaModel(sys.argv[1])
+text = "The history of the city begins with a small settlement on the river, traders of salt and wool. "
+prompt = model.tokenize(text * 40)[:600]
+toks = model.tokenize(" and the people who lived there were farmers, fishers and traders of salt, wine and cloth",
+                      add_special=False)[:16]
+P = len(prompt)
+out = {}
+for threads in (2, 1):
+    ctx = model.new_context(1024, n_seq_max=1, n_threads=threads, n_outputs=16)
+    for c0 in range(0, P, 256):
+        b = Batch()
+        for i in range(c0, min(c0 + 256, P)):
+            b.add(prompt[i], i, (0,), i == P - 1)
+        ctx.decode(b)
+    def decode(start, rows):
+        b = Batch()
+        for i in range(start, start + rows):
+            b.add(toks[i], P + i, (0,), True)
+        return [hashlib.sha256(r.tobytes()).hexdigest() for r in ctx.decode(b)]
+    alone = [decode(i, 1)[0] for i in range(len(toks))]
+    ctx.seq_rm(0, P, -1)
+    out[f"alone, {threads} threads"] = alone
+    if threads == 1:
+        break
+    for rows in (2, 3, 4, 8, 16):
+        for start in (0, 5):
+            if start + rows > len(toks):
+                continue
+            for i in range(start):
+                decode(i, 1)
+            out[f"batch of {rows} from {start}"] = [None] * start + decode(start, rows)
+            ctx.seq_rm(0, P, -1)
+print(json.dumps(out))
+"""
+
+
+def rows_by_way(path, kernels: str, layout: str = "as-loaded") -> dict[str, list]:
+    env = dict(os.environ, SPECGEN_KERNELS=kernels)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(path), layout], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def differing(ways: dict[str, list]) -> list[str]:
+    """Every (way, row) whose logits differ from the row decoded alone with 2 threads."""
+    alone = ways["alone, 2 threads"]
+    return [f"{way}: row {i}" for way, rows in ways.items() for i, h in enumerate(rows)
+            if h is not None and h != alone[i]]
+
+
+MODELS = ["smollm2-135m-instruct-q4_1",  # Q4_1 layers, Q8_0 output
+          "gemma-3-270m-q4_k_m",         # Q5_0, Q4_K (repacked by llama.cpp), Q6_K (tiled from 8 rows), Q8_0
+          "smollm2-135m-instruct-q4_0",  # Q4_0 (repacked by llama.cpp)
+          "smollm2-135m-instruct-q5_1"]  # Q5_1
+
+
+@needs_invariance
+@pytest.mark.parametrize("name", MODELS)
+def test_a_tokens_logits_do_not_depend_on_the_batch_or_the_threads(name):
+    ways = rows_by_way(models.resolve(name), "1")
+    assert len(ways) == 11 and len(set(ways["alone, 2 threads"])) == 16  # real, distinct rows
+    assert differing(ways) == []
+
+
+@needs_invariance
+def test_with_llama_cpps_own_kernels_the_batch_changes_the_bits():
+    # What the test above guards against, so that it can fail: SPECGEN_KERNELS=0 is llama.cpp as it is.
+    assert len(differing(rows_by_way(models.resolve("gemma-3-270m-q4_k_m"), "0"))) > 20
+
+
+@needs_invariance
+@pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
+@pytest.mark.parametrize("name", MODELS)
+def test_specgens_kernels_equal_ggmls_one_row_code_bit_for_bit(name):
+    # SPECGEN_KERNELS=ggml: the same invariance through ggml's own vec_dot for every type (no repacking,
+    # which would hand Q4_K to llama.cpp's repacked GEMV, itself rounded differently from vec_dot).
+    ours = rows_by_way(models.resolve(name), "1")
+    assert ours == rows_by_way(models.resolve(name), "ggml", "no-repack")
+
+
+@needs_invariance
+@pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
+def test_the_build_names_its_kernels_for_this_cpu():
+    info = tools.build_info().system_info
+    isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
+    assert f"SPECGEN_KERNELS = {isa}: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k |" in info, info
