@@ -92,6 +92,11 @@ def test_llama_cpps_plain_decoding_is_read_from_its_eval_time():
     text, stats = llamacpp.parse_plain(" Paris is the capital. [end of text]\n", PLAIN_STDERR)
     assert text == " Paris is the capital."
     assert (stats.n_tokens, stats.decode_s) == (31, pytest.approx(0.31))  # not the prompt's eval line
+    # As llama-completion logs it (common_perf_print, with timestamps):
+    logged = ("0.00.579.303 I common_perf_print: prompt eval time =      22.43 ms /     2 tokens (  11.22 ms per token)\n"
+              "0.00.579.327 I common_perf_print:        eval time =      98.30 ms /     7 runs   (  14.04 ms per token)\n")
+    assert llamacpp.parse_plain(", I'm glad\n\n", logged) == (", I'm glad", llamacpp.parse_plain("", logged)[1])
+    assert llamacpp.parse_plain("", logged)[1].n_tokens == 7
     with pytest.raises(SpecgenError, match="llama-completion printed no 'eval time' line: boom"):
         llamacpp.parse_plain("", "boom\n")
     setup = llamacpp.Setup(Path("/b/llama-speculative-simple"), Path("t.gguf"), None, 64, 2, 4096)

@@ -53,7 +53,7 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DECODED_AT = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) \w decoded\s", re.M)
 _STEP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) D accepted (\d+)/(\d+) draft tokens", re.M)
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_EVAL = re.compile(r"^\S*:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", re.M)
+_EVAL = re.compile(r"^.*?\w:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", re.M)
 _END_OF_TEXT = " [end of text]\n"
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
@@ -213,6 +213,7 @@ def parse_plain(stdout: str, stderr: str) -> tuple[str, RunStats]:
         raise SpecgenError(f"{PLAIN_BINARY} printed no 'eval time' line: {tail.strip()}")
     runs, seconds = int(found.group(2)), float(found.group(1)) / 1000
     text = stdout[: -len(_END_OF_TEXT)] if stdout.endswith(_END_OF_TEXT) else stdout
+    text = text[:-2] if text.endswith("\n\n") else text  # it ends its output with a blank line
     return text, RunStats(n_tokens=runs, n_committed=runs, target_calls=runs, decode_s=seconds)
 
 
