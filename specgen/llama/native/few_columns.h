@@ -14,8 +14,8 @@
 // ggml's compiled `summs += m * s` does with FMA), and the lanes are summed as hsum_float_8 sums
 // them. Tests compare logits decoded alone and inside batches, bit for bit, on the real models.
 //
-// Q8_0 has an AVX-512 VNNI variant (two columns per 512-bit register); the 4- and 5-bit types use
-// 256-bit code on both AVX2 and AVX-512 hosts. Without AVX2, FMA and F16C there is no kernel and
+// Q8_0 has an AVX-512 VNNI variant (two columns per 512-bit register); the other types use 256-bit
+// code on both AVX2 and AVX-512 hosts. Without AVX2, FMA and F16C there is no kernel and
 // invariance falls back to ggml's one-column code.
 //
 // This file is specgen's own; specgen.llama.build copies it next to llamafile's sgemm.cpp and

@@ -12,8 +12,9 @@
 // where there is one for the weight type (few_columns.h: each weight block read once for all the
 // rows, each row's arithmetic that of ggml's one-row vec_dot), ggml's own one-row code otherwise,
 // the repacked types through their one-row GEMV, and attention through ggml's per-row flash-attention
-// loop over the whole cache. Each row's result then depends on neither the batch nor the thread
-// count. Bigger batches (prompt processing) keep llama.cpp's kernels: a prompt is read the same way
+// loop over the whole cache; the KV cache puts no new token in a cell freed by a rejected draft
+// before it wraps around (that loop sums cells in cell order). Each row's result then depends on
+// neither the batch nor the thread count. Bigger batches (prompt processing) keep llama.cpp's kernels: a prompt is read the same way
 // whatever method follows it.
 //
 // SPECGEN_KERNELS (read once per process):
