@@ -180,3 +180,19 @@ def test_llama_cpp_options_are_checked_before_running(tmp_path):
     assert_one_line_error(specgen("bench", "-m", SMOLLM2, "--llama-cpp", str(tmp_path)), "without it")
     assert_one_line_error(specgen("bench", "-m", SMOLLM2, "--spec-type", "ngram-mod"),
                           "--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
+
+
+def test_a_llama_cpp_tool_that_fails_is_one_line_naming_it(tmp_path):
+    for name in (llamacpp.BINARY, llamacpp.PLAIN_BINARY):
+        fake = tmp_path / name
+        fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('loading\\nboom: no such model\\n\\n')\n"
+                        "sys.exit(3)\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    setup = llamacpp.Setup(tmp_path / llamacpp.BINARY, Path("t.gguf"), None, 8, 1, 512)
+    with pytest.raises(SpecgenError) as plain:
+        llamacpp.run_plain(setup, "hi")
+    assert str(plain.value) == "llama-completion failed with exit code 3: boom: no such model"
+    with pytest.raises(SpecgenError) as spec:
+        llamacpp.run(setup, "ngram-mod", "hi")
+    assert str(spec.value) == ("llama-speculative-simple --spec-type ngram-mod failed with exit code 3: "
+                               "boom: no such model")

@@ -122,8 +122,7 @@ def parse(stdout: str, stderr: str, prompt: str, max_tokens: int | None = None) 
     log = stdout + "\n" + stderr
     decoded, encoded = _DECODED.search(log), _ENCODED.search(log)
     if decoded is None:
-        tail = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "no output")
-        raise SpecgenError(f"{BINARY} printed no 'decoded N tokens' line: {tail.strip()}")
+        raise SpecgenError(f"{BINARY} printed no 'decoded N tokens' line: {_last_line(stderr) or 'no output'}")
     n_tokens, drafted = int(decoded.group(1)), _int(_DRAFTED, log)
     accepted = _int(_ACCEPTED, log)
     stats = RunStats(n_tokens=n_tokens, n_committed=n_tokens, target_calls=max(1, n_tokens - accepted),
@@ -209,35 +208,36 @@ def parse_plain(stdout: str, stderr: str) -> tuple[str, RunStats]:
     one-token decodes after the prompt (the first token comes from the prompt's own pass)."""
     found = _EVAL.search(stderr + "\n" + stdout)
     if found is None:
-        tail = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "no output")
-        raise SpecgenError(f"{PLAIN_BINARY} printed no 'eval time' line: {tail.strip()}")
+        raise SpecgenError(f"{PLAIN_BINARY} printed no 'eval time' line: {_last_line(stderr) or 'no output'}")
     runs, seconds = int(found.group(2)), float(found.group(1)) / 1000
     text = stdout[: -len(_END_OF_TEXT)] if stdout.endswith(_END_OF_TEXT) else stdout
     text = text[:-2] if text.endswith("\n\n") else text  # it ends its output with a blank line
     return text, RunStats(n_tokens=runs, n_committed=runs, target_calls=runs, decode_s=seconds)
 
 
-def run_plain(setup: Setup, prompt: str) -> tuple[str, RunStats]:
+def _last_line(text: str) -> str:
+    """The last non-blank line of a tool's log, for a one-line error."""
+    return next((line.strip() for line in reversed(text.strip().splitlines()) if line.strip()), "")
+
+
+def _execute(cmd: list[str], label: str) -> subprocess.CompletedProcess:
+    """Run one llama.cpp tool; a timeout or a failure is a one-line SpecgenError naming `label`."""
     try:
-        proc = subprocess.run(plain_command(setup, prompt), capture_output=True, text=True, errors="replace",
-                              timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise SpecgenError(f"{PLAIN_BINARY} ran past {TIMEOUT_S} s") from None
+        raise SpecgenError(f"{label} ran past {TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
-        raise SpecgenError(f"{PLAIN_BINARY} failed with exit code {proc.returncode}: {tail.strip()}")
+        raise SpecgenError(f"{label} failed with exit code {proc.returncode}: {_last_line(proc.stderr)}")
+    return proc
+
+
+def run_plain(setup: Setup, prompt: str) -> tuple[str, RunStats]:
+    proc = _execute(plain_command(setup, prompt), PLAIN_BINARY)
     return parse_plain(proc.stdout, proc.stderr)
 
 
 def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
-    try:
-        proc = subprocess.run(command(setup, spec_type, prompt), capture_output=True, text=True, errors="replace",
-                              timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise SpecgenError(f"{BINARY} --spec-type {spec_type} ran past {TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        tail = next((line for line in reversed(proc.stderr.strip().splitlines()) if line.strip()), "")
-        raise SpecgenError(f"{BINARY} --spec-type {spec_type} failed with exit code {proc.returncode}: {tail.strip()}")
+    proc = _execute(command(setup, spec_type, prompt), f"{BINARY} --spec-type {spec_type}")
     return parse(proc.stdout, proc.stderr, prompt, setup.max_tokens)
 
 
