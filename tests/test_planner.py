@@ -373,10 +373,11 @@ def test_auto_sampled_distribution_matches_plain():
         assert chi2 < 20.5, f"position {pos}: {a} vs {b}"
 
 
-def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
+def test_seeded_auto_ignores_clocks_and_repeats_its_text(monkeypatch):
     """With a seed, auto plans from the cost curves only: a slow clock (which makes an unseeded
-    auto's guard back off) changes nothing, and its sampled output is plain's, draw for draw
-    (deterministic drafts, sample-and-match)."""
+    auto's guard back off) changes nothing, so the same command gives the same text. Drafting
+    from q, its draws are not plain's (equal in distribution: test_auto_sampled_*); without a
+    draft model (lookup: deterministic drafts, sample-and-match) they are plain's, draw for draw."""
     import specgen.drafting.auto
 
     target = FakeModel(n_vocab=16, sharpness=2.0)
@@ -391,8 +392,12 @@ def test_seeded_auto_ignores_clocks_and_draws_what_plain_draws(monkeypatch):
 
     fast, slow = run(0.0001, True), run(0.03, True)
     assert fast == slow
+    assert slow[1]["draft"] + slow[1]["staged"] > 0  # the seeded runs did draft from q
     assert run(0.03, False)[1] != slow[1]  # unseeded, the clock does steer auto (the guard backs off)
-    assert slow[0] == plain_tokens(target, prompt, 64, params)
+    looping = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    loop_prompt = [0, 3, 4, 5, 6, 3, 4]
+    tokens, _, auto = auto_run(looping, None, loop_prompt, 48, params, FLAT, reproducible=True)
+    assert auto.choices["lookup"] > 0 and tokens == plain_tokens(looping, loop_prompt, 48, params)
 
 
 def test_a_benched_draft_is_not_used_until_its_backoff_ends():

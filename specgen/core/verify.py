@@ -10,7 +10,7 @@ p/q ratio test would be biased for such candidates (see ../shared/design/tree-on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -23,6 +23,8 @@ from specgen.core.tree import DraftTree
 class Verdict:
     path: list[int]  # accepted drafted nodes, root excluded, root-to-leaf order
     tokens: list[int]  # tokens to commit: the accepted nodes' tokens, then the target's bonus token
+    # Sampled trees: per node whose drawn children were tested, sum_x min(p(x), q(x)) (walk_rejection).
+    overlap: dict[int, float] = field(default_factory=dict)
 
     @property
     def last_node(self) -> int:
@@ -44,24 +46,54 @@ def walk(tree: DraftTree, logits: np.ndarray, choose: Callable[[np.ndarray], int
 
 
 def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
-    """Recursive rejection sampling, for children drawn from q without replacement.
+    """Recursive rejection sampling, for children drawn from q without replacement, beside which
+    a node may also have deterministic children (lookup drafts, fixed before anything was drawn).
 
-    At an expanded node: try the children in the order they were drawn; accept child x with
-    probability min(1, p(x)/q(x)); on rejection p <- norm(max(p - q, 0)) and x leaves q (renormalized).
-    If every child is rejected the bonus token is a draw from the residual p. Lossless like plain
-    sampling and accepts more than sample-and-match, because it uses q.
+    At a node with deterministic children F and drawn children x_1..x_k (in draw order):
+      1. If F is not empty, draw y ~ p. If y is in F, descend into it (it was emitted with
+         probability p(y), as plain sampling would emit it). Otherwise y is discarded and p <- p
+         restricted to the tokens outside F, renormalised: given y is not in F, that is exactly
+         the distribution plain sampling emits from. Without drawn children y is the bonus token,
+         so a deterministic tree makes the very draws of `walk` (sample-and-match).
+      2. Drawn children against that p: accept x_i with probability min(1, p(x_i)/q(x_i)); on
+         rejection p <- norm(max(p - q, 0)) and x_i leaves q (renormalised), which keeps the
+         next round exact for a draw without replacement. If every child is rejected the bonus
+         token is a draw from the last residual p.
+    Each round is a rejection step whose result is exactly its p, so the emitted token is a draw
+    from the target's p. This needs the candidates at a node to be fixed, or drawn in a number
+    fixed, without looking at the draws themselves (a drawn child pruned for its value would bias
+    the step), and the verifier's uniforms to be its own. A drawn child equal to one in F meets
+    p(x) = 0 and is rejected. It accepts more than sample-and-match, because it uses q.
+
+    The verdict's `overlap` records, per node whose drawn children were tested, sum_x min(p, q)
+    over the p they met: the exact probability that the first drawn child is accepted there, an
+    estimate of acceptance with less variance than counting accepts (auto learns from it).
     """
     kids = tree.children()
-    node, path, tokens = 0, [], []
+    node, path, tokens, overlap = 0, [], [], {}
     while True:
         p = distribution(logits[node], params)
+        fixed = [c for c in kids[node] if not tree.drawn[c]]
+        drawn = [c for c in kids[node] if tree.drawn[c]]
         q_row = tree.q_rows.get(node)
+        if q_row is None:
+            drawn = []
         accepted = None
-        if q_row is not None and kids[node]:
+        if fixed:
+            y = draw(p, rng)
+            accepted = next((c for c in fixed if tree.tokens[c] == y), None)
+            if accepted is None and not drawn:
+                return Verdict(path, tokens + [y], overlap)
+            if accepted is None:
+                p = outside(p, [tree.tokens[c] for c in fixed])
+                if p is None:  # p lay wholly on F and y missed it: impossible but for rounding
+                    return Verdict(path, tokens + [y], overlap)
+        if accepted is None and drawn:
             q = q_row.astype(np.float64, copy=True)
-            for child in kids[node]:
+            overlap[node] = float(np.minimum(p, q).sum())
+            for child in drawn:
                 x = tree.tokens[child]
-                if rng.random() * q[x] < p[x]:
+                if accepts(rng.random(), p[x], q[x]):
                     accepted = child
                     break
                 residual = np.maximum(p - q, 0.0)
@@ -72,22 +104,31 @@ def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, 
                 if q_total <= 0:
                     break
                 q /= q_total
-        if accepted is None:
-            y = draw(p, rng)
-            tokens.append(y)
-            # A node without q (a deterministic child set) still descends on a match.
-            match = None if q_row is not None else next((c for c in kids[node] if tree.tokens[c] == y), None)
-            if match is None:
-                return Verdict(path, tokens)
-            accepted = match
-        else:
-            tokens.append(tree.tokens[accepted])
+            if accepted is None:
+                return Verdict(path, tokens + [draw(p, rng)], overlap)
+        if accepted is None:  # no children at all: the bonus token
+            return Verdict(path, tokens + [draw(p, rng)], overlap)
+        tokens.append(tree.tokens[accepted])
         path.append(accepted)
         node = accepted
 
 
+def accepts(u: float, p_x: float, q_x: float) -> bool:
+    """A draw x ~ q is accepted with probability min(1, p(x)/q(x)) (u uniform in [0, 1))."""
+    return u * q_x < p_x
+
+
+def outside(p: np.ndarray, tokens: list[int]) -> np.ndarray | None:
+    """p given that the token is none of `tokens`; None if p has no mass elsewhere."""
+    p = p.copy()
+    p[tokens] = 0.0
+    total = p.sum()
+    return p / total if total > 0 else None
+
+
 def verify(tree: DraftTree, logits: np.ndarray, sampler: Sampler) -> Verdict:
-    """Greedy or deterministic drafts: walk with the plain decoder; sampled drafts: rejection sampling."""
+    """Greedy or deterministic drafts: walk with the plain decoder (its very draws); sampled
+    drafts, with or without deterministic nodes beside them: rejection sampling."""
     if sampler.params.greedy or not tree.sampled:
         return walk(tree, logits, sampler.sample)
     return walk_rejection(tree, logits, sampler.params, sampler.rng)

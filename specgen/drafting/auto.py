@@ -26,7 +26,8 @@ from specgen.costs.curve import Cost, CostCurve
 from specgen.drafting.history import History
 from specgen.drafting.lookup import LookupDrafter, continuation_tree
 from specgen.drafting.planner import (MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard, NodeEvidence,
-                                      PlainSpeed, best_chain_length, best_subtree)
+                                      Plan, PlainSpeed, SampledAcceptance, best_chain_length, best_subtree,
+                                      reach_probabilities)
 from specgen.drafting.sources import LOOKUP_NODE, LOOP_NODE, SINGLE
 
 LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to be measurable
@@ -52,6 +53,7 @@ class DraftModel(Protocol):
     and what it took, a cut of it, and how far behind the committed text the draft is."""
 
     max_depth: int
+    sampling: bool  # children drawn from q (T > 0): verified by rejection sampling, never pruned
     last_choice: str
     last_calls: int  # the last proposal's draft decodes
     last_catch_up_s: float  # and the seconds its first one (the catch-up on committed text) took
@@ -60,7 +62,11 @@ class DraftModel(Protocol):
     def backlog(self) -> int:
         """Committed tokens the draft has not read yet (the next proposal's first decode reads them)."""
 
-    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree: ...
+    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = ()) -> DraftTree: ...
+
+    @property
+    def confidence(self) -> dict[int, float]:
+        """Per node of the last proposal that the draft evaluated: its q row's top probability."""
 
     def restrict(self, nodes: list[int]) -> DraftTree:
         """The last proposal cut to `nodes` (ancestor-closed), the draft's KV bookkeeping with it."""
@@ -88,6 +94,7 @@ class _Step:
     # gemma F32's plain steps 30% slower, unseen by the draft's guard).
     uses_draft: bool = False
     chosen: float = 0.0  # perf_counter when propose() returned: a plain step's own time starts here
+    confidence: dict[int, float] | None = None  # sampled draft steps: the draft's confidence per node
 
 
 class AutoDrafter:
@@ -105,6 +112,9 @@ class AutoDrafter:
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
         self.acceptance = AcceptanceModel()
+        # T > 0 with a draft model: its tokens are drawn from q and verified by rejection sampling.
+        self.sampled = model is not None and model.sampling
+        self.sampled_acceptance = SampledAcceptance()
         self.draft = DraftEstimate()
         self.guard = Guard()
         # The same test for the steps that use the draft model alone: a draft whose steps are
@@ -134,6 +144,7 @@ class AutoDrafter:
         self.finish_text()
         self._text_kept = False
         self.acceptance.new_text()
+        self.sampled_acceptance.new_text()
         if self.model is not None:
             self.model.reset(tokens)
         if not self._model_owns_lookup:
@@ -175,7 +186,10 @@ class AutoDrafter:
         accept = [1.0] + [self.acceptance.lookup_p(match_len[v], tdepth[v], sources[v], support[v])
                           for v in range(1, len(tree))]
         caps = [1.0] + [_cap(sources[v]) for v in range(1, len(tree))]
-        plan = best_subtree(tree.parents, _cap_siblings(tree, accept, caps), c_target, 0.0, self.max_nodes)
+        accept = _cap_siblings(tree, accept, caps)
+        plan = best_subtree(tree.parents, accept, c_target, 0.0, self.max_nodes)
+        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v], support[v])
+                             for v in range(1, len(tree))]
 
         if self.model is not None and self.c_draft is not None and self.draft_guard.allow_speculation():
             # A drafted token costs a draft decode plus Python work on a vocabulary-sized row:
@@ -184,16 +198,20 @@ class AutoDrafter:
             # row: much cheaper per token than a draft level; the prompt too, the first time).
             c_draft_1 = self.c_draft(1, context)
             catch_up = self.c_draft.read(self.model.backlog, context) - c_draft_1
-            k, draft_rate = best_chain_length(self.draft.alpha, c_target, self.draft.step_cost(c_draft_1),
-                                              min(depth, self.model.max_depth),
+            max_k = min(depth, self.model.max_depth)
+            alpha = self.sampled_acceptance.by_depth(max_k) if self.sampled else self.draft.alpha
+            k, draft_rate = best_chain_length(alpha, c_target, self.draft.step_cost(c_draft_1), max_k,
                                               catch_up, tokens_left=min(max_depth + 1, CATCH_UP_HORIZON))
-            if k > 0 and draft_rate * self.draft.usable() > plan.rate:  # as realised so far
-                expected = sum(self.draft.alpha ** i for i in range(k + 1))
-                return self._propose_with_model(depth, k, c_target, context, started, expected, expected / draft_rate)
+            if k > 0:
+                expected = _chain_expected(alpha, k)
+                graft = self._graft_plan(tree, plan, accept, expected, expected / draft_rate, c_target, k)
+                if graft is not None and graft.rate * self.draft.usable() > max(plan.rate, draft_rate * self.draft.usable()):
+                    return self._propose_with_model(depth, k, c_target, context, started, graft.expected_tokens,
+                                                    graft.seconds, graft=(tree, plan.nodes, evidence))
+                if draft_rate * self.draft.usable() > plan.rate:  # as realised so far
+                    return self._propose_with_model(depth, k, c_target, context, started, expected, expected / draft_rate)
             self._relax_draft(c_draft_1)
 
-        evidence = [None] + [self.acceptance.lookup_evidence(match_len[v], tdepth[v], sources[v], support[v])
-                             for v in range(1, len(tree))]
         pruned, new_index = tree.subtree([0, *plan.nodes])
         kept = [None] * len(pruned)
         for old, new in new_index.items():
@@ -223,20 +241,46 @@ class AutoDrafter:
         plan = best_subtree(list(range(-1, self.max_depth)), accept, c_target, 0.0, self.max_nodes)
         return len(plan.nodes)
 
+    def _graft_plan(self, tree: DraftTree, plan: Plan, accept: list[float], draft_tokens: float,
+                    draft_seconds: float, c_target: Cost, k: int) -> Plan | None:
+        """A sampled draft chain with the lookup plan beside it (T > 0 only): the lookup nodes are
+        verified first at the root, and the chain's first token, drawn from q without them, is
+        tried only when they are rejected. None when there is nothing to put beside it."""
+        if not self.sampled or not plan.nodes:
+            return None
+        reach = reach_probabilities(tree.parents, accept)
+        first = min(1.0, sum(reach[v] for v in plan.nodes if tree.parents[v] == 0))
+        expected = plan.expected_tokens + (1.0 - first) * (draft_tokens - 1.0)
+        seconds = draft_seconds - c_target(k + 1) + c_target(k + 1 + len(plan.nodes))
+        return Plan(plan.nodes, expected, seconds)
+
     def _propose_with_model(self, depth: int, k: int, c_target: Cost, context: int, started: float,
-                            planned_tokens: float, planned_s: float) -> DraftTree:
+                            planned_tokens: float, planned_s: float,
+                            graft: tuple[DraftTree, list[int], list[NodeEvidence | None]] | None = None) -> DraftTree:
+        """The draft's chain of up to k tokens; `graft`: a lookup tree, the nodes of it to put
+        beside the chain, and their evidence."""
         assert self.model is not None and self.c_draft is not None
+        exclude = tuple(graft[0].tokens[v] for v in graft[1] if graft[0].parents[v] == 0) if graft else ()
         t0 = time.perf_counter()
-        tree = self.model.propose(min(depth, k), max_nodes=k)
+        tree = self.model.propose(min(depth, k), max_nodes=k, exclude=exclude)
         c_draft_1 = self.c_draft(1, context)
         if not self.reproducible and tree.n_drafted:
             # Per drafted token, the catch-up counted as the one-token decode it is beyond the backlog.
             spent = time.perf_counter() - t0 - self.model.last_catch_up_s + c_draft_1
             self.draft.observe_step_cost(spent / tree.n_drafted, c_draft_1)
+        if tree.sampled or self.sampled:
+            # Drawn children must all stay (verify.walk_rejection): nothing is pruned by its value.
+            confidence = dict(self.model.confidence)
+            evidence: list[NodeEvidence | None] = [None] * len(tree)
+            if graft is not None:
+                tree, evidence = _grafted(tree, *graft)
+            choice = self.model.last_choice + ("+lookup" if graft is not None else "")
+            return self._choose(_Step(choice, tree, evidence, context, started, self.model.last_calls, planned_s,
+                                      planned_tokens, uses_draft=True, confidence=confidence))
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         # The draft's time is spent: prune by target cost alone.
         plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
-        if len(plan.nodes) < tree.n_drafted and not tree.sampled:  # sampled children must all stay
+        if len(plan.nodes) < tree.n_drafted:
             tree = self.model.restrict(plan.nodes)
         evidence = [None] + [self.acceptance.draft_evidence(q) for q in tree.q[1:]]
         return self._choose(_Step(self.model.last_choice, tree, evidence, context, started,
@@ -245,6 +289,7 @@ class AutoDrafter:
     def _relax_draft(self, c_draft_1: float) -> None:
         assert self.c_draft is not None
         self.draft.relax(c_draft_1)
+        self.sampled_acceptance.relax()
         # How busy the machine is shows in every target decode; the draft's scale follows it.
         self.c_draft.scale += (self.c_target.scale - self.c_draft.scale) * RELAX
 
@@ -260,7 +305,9 @@ class AutoDrafter:
         if step is not None and (step.tree.n_drafted or step.uses_draft):
             tree = step.tree
             self.acceptance.observe(tree, step.evidence, verdict.path)
-            if step.uses_draft and tree.n_drafted:
+            if step.confidence is not None:
+                self._observe_sampled(step, verdict)
+            elif step.uses_draft and tree.n_drafted:
                 first_tested = [v for v in range(1, len(tree)) if tree.parents[v] == 0]
                 self.draft.observe_first_token(any(v in verdict.path for v in first_tested))
             if self.reproducible:  # the step's modelled cost: what the planner expected it to take
@@ -286,6 +333,39 @@ class AutoDrafter:
             self.model.observe(verdict, committed)
         if not self._model_owns_lookup:
             self.lookup.observe(verdict, committed)
+
+
+    def _observe_sampled(self, step: _Step, verdict: Verdict) -> None:
+        """Learn from the exact acceptance of the first drawn child at every node verification
+        tested (Verdict.overlap), by the depth of the children and the draft's confidence there."""
+        depths = step.tree.depths()
+        for node, overlap in verdict.overlap.items():
+            confidence = step.confidence.get(node) if step.confidence else None
+            if confidence is not None:
+                self.sampled_acceptance.observe(depths[node] + 1, confidence, overlap)
+
+
+def _chain_expected(alpha: float | list[float], k: int) -> float:
+    """E[tokens] of a k-token chain accepted with alpha (per depth, or one value): the bonus included."""
+    alphas = [alpha] if isinstance(alpha, (int, float)) else alpha
+    expected, reach = 1.0, 1.0
+    for d in range(1, k + 1):
+        reach *= alphas[min(d, len(alphas)) - 1]
+        expected += reach
+    return expected
+
+
+def _grafted(tree: DraftTree, lookup: DraftTree, nodes: list[int], evidence: list[NodeEvidence | None]
+             ) -> tuple[DraftTree, list[NodeEvidence | None]]:
+    """The draft's tree with `nodes` of the lookup tree added as deterministic nodes (after the
+    draft's own, so the draft's node indices, which its KV bookkeeping uses, stay as they are)."""
+    out = DraftTree(list(tree.tokens), list(tree.parents), list(tree.q), dict(tree.q_rows), list(tree.drawn))
+    kept: list[NodeEvidence | None] = [None] * len(tree)
+    index = {0: 0}
+    for v in sorted(nodes):
+        index[v] = out.add(lookup.tokens[v], index[lookup.parents[v]])
+        kept.append(evidence[v])
+    return out, kept
 
 
 def _cap(source: str) -> float:

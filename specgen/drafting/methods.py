@@ -69,7 +69,6 @@ def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
 
 
 def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
-    from specgen.core.sampling import SamplingParams
     from specgen.drafting.auto import AutoDrafter
     from specgen.drafting.lookup import LookupDrafter
     from specgen.drafting.model import ModelDrafter
@@ -77,13 +76,13 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     draft_params, lookup, model = params.pop("draft"), LookupDrafter(), None
     if kit.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
-        # where the lookup stage hits); the planner sets its length each step. Its proposals are
-        # the draft's argmax even when sampling: deterministic drafts are verified by sample-and-match,
-        # which makes the same draws as plain decoding, so a seed gives plain's exact output whatever
-        # auto chose at each step (its choices follow measured timings, which vary run to run).
+        # where the lookup stage hits); the planner sets its length each step. Greedy: the draft's
+        # argmax. Sampling: draws from q under the target's temperature, top-k and top-p, verified
+        # by rejection sampling, which accepts a draw with 1 - TV(p, q) where matching plain's own
+        # draw accepted the argmax with p(x) (equal to plain only in distribution, then).
         # The draft reads the prompt only when auto first uses it (as a catch-up the planner
         # prices): on a long prompt where lookup does the work, it never does.
-        model = ModelDrafter(kit.draft_ctx, SamplingParams(), lookup=lookup, lazy_prefill=True, **draft_params)
+        model = ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
     return AutoDrafter(kit.costs, lookup, model, kit.draft_costs if model is not None else None,
                        reproducible=kit.reproducible, on_long_prompt=kit.on_long_prompt, history=kit.history,
                        model_feeds_lookup=model is not None, **params)

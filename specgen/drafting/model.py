@@ -90,10 +90,13 @@ class ModelDrafter:
     its parent's. chain = branching 1 with `min_prob` (stop where the draft's top token is less
     likely than that).
 
-    With `lookup` (the staged method, deterministic drafts only) a second stage drafts for the
-    draft: the lookup continuation of the best frontier node rides along in the same draft decode,
-    and each lookup token that equals the draft's own argmax joins the tree already evaluated, so
-    one draft call can advance several levels. The tree is the one the draft alone would grow.
+    With `lookup` (the staged method) a second stage drafts for the draft: the lookup
+    continuation of the best frontier node rides along in the same draft decode, and each lookup
+    token that equals the draft's own choice there (its argmax; when sampling, its draw from q)
+    joins the tree already evaluated, so one draft call can advance several levels. The draft
+    still chooses every token: the stage only saves it decodes, so a sampled tree stays a tree of
+    draws from q (which nodes get expanded may depend on the draws above them, never on the
+    draws of the children being added, so rejection sampling stays exact: verify.py).
     """
 
     def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
@@ -105,7 +108,7 @@ class ModelDrafter:
         self.rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
         self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
         self.min_prob = min_prob
-        self.lookup = lookup if not self.sampling else None
+        self.lookup = lookup
         self.lookup_len = lookup_len
         self.draft_calls = 0  # draft decodes, all proposals
         # The last proposal's work, for auto's accounting: its draft decodes, and the seconds its
@@ -127,8 +130,10 @@ class ModelDrafter:
         first decode reads them all."""
         return self.cache.behind
 
-    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree:
-        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes."""
+    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = ()) -> DraftTree:
+        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes.
+        `exclude`: tokens the root's children must not be (when sampling, drawn from q without
+        them), because the caller puts deterministic drafts for them beside this tree."""
         limit = min(self.max_depth, max_depth)
         budget = self.max_nodes if max_nodes is None else max_nodes
         calls = self.draft_calls
@@ -140,7 +145,7 @@ class ModelDrafter:
         if limit <= 0 or budget <= 0:
             self.last_calls = 0
             return self._proposed(g.tree)
-        frontier = self._add_children(g, 0, root_logits)
+        frontier = self._add_children(g, 0, root_logits, exclude)
         self.draft_calls += 1
         while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)
@@ -149,6 +154,11 @@ class ModelDrafter:
         if self.sampling:
             return g.tree  # every drawn child stays: see _to_expand
         return self.restrict(g.best(budget))
+
+    @property
+    def confidence(self) -> dict[int, float]:
+        """Per node of the last proposal that the draft evaluated: its q row's top probability."""
+        return self._grow.confidence if self._grow is not None else {}
 
     def restrict(self, nodes: list[int]) -> DraftTree:
         """The last proposal cut to `nodes` (ancestor-closed) and re-indexed; the draft's KV
@@ -194,16 +204,33 @@ class ModelDrafter:
     def finish_text(self) -> None:
         """Nothing to keep: the draft model drafts from the current text alone."""
 
-    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
+    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray, exclude: tuple[int, ...] = ()) -> list[int]:
         q = distribution(logits, self.params) if self.sampling else softmax(logits)  # over the draft's columns
+        g.confidence[node] = float(q.max())
         if q.max() < self.min_prob:
             return []  # the draft is unsure here: stop this branch (decided before any draw)
+        if exclude:
+            q = self._without(q, exclude)
+            if q is None:
+                return []
         if self.sampling:
             picks = _draw_without_replacement(q, self.branching, self.rng)
             g.tree.q_rows[node] = self._over_target_vocab(q)
         else:
             picks = _top_k(q, self.branching)
-        return [g.add(self._token(c), node, float(q[c])) for c in picks]
+        return [g.add(self._token(c), node, float(q[c]), self.sampling) for c in picks]
+
+    def _without(self, q: np.ndarray, tokens: tuple[int, ...]) -> np.ndarray | None:
+        """q with `tokens` (target ids) taken out, renormalised when sampling; None if nothing is left."""
+        columns = self.cache.ctx.columns
+        ids = np.asarray(tokens, dtype=np.int64)
+        cut = ids[ids < q.shape[0]] if columns is None else np.flatnonzero(np.isin(columns, ids))
+        q = q.copy()
+        q[cut] = 0.0
+        total = float(q.sum())
+        if total <= 0:
+            return None
+        return q / total if self.sampling else q
 
     def _token(self, column: int) -> int:
         columns = self.cache.ctx.columns
@@ -249,7 +276,7 @@ class ModelDrafter:
         for j, tok in enumerate(run):
             row = out[b + j]
             child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
-            if child is None or tok != self._token(int(np.argmax(row))):
+            if child is None or (not self.sampling and tok != self._token(int(np.argmax(row)))):
                 self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
                 break
             g.claim(node, child, seq)
@@ -272,13 +299,14 @@ class _Growth:
     root_pos: int
     budget: int  # drafted nodes the proposal may keep
     cum: list[float] = field(default_factory=lambda: [1.0])
+    confidence: dict[int, float] = field(default_factory=dict)  # per expanded node: its q row's top probability
     depth: list[int] = field(default_factory=lambda: [0])
     seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
     handed_down: set[int] = field(default_factory=set)
     next_seq: int = 1
 
-    def add(self, token: int, parent: int, q: float) -> int:
-        v = self.tree.add(token, parent, q)
+    def add(self, token: int, parent: int, q: float, drawn: bool = False) -> int:
+        v = self.tree.add(token, parent, q, drawn)
         self.cum.append(self.cum[parent] * q)
         self.depth.append(self.depth[parent] + 1)
         return v
@@ -309,6 +337,7 @@ class _Growth:
         """Follow DraftTree.subtree's re-indexing; forget nodes that were pruned."""
         depth = {new: self.depth[old] for old, new in new_index.items()}
         self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
+        self.confidence = {new_index[v]: c for v, c in self.confidence.items() if v in new_index}
         self.depth = [depth[i] for i in range(len(depth))]
 
 
