@@ -1,6 +1,8 @@
 """The planner over synthetic numbers: cost curves decide tree sizes, acceptance decides whether to
 draft at all, the guard backs off when speculation loses; and `auto` stays lossless."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -353,19 +355,27 @@ def test_auto_stays_plain_when_nothing_is_accepted_and_costs_are_steep():
     assert auto.choices["plain"] + auto.choices["guard"] >= 50
 
 
-def test_auto_sampled_distribution_matches_plain():
+@pytest.mark.parametrize("prompt, choice", [([0, 4, 5], "staged"), ([0, 2, 3, 2, 3], "staged+lookup")])
+def test_auto_sampled_distribution_matches_plain(prompt, choice):
+    """At T > 0 auto drafts from q (chains; after a repeat, chains with lookup nodes beside them):
+    per-position frequencies match plain sampling."""
     target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3, (3,): 2})
     draft = NoisyDraft(target, noise=1.0)
-    prompt, n, runs = [0, 2, 3, 2, 3], 3, 300
+    n, runs = 3, 300
     plain = np.zeros((n, 6))
     spec = np.zeros((n, 6))
+    choices, accepted = Counter(), 0
     for seed in range(runs):
         for pos, tok in enumerate(plain_tokens(target, prompt, n, SamplingParams(1.0, seed=seed))):
             plain[pos, tok] += 1
-        tokens, *_ = auto_run(target, draft, prompt, n, SamplingParams(1.0, seed=90_000 + seed),
-                              FLAT, CostCurve([1, 8], [0.002, 0.003]))
+        tokens, stats, auto = auto_run(target, draft, prompt, n, SamplingParams(1.0, seed=90_000 + seed),
+                                       FLAT, CostCurve([1, 8], [0.002, 0.003]))
+        choices.update(auto.choices)
+        accepted += stats.accepted
         for pos, tok in enumerate(tokens):
             spec[pos, tok] += 1
+    assert choices[choice] > runs // 2, choices
+    assert accepted > runs
     for pos in range(n):
         a, b = plain[pos], spec[pos]
         keep = (a + b) > 0

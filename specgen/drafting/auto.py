@@ -57,6 +57,7 @@ class DraftModel(Protocol):
     last_choice: str
     last_calls: int  # the last proposal's draft decodes
     last_catch_up_s: float  # and the seconds its first one (the catch-up on committed text) took
+    judge: Callable[[int, float, float], float | None] | None  # sampling: whether a node's children pay
 
     @property
     def backlog(self) -> int:
@@ -261,6 +262,8 @@ class AutoDrafter:
         beside the chain, and their evidence."""
         assert self.model is not None and self.c_draft is not None
         exclude = tuple(graft[0].tokens[v] for v in graft[1] if graft[0].parents[v] == 0) if graft else ()
+        if self.sampled:  # stop the chain where the draft's confidence says a further token does not pay
+            self.model.judge = self._judge(planned_tokens / planned_s, c_target, k, context)
         t0 = time.perf_counter()
         tree = self.model.propose(min(depth, k), max_nodes=k, exclude=exclude)
         c_draft_1 = self.c_draft(1, context)
@@ -334,6 +337,19 @@ class AutoDrafter:
         if not self._model_owns_lookup:
             self.lookup.observe(verdict, committed)
 
+
+    def _judge(self, rate: float, c_target: Cost, k: int, context: int) -> Callable[[int, float, float], float | None]:
+        """A chain token at depth d is drawn only while its expected gain, reach * acceptance (by
+        depth and the draft's confidence at its parent), pays for its time at the step's planned
+        rate: a draft decode and one more row in the target's batch."""
+        assert self.c_draft is not None
+        marginal = self.draft.step_cost(self.c_draft(1, context)) + c_target(k + 1) - c_target(k)
+        floor = rate * marginal
+
+        def judge(depth: int, confidence: float, reach: float) -> float | None:
+            gain = reach * self.sampled_acceptance.p(depth, confidence)
+            return gain if gain >= floor else None
+        return judge
 
     def _observe_sampled(self, step: _Step, verdict: Verdict) -> None:
         """Learn from the exact acceptance of the first drawn child at every node verification

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -110,6 +111,10 @@ class ModelDrafter:
         self.min_prob = min_prob
         self.lookup = lookup
         self.lookup_len = lookup_len
+        # Sampling: whether a node's children are worth drawing, asked with (their depth, the
+        # draft's confidence at the node, the node's reach): the children's reach, or None to stop.
+        # Decided from the node's own q row before drawing from it, so rejection sampling stays exact.
+        self.judge: Callable[[int, float, float], float | None] | None = None
         self.draft_calls = 0  # draft decodes, all proposals
         # The last proposal's work, for auto's accounting: its draft decodes, and the seconds its
         # first decode (the catch-up on committed text) took.
@@ -206,9 +211,14 @@ class ModelDrafter:
 
     def _add_children(self, g: "_Growth", node: int, logits: np.ndarray, exclude: tuple[int, ...] = ()) -> list[int]:
         q = distribution(logits, self.params) if self.sampling else softmax(logits)  # over the draft's columns
-        g.confidence[node] = float(q.max())
-        if q.max() < self.min_prob:
+        confidence = g.confidence[node] = float(q.max())
+        if confidence < self.min_prob:
             return []  # the draft is unsure here: stop this branch (decided before any draw)
+        reach = g.reach.get(node, 1.0)
+        if self.sampling and self.judge is not None:
+            reach = self.judge(g.depth[node] + 1, confidence, reach)
+            if reach is None:
+                return []
         if exclude:
             q = self._without(q, exclude)
             if q is None:
@@ -218,7 +228,9 @@ class ModelDrafter:
             g.tree.q_rows[node] = self._over_target_vocab(q)
         else:
             picks = _top_k(q, self.branching)
-        return [g.add(self._token(c), node, float(q[c]), self.sampling) for c in picks]
+        kids = [g.add(self._token(c), node, float(q[c]), self.sampling) for c in picks]
+        g.reach.update((v, reach) for v in kids)
+        return kids
 
     def _without(self, q: np.ndarray, tokens: tuple[int, ...]) -> np.ndarray | None:
         """q with `tokens` (target ids) taken out, renormalised when sampling; None if nothing is left."""
@@ -300,6 +312,7 @@ class _Growth:
     budget: int  # drafted nodes the proposal may keep
     cum: list[float] = field(default_factory=lambda: [1.0])
     confidence: dict[int, float] = field(default_factory=dict)  # per expanded node: its q row's top probability
+    reach: dict[int, float] = field(default_factory=dict)  # sampling with a judge: each node's predicted reach
     depth: list[int] = field(default_factory=lambda: [0])
     seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
     handed_down: set[int] = field(default_factory=set)
