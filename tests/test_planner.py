@@ -641,3 +641,18 @@ def test_a_quoted_passage_is_drafted_as_far_as_a_flat_curve_affords_from_the_fir
     auto.reset(prompt)
     tree = auto.propose(79)
     assert tree.n_drafted >= 39 and tree.tokens[1:tree.n_drafted + 1] == passage[30:30 + tree.n_drafted]
+
+
+def test_sampled_auto_learns_the_draft_s_acceptance_from_overlaps():
+    """At T > 0 auto learns sum min(p, q) per depth: a draft close to the target is priced high and
+    drafts chains; one far from it is priced low, and auto stops using it."""
+    target = FakeModel(n_vocab=16, sharpness=2.0)
+    prompt, params, draft_curve = [0, 9, 8, 7], SamplingParams(1.0, seed=3), CostCurve([1, 8], [0.004, 0.005])
+    _, good_stats, good = auto_run(target, NoisyDraft(target, noise=0.05), prompt, 64, params, FLAT, draft_curve,
+                                   reproducible=True)
+    _, _, bad = auto_run(target, NoisyDraft(target, noise=4.0), prompt, 64, params, FLAT, draft_curve,
+                         reproducible=True)
+    assert good.sampled_acceptance.by_depth(1)[0] > 0.85 and good_stats.mean_accepted > 1.5
+    assert bad.sampled_acceptance.by_depth(1)[0] < 0.5
+    share = lambda auto: auto.choices["staged"] / auto.choices.total()  # noqa: E731
+    assert share(good) > 0.8 and share(bad) < 0.4

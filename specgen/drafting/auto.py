@@ -337,7 +337,6 @@ class AutoDrafter:
         if not self._model_owns_lookup:
             self.lookup.observe(verdict, committed)
 
-
     def _judge(self, rate: float, c_target: Cost, k: int, context: int) -> Callable[[int, float, float], float | None]:
         """A chain token at depth d is drawn only while its expected gain, reach * acceptance (by
         depth and the draft's confidence at its parent), pays for its time at the step's planned

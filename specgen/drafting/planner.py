@@ -217,74 +217,6 @@ class AcceptanceModel:
             bins.update(e.bin, v in on_path)
 
 
-# --- sampled drafts: acceptance learned from the overlap of p and q --------------------------------
-
-# Depth bins (lower edges) and confidence bins (the draft's top probability at the parent) of a
-# sampled draft node.
-SAMPLED_DEPTHS = (1, 2, 3, 4, 6, 9)
-CONF_BINS = 5
-OVERLAP_DECAY = 0.98  # per update of a bin: the estimate follows the text at hand
-OVERLAP_WEIGHT = 2.0  # the prior's weight, in observations
-
-
-class SampledAcceptance:
-    """How likely a token drawn from q is accepted by rejection sampling, learned online.
-
-    A q-sampled child of a node is accepted with probability sum_x min(p(x), q(x)) = 1 - TV(p, q),
-    which verification computes exactly at every node whose drawn children it tested
-    (Verdict.overlap): learning from that expectation instead of a 0/1 outcome needs fewer steps
-    for the same precision. Kept by depth and by the draft's confidence at the parent (its q row's
-    top probability: a flat q beside a flat p still overlaps, a sure q that is wrong does not),
-    and by depth alone, for planning a chain before any row is seen.
-    """
-
-    def __init__(self, prior: float = 0.6):
-        shape = (len(SAMPLED_DEPTHS), CONF_BINS)
-        conf = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
-        # Prior: the draft's confidence nudges it; the weight lets a few steps overrule it.
-        self.prior = np.broadcast_to(np.clip(prior - 0.2 + 0.4 * conf, 0.05, 0.95), shape).copy()
-        self.sums = np.zeros(shape)
-        self.counts = np.zeros(shape)
-        self.depth_prior = np.full(len(SAMPLED_DEPTHS), prior)
-        self.depth_sums = np.zeros(len(SAMPLED_DEPTHS))
-        self.depth_counts = np.zeros(len(SAMPLED_DEPTHS))
-
-    @staticmethod
-    def depth_bin(depth: int) -> int:
-        return max(0, bisect.bisect_right(SAMPLED_DEPTHS, depth) - 1)
-
-    @staticmethod
-    def conf_bin(confidence: float) -> int:
-        return min(CONF_BINS - 1, max(0, int(confidence * CONF_BINS)))
-
-    def p(self, depth: int, confidence: float) -> float:
-        d, c = self.depth_bin(depth), self.conf_bin(confidence)
-        return float((self.prior[d, c] * OVERLAP_WEIGHT + self.sums[d, c]) / (OVERLAP_WEIGHT + self.counts[d, c]))
-
-    def by_depth(self, max_depth: int) -> list[float]:
-        """The acceptance at depths 1..max_depth, whatever the confidence (for planning a chain)."""
-        means = (self.depth_prior * OVERLAP_WEIGHT + self.depth_sums) / (OVERLAP_WEIGHT + self.depth_counts)
-        return [float(means[self.depth_bin(d)]) for d in range(1, max_depth + 1)]
-
-    def observe(self, depth: int, confidence: float, overlap: float) -> None:
-        d, c = self.depth_bin(depth), self.conf_bin(confidence)
-        self.sums[d, c] = self.sums[d, c] * OVERLAP_DECAY + overlap
-        self.counts[d, c] = self.counts[d, c] * OVERLAP_DECAY + 1
-        self.depth_sums[d] = self.depth_sums[d] * OVERLAP_DECAY + overlap
-        self.depth_counts[d] = self.depth_counts[d] * OVERLAP_DECAY + 1
-
-    def new_text(self) -> None:
-        self._fade(0.5)
-
-    def relax(self) -> None:
-        """A step without the draft: drift back towards the prior (see RELAX)."""
-        self._fade(1.0 - RELAX)
-
-    def _fade(self, factor: float) -> None:
-        for a in (self.sums, self.counts, self.depth_sums, self.depth_counts):
-            a *= factor
-
-
 # --- the draft model's first-token acceptance and cost per drafted token --------------------------
 
 ALPHA_PRIOR = 0.7  # optimistic on purpose: an option the planner never tries is never learned
@@ -353,6 +285,90 @@ class DraftEstimate:
         self.efficiency += (1.0 - self.efficiency) * EFFICIENCY_RELAX
         if self.step_s is not None:
             self.step_s += (c_draft_1 - self.step_s) * RELAX
+
+
+# --- sampled drafts: acceptance learned from the overlap of p and q --------------------------------
+
+# Depth bins (lower edges) and confidence bins (the draft's top probability at the parent) of a
+# sampled draft node.
+SAMPLED_DEPTHS = (1, 2, 3, 4, 6, 9)
+CONF_BINS = 5
+OVERLAP_DECAY = 0.98  # per update of a bin: the estimate follows the text at hand
+OVERLAP_WEIGHT = 2.0  # the prior's weight, in observations
+
+
+class SampledAcceptance:
+    """How likely a token drawn from q is accepted by rejection sampling, learned online.
+
+    A q-sampled child of a node is accepted with probability sum_x min(p(x), q(x)) = 1 - TV(p, q),
+    which verification computes exactly at every node whose drawn children it tested
+    (Verdict.overlap): learning from that expectation instead of a 0/1 outcome needs fewer steps
+    for the same precision. Kept by depth and by the draft's confidence at the parent (its q row's
+    top probability: a flat q beside a flat p still overlaps, a sure q that is wrong does not),
+    and by depth alone, for planning a chain before any row is seen.
+    """
+
+    def __init__(self, prior: float = ALPHA_PRIOR):
+        shape = (len(SAMPLED_DEPTHS), CONF_BINS)
+        conf = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
+        # Prior: the draft's confidence nudges it; the weight lets a few steps overrule it.
+        self.prior = np.broadcast_to(np.clip(prior - 0.2 + 0.4 * conf, 0.05, 0.95), shape).copy()
+        self.sums = np.zeros(shape)
+        self.counts = np.zeros(shape)
+        self.depth_prior = np.full(len(SAMPLED_DEPTHS), prior)
+        self.depth_sums = np.zeros(len(SAMPLED_DEPTHS))
+        self.depth_counts = np.zeros(len(SAMPLED_DEPTHS))
+
+    @staticmethod
+    def depth_bin(depth: int) -> int:
+        return max(0, bisect.bisect_right(SAMPLED_DEPTHS, depth) - 1)
+
+    @staticmethod
+    def conf_bin(confidence: float) -> int:
+        return min(CONF_BINS - 1, max(0, int(confidence * CONF_BINS)))
+
+    def p(self, depth: int, confidence: float) -> float:
+        return float(self._means()[self.depth_bin(depth), self.conf_bin(confidence)])
+
+    def by_depth(self, max_depth: int) -> list[float]:
+        """The acceptance at depths 1..max_depth, whatever the confidence (for planning a chain)."""
+        means = self._depth_means()
+        return [float(means[self.depth_bin(d)]) for d in range(1, max_depth + 1)]
+
+    # A depth not drafted yet starts from the depth above it (its prior is that depth's estimate):
+    # drawn tokens are accepted about as often deep as shallow, and a fixed prior below what the
+    # first depths have shown would keep chains from ever growing to learn otherwise.
+    def _means(self) -> np.ndarray:
+        means = np.empty_like(self.prior)
+        for d in range(len(SAMPLED_DEPTHS)):
+            prior = self.prior[0] if d == 0 else means[d - 1]
+            means[d] = (prior * OVERLAP_WEIGHT + self.sums[d]) / (OVERLAP_WEIGHT + self.counts[d])
+        return means
+
+    def _depth_means(self) -> np.ndarray:
+        means = np.empty_like(self.depth_prior)
+        for d in range(len(SAMPLED_DEPTHS)):
+            prior = self.depth_prior[0] if d == 0 else means[d - 1]
+            means[d] = (prior * OVERLAP_WEIGHT + self.depth_sums[d]) / (OVERLAP_WEIGHT + self.depth_counts[d])
+        return means
+
+    def observe(self, depth: int, confidence: float, overlap: float) -> None:
+        d, c = self.depth_bin(depth), self.conf_bin(confidence)
+        self.sums[d, c] = self.sums[d, c] * OVERLAP_DECAY + overlap
+        self.counts[d, c] = self.counts[d, c] * OVERLAP_DECAY + 1
+        self.depth_sums[d] = self.depth_sums[d] * OVERLAP_DECAY + overlap
+        self.depth_counts[d] = self.depth_counts[d] * OVERLAP_DECAY + 1
+
+    def new_text(self) -> None:
+        self._fade(0.5)
+
+    def relax(self) -> None:
+        """A step without the draft: drift back towards the prior (see RELAX)."""
+        self._fade(1.0 - RELAX)
+
+    def _fade(self, factor: float) -> None:
+        for a in (self.sums, self.counts, self.depth_sums, self.depth_counts):
+            a *= factor
 
 
 # --- no-regret guard -----------------------------------------------------------------------------
