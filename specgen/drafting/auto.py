@@ -274,6 +274,10 @@ class AutoDrafter:
         if tree.sampled or self.sampled:
             # Drawn children must all stay (verify.walk_rejection): nothing is pruned by its value.
             confidence = dict(self.model.confidence)
+            if graft is None and tree.n_drafted < k:  # the judge stopped the chain early: plan what was drafted
+                alpha = self.sampled_acceptance.by_depth(k)
+                planned_s -= (k - tree.n_drafted) * self.draft.step_cost(c_draft_1) + c_target(k + 1) - c_target(len(tree))
+                planned_tokens = _chain_expected(alpha, tree.n_drafted)
             evidence: list[NodeEvidence | None] = [None] * len(tree)
             if graft is not None:
                 tree, evidence = _grafted(tree, *graft)
