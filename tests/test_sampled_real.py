@@ -60,7 +60,7 @@ def compare_with_plain(target, draft_ctx, prompt_text, temperature=1.0, draft_s=
 def test_auto_with_a_draft_samples_as_plain(smollm2_f32, smollm2):
     dctx = smollm2.new_context(256, n_seq_max=64)
     _, choices, accepted = compare_with_plain(smollm2_f32, dctx, "The three primary colors are")
-    assert choices["staged"] > RUNS and accepted > RUNS, (choices, accepted)
+    assert choices["staged"] > RUNS * 0.9 and accepted > RUNS // 2, (choices, accepted)
 
 
 def test_auto_with_a_subset_draft_samples_as_plain(tmp_path, smollm2_path, smollm2_f32):
@@ -72,14 +72,14 @@ def test_auto_with_a_subset_draft_samples_as_plain(tmp_path, smollm2_path, smoll
     from specgen.llama.gguf import TokenTable, cut_vocabulary
 
     target, text = smollm2_f32, "The capital of France is"
-    second = int(np.argsort(-evaluate(target.new_context(64), target.tokenize(text)))[1])
+    second = int(np.argsort(-evaluate(target.new_context(128, n_seq_max=8), target.tokenize(text)))[1])
     keep = [int(i) for i in TokenTable.read(smollm2_path).keep(np.arange(8000), 8000) if i != second]
     cut_vocabulary(smollm2_path, tmp_path / "cut.gguf", np.array(keep))
     draft = LlamaModel(tmp_path / "cut.gguf")
     dctx = SubsetContext(draft.new_context(256, n_seq_max=64), draft.subset_of_target, target.n_vocab)
     counts, choices, accepted = compare_with_plain(target, dctx, text)
     assert counts["plain"][0, second] > RUNS // 20 and counts["auto"][0, second] > RUNS // 20
-    assert choices["staged"] > RUNS and accepted > RUNS // 2, (choices, accepted)
+    assert choices["staged"] > RUNS * 0.9 and accepted > RUNS // 2, (choices, accepted)
 
 
 def test_auto_with_lookup_nodes_beside_the_drawn_chain_samples_as_plain(smollm2_f32, smollm2):
@@ -89,4 +89,4 @@ def test_auto_with_lookup_nodes_beside_the_drawn_chain_samples_as_plain(smollm2_
     dctx = smollm2.new_context(256, n_seq_max=64)
     text = "one two three. one two three. one two"
     _, choices, accepted = compare_with_plain(smollm2_f32, dctx, text, draft_s=0.0001)
-    assert choices["staged+lookup"] > RUNS // 2 and accepted > RUNS, (choices, accepted)
+    assert choices["staged+lookup"] > RUNS // 2 and accepted > RUNS // 2, (choices, accepted)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from specgen.core.sampling import Sampler, SamplingParams, distribution, draw
+from specgen.core.sampling import Sampler, SamplingParams, draw, truncated
 from specgen.core.tree import DraftTree
 
 
@@ -72,27 +72,26 @@ def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, 
     kids = tree.children()
     node, path, tokens, overlap = 0, [], [], {}
     while True:
-        p = distribution(logits[node], params)
         fixed = [c for c in kids[node] if not tree.drawn[c]]
-        drawn = [c for c in kids[node] if tree.drawn[c]]
         q_row = tree.q_rows.get(node)
-        if q_row is None:
-            drawn = []
+        drawn = [c for c in kids[node] if tree.drawn[c]] if q_row is not None else []
+        rows = Rows.of(logits[node], params, q_row if drawn else None)
+        p = rows.p
         accepted = None
         if fixed:
-            y = draw(p, rng)
+            y = rows.token(draw(p, rng))
             accepted = next((c for c in fixed if tree.tokens[c] == y), None)
             if accepted is None and not drawn:
                 return Verdict(path, tokens + [y], overlap)
             if accepted is None:
-                p = outside(p, [tree.tokens[c] for c in fixed])
+                p = outside(p, rows.index([tree.tokens[c] for c in fixed]))
                 if p is None:  # p lay wholly on F and y missed it: impossible but for rounding
                     return Verdict(path, tokens + [y], overlap)
         if accepted is None and drawn:
-            q = q_row.astype(np.float64, copy=True)
+            q = rows.q
             overlap[node] = float(np.minimum(p, q).sum())
             for child in drawn:
-                x = tree.tokens[child]
+                x = rows.index([tree.tokens[child]])[0]  # drawn from q: within its support
                 if accepts(rng.random(), p[x], q[x]):
                     accepted = child
                     break
@@ -105,12 +104,43 @@ def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, 
                     break
                 q /= q_total
             if accepted is None:
-                return Verdict(path, tokens + [draw(p, rng)], overlap)
+                return Verdict(path, tokens + [rows.token(draw(p, rng))], overlap)
         if accepted is None:  # no children at all: the bonus token
-            return Verdict(path, tokens + [draw(p, rng)], overlap)
+            return Verdict(path, tokens + [rows.token(draw(p, rng))], overlap)
         tokens.append(tree.tokens[accepted])
         path.append(accepted)
         node = accepted
+
+
+@dataclass
+class Rows:
+    """p (and q) at one node over the tokens either can emit: with top-k or top-p that is a few
+    hundred of a 262k vocabulary, and each rejection round works on those alone. `ids` are the
+    tokens, sorted (None: the whole vocabulary, index = token)."""
+
+    ids: np.ndarray | None
+    p: np.ndarray
+    q: np.ndarray | None
+
+    @classmethod
+    def of(cls, logits: np.ndarray, params: SamplingParams, q_row: np.ndarray | None) -> "Rows":
+        keep, z = truncated(logits, params)
+        if keep is None:
+            return cls(None, z, None if q_row is None else q_row.astype(np.float64, copy=True))
+        ids = np.sort(keep) if q_row is None else np.union1d(keep, np.flatnonzero(q_row))
+        p = np.zeros(len(ids), dtype=np.float64)
+        p[np.searchsorted(ids, keep)] = z
+        return cls(ids, p, None if q_row is None else q_row[ids].astype(np.float64))
+
+    def token(self, i: int) -> int:
+        return int(i) if self.ids is None else int(self.ids[i])
+
+    def index(self, tokens: list[int]) -> list[int]:
+        """Positions of those of `tokens` that p or q can emit (p and q are 0 at the others)."""
+        if self.ids is None:
+            return list(tokens)
+        at = np.searchsorted(self.ids, tokens)
+        return [int(i) for t, i in zip(tokens, at) if i < len(self.ids) and self.ids[i] == t]
 
 
 def accepts(u: float, p_x: float, q_x: float) -> bool:
@@ -119,7 +149,7 @@ def accepts(u: float, p_x: float, q_x: float) -> bool:
 
 
 def outside(p: np.ndarray, tokens: list[int]) -> np.ndarray | None:
-    """p given that the token is none of `tokens`; None if p has no mass elsewhere."""
+    """p given that the token is none of `tokens` (positions in p); None if p has no mass elsewhere."""
     p = p.copy()
     p[tokens] = 0.0
     total = p.sum()

@@ -96,6 +96,7 @@ class _Step:
     uses_draft: bool = False
     chosen: float = 0.0  # perf_counter when propose() returned: a plain step's own time starts here
     confidence: dict[int, float] | None = None  # sampled draft steps: the draft's confidence per node
+    read_backlog: bool = False  # the draft's first decode read committed text it had missed
 
 
 class AutoDrafter:
@@ -283,7 +284,8 @@ class AutoDrafter:
                 tree, evidence = _grafted(tree, *graft)
             choice = self.model.last_choice + ("+lookup" if graft is not None else "")
             return self._choose(_Step(choice, tree, evidence, context, started, self.model.last_calls, planned_s,
-                                      planned_tokens, uses_draft=True, confidence=confidence))
+                                      planned_tokens, uses_draft=True, confidence=confidence,
+                                      read_backlog=self.model.last_catch_up_s > 2 * c_draft_1))
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         # The draft's time is spent: prune by target cost alone.
         plan = best_subtree(tree.parents, _cap_siblings(tree, accept), c_target, 0.0, self.max_nodes)
@@ -329,7 +331,10 @@ class AutoDrafter:
             self.guard.record(len(committed), seconds, plain_rate)
             if step.uses_draft:
                 self.draft_guard.record(len(committed), seconds, plain_rate)
-                if not self.reproducible:
+                # A step that read a backlog paid a cost planned by its share of later steps: it
+                # would count as a miss of the per-step model, and with few sampled draft steps a
+                # prompt's first one kept the draft out for the rest (gemma F32 -d self, T=0.8).
+                if not self.reproducible and not step.read_backlog:
                     self.draft.observe_step(step.planned_tokens, step.planned_s, len(committed), seconds)
         elif step is not None and not self.reproducible:
             # A step that drafted nothing is a plain step (timed from when planning ended): with
