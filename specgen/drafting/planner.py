@@ -342,18 +342,10 @@ class SampledAcceptance:
     # drawn tokens are accepted about as often deep as shallow, and a fixed prior below what the
     # first depths have shown would keep chains from ever growing to learn otherwise.
     def _means(self) -> np.ndarray:
-        means = np.empty_like(self.prior)
-        for d in range(len(SAMPLED_DEPTHS)):
-            prior = self.prior[0] if d == 0 else means[d - 1]
-            means[d] = (prior * OVERLAP_WEIGHT + self.sums[d]) / (OVERLAP_WEIGHT + self.counts[d])
-        return means
+        return _chained(self.prior[0], self.sums, self.counts)
 
     def _depth_means(self) -> np.ndarray:
-        means = np.empty_like(self.depth_prior)
-        for d in range(len(SAMPLED_DEPTHS)):
-            prior = self.depth_prior[0] if d == 0 else means[d - 1]
-            means[d] = (prior * OVERLAP_WEIGHT + self.depth_sums[d]) / (OVERLAP_WEIGHT + self.depth_counts[d])
-        return means
+        return _chained(self.depth_prior[0], self.depth_sums, self.depth_counts)
 
     def observe(self, depth: int, confidence: float, overlap: float) -> None:
         d, c = self.depth_bin(depth), self.conf_bin(confidence)
@@ -372,6 +364,15 @@ class SampledAcceptance:
     def _fade(self, factor: float) -> None:
         for a in (self.sums, self.counts, self.depth_sums, self.depth_counts):
             a *= factor
+
+
+def _chained(first_prior, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per depth bin (axis 0), the mean of its observations with the bin above as the prior."""
+    means = np.empty_like(sums, dtype=np.float64)
+    for d in range(sums.shape[0]):
+        prior = first_prior if d == 0 else means[d - 1]
+        means[d] = (prior * OVERLAP_WEIGHT + sums[d]) / (OVERLAP_WEIGHT + counts[d])
+    return means
 
 
 # --- no-regret guard -----------------------------------------------------------------------------
