@@ -27,7 +27,7 @@ from specgen.drafting.history import History
 from specgen.drafting.lookup import LookupDrafter, continuation_tree
 from specgen.drafting.planner import (MATCH_BIN_TOPS, RELAX, AcceptanceModel, DraftEstimate, Guard, NodeEvidence,
                                       Plan, PlainSpeed, SampledAcceptance, best_chain_length, best_subtree,
-                                      reach_probabilities)
+                                      chain_expected, reach_probabilities)
 from specgen.drafting.sources import LOOKUP_NODE, LOOP_NODE, SINGLE
 
 LONG_PROMPT = 512  # tokens: enough context for attention's share of a decode to be measurable
@@ -205,7 +205,7 @@ class AutoDrafter:
             k, draft_rate = best_chain_length(alpha, c_target, self.draft.step_cost(c_draft_1), max_k,
                                               catch_up, tokens_left=min(max_depth + 1, CATCH_UP_HORIZON))
             if k > 0:
-                expected = _chain_expected(alpha, k)
+                expected = chain_expected(alpha, k)
                 graft = self._graft_plan(tree, plan, accept, expected, expected / draft_rate, c_target, k)
                 if graft is not None and graft.rate * self.draft.usable() > max(plan.rate, draft_rate * self.draft.usable()):
                     return self._propose_with_model(depth, k, c_target, context, started, graft.expected_tokens,
@@ -278,7 +278,7 @@ class AutoDrafter:
             if graft is None and tree.n_drafted < k:  # the judge stopped the chain early: plan what was drafted
                 alpha = self.sampled_acceptance.by_depth(k)
                 planned_s -= (k - tree.n_drafted) * self.draft.step_cost(c_draft_1) + c_target(k + 1) - c_target(len(tree))
-                planned_tokens = _chain_expected(alpha, tree.n_drafted)
+                planned_tokens = chain_expected(alpha, tree.n_drafted)
             evidence: list[NodeEvidence | None] = [None] * len(tree)
             if graft is not None:
                 tree, evidence = _grafted(tree, *graft)
@@ -367,16 +367,6 @@ class AutoDrafter:
             confidence = step.confidence.get(node) if step.confidence else None
             if confidence is not None:
                 self.sampled_acceptance.observe(depths[node] + 1, confidence, overlap)
-
-
-def _chain_expected(alpha: float | list[float], k: int) -> float:
-    """E[tokens] of a k-token chain accepted with alpha (per depth, or one value): the bonus included."""
-    alphas = [alpha] if isinstance(alpha, (int, float)) else alpha
-    expected, reach = 1.0, 1.0
-    for d in range(1, k + 1):
-        reach *= alphas[min(d, len(alphas)) - 1]
-        expected += reach
-    return expected
 
 
 def _grafted(tree: DraftTree, lookup: DraftTree, nodes: list[int], evidence: list[NodeEvidence | None]

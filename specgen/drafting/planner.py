@@ -70,7 +70,7 @@ def best_chain_length(alpha: float | Sequence[float], c_target: Cost, c_draft_st
     draft that pays from ever starting."""
     best_k, best_rate = 0, 1.0 / c_target(1)
     expected, p = 1.0, 1.0
-    alphas = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+    alphas = _per_depth(alpha)
     for k in range(1, max_len + 1):
         p *= alphas[min(k, len(alphas)) - 1]
         expected += p
@@ -79,6 +79,21 @@ def best_chain_length(alpha: float | Sequence[float], c_target: Cost, c_draft_st
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate
+
+
+def chain_expected(alpha: float | Sequence[float], k: int) -> float:
+    """E[tokens] of a k-token chain accepted with alpha (one value, or per depth as in
+    best_chain_length), the bonus token included."""
+    alphas = _per_depth(alpha)
+    expected, reach = 1.0, 1.0
+    for d in range(1, k + 1):
+        reach *= alphas[min(d, len(alphas)) - 1]
+        expected += reach
+    return expected
+
+
+def _per_depth(alpha: float | Sequence[float]) -> list[float]:
+    return [alpha] if isinstance(alpha, (int, float)) else list(alpha)
 
 
 # --- acceptance model ----------------------------------------------------------------------------
