@@ -6,6 +6,8 @@ otherwise y is the bonus token and the step ends. For drafts that are determinis
 context (n-gram lookup, top-k, best-first trees) this "sample-and-match" rule is lossless: every
 emitted token is a draw from p given the text before it, the same draws plain decoding makes. A
 p/q ratio test would be biased for such candidates (see ../shared/design/tree-on-llama-cpp.md).
+Drafts drawn from the draft's q are verified by rejection sampling instead (walk_rejection), which
+may hold deterministic nodes beside the drawn ones.
 """
 
 from __future__ import annotations
