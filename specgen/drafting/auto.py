@@ -272,7 +272,7 @@ class AutoDrafter:
             # Per drafted token, the catch-up counted as the one-token decode it is beyond the backlog.
             spent = time.perf_counter() - t0 - self.model.last_catch_up_s + c_draft_1
             self.draft.observe_step_cost(spent / tree.n_drafted, c_draft_1)
-        if tree.sampled or self.sampled:
+        if self.sampled:
             # Drawn children must all stay (verify.walk_rejection): nothing is pruned by its value.
             confidence = dict(self.model.confidence)
             if graft is None and tree.n_drafted < k:  # the judge stopped the chain early: plan what was drafted
@@ -362,9 +362,10 @@ class AutoDrafter:
     def _observe_sampled(self, step: _Step, verdict: Verdict) -> None:
         """Learn from the exact acceptance of the first drawn child at every node verification
         tested (Verdict.overlap), by the depth of the children and the draft's confidence there."""
+        assert step.confidence is not None
         depths = step.tree.depths()
         for node, overlap in verdict.overlap.items():
-            confidence = step.confidence.get(node) if step.confidence else None
+            confidence = step.confidence.get(node)
             if confidence is not None:
                 self.sampled_acceptance.observe(depths[node] + 1, confidence, overlap)
 
