@@ -205,7 +205,8 @@ def test_a_target_of_ones_own_without_a_draft_gets_one_hint():
     hint = "hint: no draft model"
     proc = specgen("generate", "-m", SMOLLM2, "-n", "4", "Name a colour.")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count(hint) == 1 and "-d self" in proc.stderr
+    assert proc.stderr.count(hint) == 1 and "-d MODEL" in proc.stderr
+    assert "makes it faster" not in proc.stderr and "-d self" not in proc.stderr  # no unmeasured advice
     for quiet in (["-d", "none"], ["--method", "plain"]):
         proc = specgen("generate", "-m", SMOLLM2, "-n", "4", *quiet, "Name a colour.")
         assert proc.returncode == 0 and hint not in proc.stderr, proc.stderr

@@ -77,10 +77,9 @@ def generate(
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
-        note("hint: no draft model, so auto drafts only from text (the prompt, earlier outputs). A draft model "
-             "often makes it faster: `-d self` derives one from this target (once, then cached), or `-d "
-             "SMALLER.gguf` names a smaller model of the same family (its vocabulary is checked against the "
-             "target's). `-d none` silences this.")
+        note("hint: no draft model, so auto drafts only from text (the prompt, earlier outputs); `-d MODEL` adds "
+             "one of the same family (whether it is faster here is not measured: `specgen bench` measures it). "
+             "`-d none` silences this.")
     sink = TextSink()
     failed = 0
     for item in items:
