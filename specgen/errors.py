@@ -21,3 +21,9 @@ class PromptError(SpecgenError):
     """A prompt or prompt file is empty, unreadable or malformed."""
 
     exit_code = 2
+
+
+class ConstraintError(SpecgenError):
+    """A JSON schema, grammar or response format that cannot be compiled or is not supported."""
+
+    exit_code = 2

@@ -58,6 +58,12 @@ class FakeModel:
         """A stand-in template: each message on a line of its own, role first."""
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
+    def constrain(self, spec) -> "FakeConstraint":
+        """spec.text: JSON, a list of patterns, each a list of token-id lists (FakeConstraint)."""
+        import json
+
+        return FakeConstraint([[set(pos) for pos in p] for p in json.loads(spec.text)], self.n_vocab, self.eos)
+
     def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512, n_threads=None,
                     n_outputs: int = 1) -> "FakeContext":
         return FakeContext(self, n_ctx, n_seq_max, n_batch)
@@ -145,3 +151,61 @@ class SubsetDraft(FakeModel):
 
     def piece(self, token: int) -> bytes:
         return self.noisy.piece(int(self.keep[token]))
+
+
+class FakeConstraint:
+    """core.constraint.Constraint over a finite language: each pattern is a list of token sets (one
+    per position); a text matches a pattern position by position. EOS (the model's) is allowed
+    exactly where a live pattern is complete; forced tokens follow while one token alone may come."""
+
+    def __init__(self, patterns: list[list[set[int]]], n_vocab: int, eos: int):
+        self.patterns, self.n_vocab, self.eos = patterns, n_vocab, eos
+        self.consumed: list[int] = []
+        self.masks_computed = 0
+
+    def _alive(self, tokens: list[int]) -> list[list[set[int]]]:
+        if tokens and tokens[-1] == self.eos:
+            return []
+        return [p for p in self.patterns if len(p) >= len(tokens) and all(t in s for t, s in zip(tokens, p))]
+
+    def _next(self, tokens: list[int]) -> set[int]:
+        if tokens and tokens[-1] == self.eos:
+            return set()
+        alive = self._alive(tokens)
+        nxt = set().union(*(p[len(tokens)] for p in alive if len(p) > len(tokens)))
+        if any(len(p) == len(tokens) for p in alive):
+            nxt.add(self.eos)
+        return nxt
+
+    def allowed(self) -> np.ndarray:
+        self.masks_computed += 1
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[sorted(self._next(self.consumed))] = True
+        return mask
+
+    def consume(self, token: int) -> None:
+        assert token in self._next(self.consumed), f"token {token} not allowed after {self.consumed}"
+        self.consumed.append(int(token))
+
+    def rollback(self, n: int) -> None:
+        del self.consumed[len(self.consumed) - n:]
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        seq = list(self.consumed)
+        for i, t in enumerate(tokens):
+            if t not in self._next(seq):
+                return i
+            seq.append(t)
+        return len(tokens)
+
+    def forced(self) -> list[int]:
+        seq, out = list(self.consumed), []
+        while True:
+            nxt = self._next(seq)
+            if len(nxt) != 1 or self.eos in nxt:
+                return out
+            out.append(nxt.pop())
+            seq.append(out[-1])
+
+    def stopped(self) -> bool:
+        return self._next(self.consumed) <= {self.eos}

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 from specgen.errors import PromptError
+from specgen.core.constraint import Constraint
 from specgen.core.kv import COMMITTED_SEQ, keep_branch, prefill
 from specgen.core.protocol import Batch, Context, Drafter, Model
 from specgen.core.sampling import Sampler, SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
-from specgen.core.verify import Verdict, verify
+from specgen.core.verify import Verdict, choose, verify
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class GenerationRequest:
     prompt_tokens: list[int]
     max_tokens: int
     sampling: SamplingParams
+    # The output must match it (core/constraint.py): every target row is masked along its path.
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -115,11 +118,16 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
             # model every tenth of a millisecond here is a percent of plain decoding's speed).
             logits = ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True]))
-            verdict = Verdict([], [sampler.sample(logits[0])])
+            verdict = Verdict([], [choose(sampler, logits[0], request.constraint)])
         else:
-            verdict = verify_tree(ctx, tree, n_past, sampler)
+            verdict = verify_tree(ctx, tree, n_past, sampler, request.constraint)
         stats.target_calls += 1
-        stats.drafted += tree.n_drafted if tree is not None else 0
+        if tree is not None and tree.n_drafted:
+            stats.drafted += tree.n_drafted
+            stats.forced += len(tree.forced)
+            n_forced = sum(1 for v in verdict.path if v in tree.forced)
+            stats.accepted_by["forced"] += n_forced
+            stats.accepted_by[drafter.last_choice] += len(verdict.path) - n_forced
         stats.accepted += len(verdict.path)
         stats.accepted_lengths[len(verdict.path)] += 1
         n_past += len(verdict.path) + 1
@@ -142,6 +150,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             drafter.observe(verdict, committed)
             stats.draft_s += clock() - t_draft
         stats.decode_s += clock() - t0
+        if request.constraint is not None and reason != "stop" and request.constraint.stopped():
+            reason = "stop"  # the grammar is complete: only end-of-generation could follow
         yield from events  # time spent by the consumer (rendering) is not decode time
         t0 = clock()
         if reason == "stop":
@@ -150,7 +160,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     yield FinishEvent(reason, decoder.flush(), stats)
 
 
-def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler) -> Verdict:
+def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler,
+                constraint: Constraint | None = None) -> Verdict:
     """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
     sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path."""
     seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
@@ -160,6 +171,6 @@ def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler) ->
     for seq in range(1, n_branches):
         ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
     logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
-    verdict = verify(tree, logits, sampler)
+    verdict = verify(tree, logits, sampler, constraint)
     keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
     return verdict

@@ -12,6 +12,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from specgen.core.constraint import Constraint, ConstraintSpec
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 
@@ -101,6 +102,10 @@ class Model(Protocol):
 
     def format_chat(self, messages: list[dict[str, str]]) -> str:
         """The messages rendered with the model's chat template (raises ModelError without one)."""
+        ...
+
+    def constrain(self, spec: ConstraintSpec) -> Constraint:
+        """A matcher for `spec` over this model's vocabulary (raises ConstraintError if refused)."""
         ...
 
     def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,

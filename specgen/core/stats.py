@@ -19,14 +19,19 @@ class RunStats:
     draft_s: float = 0.0
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step
     choices: Counter = field(default_factory=Counter)  # steps per drafter choice (auto: plain/lookup/...)
+    # Accepted drafted tokens by where they came from: "forced" (a grammar's one continuation),
+    # else the step's drafter choice (lookup, draft, history, ...).
+    accepted_by: Counter = field(default_factory=Counter)
+    forced: int = 0  # drafted nodes a grammar forced (part of `drafted`)
 
     def add(self, other: "RunStats") -> None:
         """Fold in the counters of another run (e.g. the next turn of a conversation)."""
         for name in ("n_prompt", "n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
-                     "draft_s"):
+                     "draft_s", "forced"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_lengths.update(other.accepted_lengths)
         self.choices.update(other.choices)
+        self.accepted_by.update(other.accepted_by)
 
     @property
     def acceptance_rate(self) -> float:
@@ -57,6 +62,7 @@ class RunStats:
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            "accepted_by": dict(self.accepted_by),
         }
 
     def line(self) -> str:
@@ -66,6 +72,8 @@ class RunStats:
         if self.drafted:
             parts.append(f"accepted {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
             parts.append(f"draft {self.draft_share:.0%} of time")
+        if self.accepted_by.get("forced"):
+            parts.append(f"forced {self.accepted_by['forced']}")
         if len(self.choices) > 1:
             total = sum(self.choices.values())
             shares = ", ".join(f"{k} {v / total:.0%}" for k, v in self.choices.most_common())

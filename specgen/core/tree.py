@@ -22,6 +22,8 @@ class DraftTree:
     # Per node: drawn from its parent's q row (in draw order among its siblings); False for the
     # root and for deterministic nodes (lookup), which may sit beside drawn ones (verify.py).
     drawn: list[bool] = field(default_factory=list)
+    # Nodes a grammar forces (core/constraint.py): deterministic drafts, counted apart in the stats.
+    forced: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if len(self.drawn) < len(self.tokens):
@@ -95,6 +97,7 @@ class DraftTree:
         for old in sorted(set(keep) - {0}):  # parents have smaller indices than their children
             new_index[old] = out.add(self.tokens[old], new_index[self.parents[old]], self.q[old], self.drawn[old])
         out.q_rows = {new_index[o]: row for o, row in self.q_rows.items() if o in new_index}
+        out.forced = {new_index[o] for o in self.forced if o in new_index}
         return out, new_index
 
     def path_to(self, node: int) -> list[int]:

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from specgen.core.constraint import Constraint, masked, masked_argmax
 from specgen.core.sampling import Sampler, SamplingParams, draw, truncated
 from specgen.core.tree import DraftTree
 
@@ -47,7 +48,8 @@ def walk(tree: DraftTree, logits: np.ndarray, choose: Callable[[np.ndarray], int
         node = match
 
 
-def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+                   constraint: Constraint | None = None) -> Verdict:
     """Recursive rejection sampling, for children drawn from q without replacement, beside which
     a node may also have deterministic children (lookup drafts, fixed before anything was drawn).
 
@@ -70,25 +72,35 @@ def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, 
     The verdict's `overlap` records, per node whose drawn children were tested, sum_x min(p, q)
     over the p they met: the exact probability that the first drawn child is accepted there, an
     estimate of acceptance with less variance than counting accepts (auto learns from it).
+
+    Under a constraint p is the masked target at every node (the grammar's state along the walked
+    path): q is left as drawn, so a forbidden draw meets p = 0 and is rejected, exactly.
     """
     kids = tree.children()
     node, path, tokens, overlap = 0, [], [], {}
+
+    def bonus(y: int) -> Verdict:
+        if constraint is not None:
+            constraint.consume(y)
+        return Verdict(path, tokens + [y], overlap)
+
     while True:
         fixed = [c for c in kids[node] if not tree.drawn[c]]
         q_row = tree.q_rows.get(node)
         drawn = [c for c in kids[node] if tree.drawn[c]] if q_row is not None else []
-        rows = Rows.of(logits[node], params, q_row if drawn else None)
+        row = logits[node] if constraint is None else masked(logits[node], constraint.allowed())
+        rows = Rows.of(row, params, q_row if drawn else None)
         p = rows.p
         accepted = None
         if fixed:
             y = rows.token(draw(p, rng))
             accepted = next((c for c in fixed if tree.tokens[c] == y), None)
             if accepted is None and not drawn:
-                return Verdict(path, tokens + [y], overlap)
+                return bonus(y)
             if accepted is None:
                 p = outside(p, rows.index([tree.tokens[c] for c in fixed]))
                 if p is None:  # p lay wholly on F and y missed it: impossible but for rounding
-                    return Verdict(path, tokens + [y], overlap)
+                    return bonus(y)
         if accepted is None and drawn:
             q = rows.q
             overlap[node] = float(np.minimum(p, q).sum())
@@ -106,9 +118,11 @@ def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, 
                     break
                 q /= q_total
             if accepted is None:
-                return Verdict(path, tokens + [rows.token(draw(p, rng))], overlap)
+                return bonus(rows.token(draw(p, rng)))
         if accepted is None:  # no children at all: the bonus token
-            return Verdict(path, tokens + [rows.token(draw(p, rng))], overlap)
+            return bonus(rows.token(draw(p, rng)))
+        if constraint is not None:
+            constraint.consume(tree.tokens[accepted])
         tokens.append(tree.tokens[accepted])
         path.append(accepted)
         node = accepted
@@ -158,9 +172,21 @@ def outside(p: np.ndarray, tokens: list[int]) -> np.ndarray | None:
     return p / total if total > 0 else None
 
 
-def verify(tree: DraftTree, logits: np.ndarray, sampler: Sampler) -> Verdict:
+def choose(sampler: Sampler, row: np.ndarray, constraint: Constraint | None = None) -> int:
+    """Plain decoding's choice from one logits row: under a constraint, from the masked row, and
+    the constraint consumes it (the state the next row is masked with)."""
+    if constraint is None:
+        return sampler.sample(row)
+    allowed = constraint.allowed()
+    y = masked_argmax(row, allowed) if sampler.params.greedy else sampler.sample(masked(row, allowed))
+    constraint.consume(y)
+    return y
+
+
+def verify(tree: DraftTree, logits: np.ndarray, sampler: Sampler, constraint: Constraint | None = None) -> Verdict:
     """Greedy or deterministic drafts: walk with the plain decoder (its very draws); sampled
-    drafts, with or without deterministic nodes beside them: rejection sampling."""
+    drafts, with or without deterministic nodes beside them: rejection sampling. A constraint
+    masks every visited row and ends at the state after the verdict's tokens."""
     if sampler.params.greedy or not tree.sampled:
-        return walk(tree, logits, sampler.sample)
-    return walk_rejection(tree, logits, sampler.params, sampler.rng)
+        return walk(tree, logits, lambda row: choose(sampler, row, constraint))
+    return walk_rejection(tree, logits, sampler.params, sampler.rng, constraint)

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -23,6 +23,9 @@ import llama_cpp as L
 
 from specgen.core.protocol import Batch, LogitsPatch, SubsetMap, VocabInfo
 from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
+
+if TYPE_CHECKING:
+    from specgen.core.constraint import Constraint, ConstraintSpec
 from specgen.errors import ModelError, SpecgenError
 from specgen import host
 from specgen.host import default_threads
@@ -172,6 +175,17 @@ class LlamaModel:
             return fmt(messages=messages).prompt
         except Exception as e:  # templates raise their own errors (e.g. role order)
             raise ModelError(f"the chat template of {Path(self.path).name} rejected the messages: {e}") from None
+
+    @property
+    def vocab_ptr(self):
+        """llama.cpp's vocabulary object (llguidance builds its tokenizer from it)."""
+        return self._vocab
+
+    def constrain(self, spec: "ConstraintSpec") -> "Constraint":
+        """A matcher for `spec` over this vocabulary (llama/grammar.py; ConstraintError if refused)."""
+        from specgen.llama.grammar import GuidanceConstraint
+
+        return GuidanceConstraint(self, spec)
 
     def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
                     n_threads: int | None = None, n_outputs: int = 1) -> "LlamaContext":

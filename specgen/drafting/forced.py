@@ -1,0 +1,75 @@
+"""Drafting under a constraint: the grammar's forced tokens as a free draft, any drafter's tree
+pruned to what the grammar allows, and the drafter told of its own tree's outcome.
+
+Forced tokens cost no draft decode and are accepted wherever the model writes the grammar's
+canonical tokenization (llguidance's `compute_ff_tokens` holds back the last tokens where a longer
+token could still merge), at any temperature: the trunk of every step's tree. The drafter's own
+tree hangs beside and below it. Nothing is injected: the target verifies every forced token.
+"""
+
+from __future__ import annotations
+
+from specgen.core.constraint import Constraint, Merged, merge_forced, prune
+from specgen.core.protocol import Drafter
+from specgen.core.tree import DraftTree
+from specgen.core.verify import Verdict
+
+FORCED = "forced"  # the choice named in stats when a step drafted forced tokens alone
+
+
+class ConstrainedDrafter:
+    """Wraps a drafter for one constrained text. `max_nodes`, `max_leaves`: the target context's
+    room for one verification (logits rows, sequence ids)."""
+
+    def __init__(self, inner: Drafter, constraint: Constraint, max_nodes: int, max_leaves: int):
+        self.inner, self.constraint = inner, constraint
+        self.max_nodes, self.max_leaves = max_nodes, max_leaves
+        self.last_choice = inner.last_choice
+        self._merged: Merged | None = None
+        self._pruned_index: dict[int, int] | None = None  # drafter index -> pruned index
+
+    def reset(self, tokens: list[int]) -> None:
+        self.inner.reset(tokens)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        tree = self.inner.propose(max_depth)
+        self.last_choice = self.inner.last_choice
+        pruned, self._pruned_index = prune(tree, self.constraint)
+        forced = self.constraint.forced()[:max_depth]
+        if not forced:
+            self._merged = None
+            return pruned
+        self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
+        if pruned.n_drafted == 0:
+            self.last_choice = FORCED
+        return self._merged.tree
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        self.inner.observe(self._inner_verdict(verdict), committed)
+
+    def finish_text(self) -> None:
+        self.inner.finish_text()
+
+    def _inner_verdict(self, verdict: Verdict) -> Verdict:
+        """The verdict in the drafter's own node indices: its accepted path ends where the walk
+        left its tree (the rest of `committed` is text it did not propose, as a bonus token is)."""
+        path = verdict.path
+        overlap = verdict.overlap
+        if self._merged is not None:
+            origin = self._merged.origin
+            path = _prefix_in(path, origin)
+            overlap = {origin[n]: o for n, o in overlap.items() if origin[n] is not None}
+        if self._pruned_index is not None:
+            back = {new: old for old, new in self._pruned_index.items()}
+            path = [back[v] for v in path]
+            overlap = {back[n]: o for n, o in overlap.items()}
+        return Verdict(path, verdict.tokens, overlap)
+
+
+def _prefix_in(path: list[int], origin: list[int | None]) -> list[int]:
+    out = []
+    for v in path:
+        if origin[v] is None:
+            break
+        out.append(origin[v])
+    return out

@@ -1,0 +1,158 @@
+"""Constrained decoding on the fake backend: every method gives constrained plain's tokens (greedy)
+and its distribution (sampled), forced tokens are verified drafts, and the tree helpers keep what
+rejection sampling needs."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
+from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
+from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.core.sampling import SamplingParams
+from specgen.core.stats import RunStats
+from specgen.core.tree import DraftTree
+from specgen.drafting.forced import ConstrainedDrafter
+from specgen.drafting.lookup import LookupDrafter
+from specgen.drafting.model import ModelDrafter
+
+V, EOS = 16, 1
+FREE = list(range(2, 10))
+# "{", key, ":" forced; then two free tokens; then "," and either of two closings, or an enum.
+LANGUAGE = [
+    [[12], [13], [14], FREE, FREE, [15], [3], [4], [5]],
+    [[12], [13], [14], FREE, FREE, [15], [3], [6]],
+    [[12], [13], [14], [7], [8], [9], [10], [11], [12], [13], [14], FREE],
+]
+SPEC = ConstraintSpec("lark", json.dumps(LANGUAGE))
+LOOPY = {(12, 13): 14, (3, 4): 5, (13, 14): 7, (7, 8): 9}
+DRAFTERS = {
+    "lookup": lambda model, s: LookupDrafter(),
+    "chain": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=1,
+                                           max_nodes=5, min_prob=0.0),
+    "tree": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=3,
+                                          max_nodes=8, max_depth=4),
+    "staged": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=2,
+                                            max_nodes=8, max_depth=6, lookup=LookupDrafter()),
+}
+
+
+def run(model, prompt, sampling, method=None, max_tokens=30, forced=True):
+    constraint = model.constrain(SPEC)
+    drafter = None
+    if method is not None:
+        drafter = DRAFTERS[method](model, sampling)
+        if forced:
+            drafter = ConstrainedDrafter(drafter, constraint, max_nodes=40, max_leaves=16)
+    ctx = FakeContext(model, n_ctx=512, n_seq_max=32)
+    stats = RunStats()
+    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling, constraint), stats, drafter))
+    return [e.token for e in events if isinstance(e, TokenEvent)], events[-1].reason, stats, ctx
+
+
+def matches(tokens):
+    return any(len(p) == len(tokens) and all(t in s for t, s in zip(tokens, p)) for p in LANGUAGE)
+
+
+@pytest.mark.parametrize("method", list(DRAFTERS))
+@pytest.mark.parametrize("prompt", [[0, 12, 13, 14, 7, 8, 9, 10], [0, 3, 4, 5, 6], [0, 2]])
+def test_greedy_constrained_equals_constrained_plain(method, prompt):
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    plain, plain_reason, _, _ = run(model, prompt, SamplingParams())
+    spec, reason, stats, ctx = run(model, prompt, SamplingParams(), method)
+    assert spec == plain and reason == plain_reason == "stop"
+    assert matches(plain), plain
+    assert stats.accepted_by["forced"] >= 3  # "{", key, ":" at least, as drafts the target accepted
+    assert set(ctx.kv) == {0}
+    kv = ctx.kv[0]
+    assert [kv[p] for p in sorted(kv)] == (prompt + spec)[:len(kv)]
+
+
+def test_unconstrained_model_leaves_the_language():
+    """The check above is not vacuous: without the mask the fake writes other text."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    ctx = FakeContext(model, n_ctx=512, n_seq_max=1)
+    events = generate(model, ctx, GenerationRequest([0, 2], 12, SamplingParams()), RunStats())
+    assert not matches([e.token for e in events if isinstance(e, TokenEvent)])
+
+
+def test_forced_tokens_cost_no_target_call_each():
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    plain = run(model, [0, 2], SamplingParams())[2]
+    spec = run(model, [0, 2], SamplingParams(), "lookup")[2]
+    assert spec.target_calls < plain.target_calls
+    no_forced = run(model, [0, 2], SamplingParams(), "lookup", forced=False)[2]
+    assert no_forced.accepted_by["forced"] == 0 and spec.accepted_by["forced"] > 0
+
+
+def chi2_same_distribution(a, b, alpha=1e-3):
+    keep = (a + b) > 0
+    df = int(keep.sum()) - 1
+    if df < 1:
+        return True, 0.0, 0.0
+    chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()  # two-sample, equal sizes
+    return chi2 < sps.chi2.ppf(1 - alpha, df), chi2, sps.chi2.ppf(1 - alpha, df)
+
+
+@pytest.mark.parametrize("method", ["lookup", "chain", "staged"])
+def test_sampled_constrained_matches_constrained_plain(method):
+    """Free positions 3 and 4 (8 choices each) and the closing choice at 6, over independent seeds."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=1.0, script=LOOPY)
+    runs, positions = 300, [3, 4, 6]
+    freq = {k: np.zeros((len(positions), V)) for k in ("plain", "spec")}
+    for seed in range(runs):
+        p = run(model, [0, 2], SamplingParams(1.0, seed=seed))[0]
+        s = run(model, [0, 2], SamplingParams(1.0, seed=50_000 + seed), method)[0]
+        assert matches(p) and matches(s)
+        for i, pos in enumerate(positions):
+            freq["plain"][i, p[pos]] += 1
+            freq["spec"][i, s[pos]] += 1
+    for i, pos in enumerate(positions):
+        ok, chi2, crit = chi2_same_distribution(freq["plain"][i], freq["spec"][i])
+        assert ok, f"position {pos}: chi2 {chi2:.1f} >= {crit:.1f}: {freq['plain'][i]} vs {freq['spec'][i]}"
+
+
+def test_masked_argmax_is_the_argmax_of_the_masked_row():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        row = rng.normal(size=20).astype(np.float32)
+        allowed = rng.random(20) < 0.3
+        allowed[rng.integers(20)] = True
+        ref = int(np.argmax(np.where(allowed, row, -np.inf)))
+        assert masked_argmax(row, allowed) == ref
+        assert np.isneginf(masked(row, allowed)[~allowed]).all()
+
+
+def test_prune_drops_forbidden_deterministic_nodes_keeps_drawn():
+    c = FakeConstraint([[{5}, {6}, {7}]], n_vocab=10, eos=1)
+    tree = DraftTree.root_only(0)
+    a = tree.add(5, 0)
+    tree.add(6, a)          # allowed
+    bad = tree.add(9, a)    # forbidden: goes
+    tree.add(4, bad)        # below it: goes
+    drawn = tree.add(8, 0, drawn=True)  # forbidden, but drawn: stays
+    tree.q_rows = {0: np.full(10, 0.1)}
+    pruned, index = prune(tree, c)
+    assert pruned.tokens == [0, 5, 6, 8] and pruned.drawn == [False, False, False, True]
+    assert index[drawn] == 3 and 0 in pruned.q_rows
+    assert c.consumed == []  # pruning never moves the matcher
+
+
+def test_merge_forced_puts_trunk_first_and_maps_origins():
+    tree = DraftTree.root_only(0)
+    a = tree.add(5, 0)
+    b = tree.add(6, a)
+    other = tree.add(7, 0)
+    drawn = tree.add(5, 0, drawn=True)
+    tree.q_rows = {0: np.full(10, 0.1)}
+    merged = merge_forced(tree, [5, 6, 2], max_nodes=10, max_leaves=4)
+    out = merged.tree
+    assert out.tokens[:4] == [0, 5, 6, 2] and out.forced == {1, 2, 3}
+    assert merged.origin[1] == a and merged.origin[2] == b and merged.origin[3] is None
+    # A drawn node never joins the trunk, even with the forced token's value.
+    assert out.tokens[merged.origin.index(drawn)] == 5 and out.drawn[merged.origin.index(drawn)]
+    assert merged.origin.index(other) > 3
+    capped = merge_forced(tree, [5, 6, 2], max_nodes=10, max_leaves=1)
+    assert capped.tree.tokens == [0, 5, 6, 2]  # each of the others would open a branch
