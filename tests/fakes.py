@@ -54,7 +54,7 @@ class FakeModel:
         return VocabInfo(1, self.n_vocab, self.bos, self.eos,
                          tuple((i, self.piece(i)) for i in sample_ids if i < self.n_vocab))
 
-    def format_chat(self, messages) -> str:
+    def format_chat(self, messages, tools=None) -> str:
         """A stand-in template: each message on a line of its own, role first."""
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 

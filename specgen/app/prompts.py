@@ -7,34 +7,55 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from specgen.errors import PromptError
+from specgen.app.structured import Tools, read_tools, response_format
+from specgen.core.constraint import ConstraintSpec
+from specgen.errors import ConstraintError, PromptError
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str
+    tool_calls: tuple[dict, ...] = ()  # an assistant's calls, OpenAI's shape
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        out: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 @dataclass(frozen=True)
 class Prompt:
     index: int
-    text: str  # the user message the model answers
+    text: str  # the (last) user message the model answers
     history: tuple[Message, ...] = ()  # earlier turns of a conversation, oldest first
+    # Messages after that user message: an assistant's tool calls and their results, a system
+    # nudge, or a last assistant message that the answer continues (prefill).
+    after: tuple[Message, ...] = ()
+    constraint: ConstraintSpec | None = None  # the answer must match it (response_format, --json-schema)
+    tools: Tools | None = None  # functions the answer may call
 
-    def messages(self, system: str | None = None) -> list[dict[str, str]]:
+    def messages(self, system: str | None = None) -> list[dict]:
         """The conversation as chat-template messages; `system` applies unless the history has one."""
-        turns = [{"role": m.role, "content": m.content} for m in self.history]
+        turns = [m.as_dict() for m in self.history]
         if system and not (turns and turns[0]["role"] == "system"):
             turns.insert(0, {"role": "system", "content": system})
-        return turns + [{"role": "user", "content": self.text}]
+        return turns + [{"role": "user", "content": self.text}] + [m.as_dict() for m in self.after]
 
     def followed_by(self, answer: str, question: str) -> "Prompt":
         """The next turn: this prompt, the model's answer, then a new question."""
-        return Prompt(self.index, question, self.history + (Message("user", self.text), Message("assistant", answer)))
+        return Prompt(self.index, question, self.history + (Message("user", self.text), *self.after,
+                                                            Message("assistant", answer)))
 
 
 def decode_utf8(data: bytes, origin: str) -> str:
@@ -45,32 +66,74 @@ def decode_utf8(data: bytes, origin: str) -> str:
         raise PromptError(f"{origin}: expected UTF-8 text, found byte 0x{data[e.start]:02x} on line {line}") from None
 
 
-def _conversation(messages: object, where: str) -> tuple[str, tuple[Message, ...]]:
-    """{"messages": [{"role": ..., "content": ...}, ...]} ending in a user message."""
+def message_from(m: object, where: str) -> Message:
+    """One OpenAI chat message: a role, text content (a string, text parts, or null beside an
+    assistant's tool calls), and the tool fields."""
+    role = m.get("role") if isinstance(m, dict) else None
+    role = "system" if role == "developer" else role
+    if role not in ROLES:
+        raise PromptError(f"{where}.role expects one of {', '.join(ROLES)}, found {json.dumps(role)[:40]}")
+    content = m.get("content")
+    calls = m.get("tool_calls") or ()
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if content is None and (calls or role in ("assistant", "tool")):
+        content = ""
+    if not isinstance(content, str):
+        raise PromptError(f"{where}.content expects text (a string or text parts), found {json.dumps(content)[:60]}")
+    if not (isinstance(calls, (list, tuple)) and all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                    for c in calls)):
+        raise PromptError(f"{where}.tool_calls expects a list of {{\"id\", \"type\": \"function\", \"function\": "
+                          f"{{\"name\", \"arguments\"}}}}, found {json.dumps(calls)[:60]}")
+    call_id, name = m.get("tool_call_id"), m.get("name")
+    return Message(role, content, tuple(calls), call_id if isinstance(call_id, str) else None,
+                   name if isinstance(name, str) else None)
+
+
+def split_turns(turns: list[Message], where: str) -> tuple[str, tuple[Message, ...], tuple[Message, ...]]:
+    """(the last user message, the turns before it, the turns after it). After it may come an
+    assistant's tool calls with their results, system messages, and a last assistant message
+    that the answer continues; not tool calls still waiting for their results."""
+    users = [i for i, m in enumerate(turns) if m.role == "user"]
+    if not users:
+        raise PromptError(f"{where}: expected at least one user message, found roles "
+                          f"{', '.join(m.role for m in turns) or 'none'}")
+    k = users[-1]
+    after = tuple(turns[k + 1:])
+    if after and after[-1].role == "assistant" and after[-1].tool_calls:
+        raise PromptError(f"{where}: the conversation ends with an assistant's tool calls: expected their results "
+                          "(role tool) after them")
+    return turns[k].content, tuple(turns[:k]), after
+
+
+def _conversation(messages: object, where: str) -> tuple[str, tuple[Message, ...], tuple[Message, ...]]:
+    """{"messages": [{"role": ..., "content": ...}, ...]} with at least one user message."""
     if not isinstance(messages, list) or not messages:
         raise PromptError(f"{where}: \"messages\" must be a non-empty list, found {json.dumps(messages)[:60]}")
-    parsed = []
-    for i, m in enumerate(messages, 1):
-        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise PromptError(f"{where}: message {i} must be {{\"role\": system|user|assistant, "
-                              f"\"content\": text}}, found {json.dumps(m)[:60]}")
-        parsed.append(Message(m["role"], m["content"]))
-    if parsed[-1].role != "user":
-        raise PromptError(f"{where}: the last message must be from the user (it is what the model answers), "
-                          f"found role {parsed[-1].role!r}")
-    return parsed[-1].content, tuple(parsed[:-1])
+    return split_turns([message_from(m, f"{where}: message {i}") for i, m in enumerate(messages, 1)], where)
 
 
-def _jsonl_prompt(record: object, origin: str, lineno: int) -> tuple[str, tuple[Message, ...]]:
+def _structured(record: dict, where: str) -> dict:
+    """A record's response_format, tools and tool_choice (OpenAI's fields), as Prompt fields."""
+    try:
+        return dict(constraint=response_format(record.get("response_format")),
+                    tools=read_tools(record.get("tools"), record.get("tool_choice")))
+    except ConstraintError as e:
+        raise PromptError(f"{where}: {e}") from None
+
+
+def _jsonl_prompt(record: object, origin: str, lineno: int, index: int) -> Prompt:
     where = f"{origin} line {lineno}"
     if isinstance(record, dict):
         if isinstance(record.get("prompt"), str):
-            return record["prompt"], ()
+            return Prompt(index, record["prompt"], **_structured(record, where))
         if "messages" in record:
-            return _conversation(record["messages"], where)
+            text, history, after = _conversation(record["messages"], where)
+            return Prompt(index, text, history, after, **_structured(record, where))
         turns = record.get("turns")
         if isinstance(turns, list) and turns and isinstance(turns[0], str):
-            return turns[0], ()  # Spec-Bench record: the first turn is the prompt
+            return Prompt(index, turns[0])  # Spec-Bench record: the first turn is the prompt
     raise PromptError(f"{where}: expected an object with \"prompt\" (text), \"messages\" (chat turns) or "
                       f"\"turns\" (list of text), found {json.dumps(record)[:80]}")
 
@@ -96,13 +159,11 @@ def parse_prompt_file(path: Path) -> list[Prompt]:
     except OSError as e:
         raise PromptError(f"cannot read prompt file {path}: {e.strerror}") from None
     text = decode_utf8(data, str(path))
-    texts: list[tuple[str, tuple[Message, ...]]] = []
     if path.suffix.lower() == ".jsonl":
-        for lineno, record in jsonl_records(text, str(path)):
-            texts.append(_jsonl_prompt(record, str(path), lineno))
+        prompts = [_jsonl_prompt(record, str(path), lineno, i)
+                   for i, (lineno, record) in enumerate(jsonl_records(text, str(path)))]
     else:
-        texts = [(line, ()) for line in text.splitlines() if line.strip()]
-    prompts = [Prompt(i, t, h) for i, (t, h) in enumerate(texts)]
+        prompts = [Prompt(i, line) for i, line in enumerate(line for line in text.splitlines() if line.strip())]
     if not prompts:
         raise PromptError(f"prompt file {path} has no prompts (expected one per line)")
     for p in prompts:

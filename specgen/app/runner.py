@@ -9,11 +9,16 @@ from typing import Any, Iterator
 
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
-from specgen.app.session import Session
+from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
+from specgen.app.structured import (GENERIC, ToolAnswer, generic_message, generic_system_prompt, parse_answer,
+                                    tool_constraint, tool_format)
+from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.protocol import Drafter, Model
 from specgen.core.stats import RunStats
 from specgen.drafting import methods as M
+from specgen.drafting.forced import ConstrainedDrafter
+from specgen.errors import ConstraintError
 
 
 def use_chat(cfg: RunConfig, model: Model) -> bool:
@@ -22,11 +27,38 @@ def use_chat(cfg: RunConfig, model: Model) -> bool:
 
 
 def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
-    """The prompt as text: through the chat template, or (base models) the turns joined by blank lines."""
+    """The prompt as text: through the chat template, or (base models) the turns joined by blank
+    lines. Tools go to a template that renders them, else into a system message (structured.py);
+    a last assistant message is continued (prefill), as llama-server does."""
     messages = prompt.messages(system)
+    tools = None
+    if prompt.tools is not None:
+        if tool_format(model.chat_template if chat else None) == GENERIC:
+            messages = _with_system([generic_message(m) for m in messages], generic_system_prompt(prompt.tools))
+        else:
+            tools = prompt.tools.openai()
     if not chat:
         return "\n\n".join(m["content"] for m in messages)
-    return model.format_chat(messages)
+    prefill = messages.pop()["content"] if messages[-1]["role"] == "assistant" else ""
+    if prefill and (prompt.constraint is not None or prompt.tools is not None):
+        raise ConstraintError("a conversation that ends with an assistant message (continued as a prefill) cannot "
+                              "also ask for response_format or tools: expected one or the other")
+    return model.format_chat(messages, tools) + prefill
+
+
+def _with_system(messages: list[dict], text: str) -> list[dict]:
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{text}\n\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def constraint_spec(model: Model, prompt: Prompt, chat: bool) -> ConstraintSpec | None:
+    """What the answer must match: the prompt's response format, or its tools' grammar."""
+    if prompt.tools is not None:
+        if prompt.constraint is not None:
+            raise ConstraintError("expected either response_format or tools, found both")
+        return tool_constraint(prompt.tools, tool_format(model.chat_template if chat else None))
+    return prompt.constraint
 
 
 def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
@@ -124,13 +156,29 @@ class Runner:
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
         from it."""
-        tokens = encode_prompt(self.session.target, prompt, self.chat, self.cfg.system)
-        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling)
+        target = self.session.target
+        tokens = encode_prompt(target, prompt, self.chat, self.cfg.system)
+        spec = constraint_spec(target, prompt, self.chat)
+        constraint = None
+        if spec is not None:
+            if target.screen is not None:  # screening keeps the unmasked argmax exact, not the masked one
+                raise ConstraintError("constrained output needs the target loaded without screening "
+                                      "(load_session(..., screen=False))")
+            constraint = target.constrain(spec)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling, constraint)
         drafter = self._drafter()
-        for event in generate(self.session.target, self._ctx, request, stats if stats is not None else RunStats(), drafter):
+        if constraint is not None and drafter is not None:
+            drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)
+        for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter):
             if isinstance(event, FinishEvent) and drafter is not None:
                 drafter.finish_text()
             yield event
+
+    def answer(self, prompt: Prompt, text: str) -> ToolAnswer | None:
+        """With tools: the text as content and tool calls (None without tools)."""
+        if prompt.tools is None:
+            return None
+        return parse_answer(text, tool_format(self.session.target.chat_template if self.chat else None))
 
     def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
         """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""

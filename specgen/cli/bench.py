@@ -16,7 +16,7 @@ from specgen.app.session import load_session
 from specgen.bench import llamacpp
 from specgen.bench.report import bench_report, header, machine_info
 from specgen.bench.run import parse_methods, run_bench
-from specgen.bench.suites import load_suite, select
+from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
@@ -38,6 +38,9 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
     per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
                                             help="N prompts per group, spread evenly."),
+    split: str = typer.Option("all", "--split", metavar="HALF", help="all | tune | report: the suite's fixed halves, "
+                              "by the number its ids end in (odd: tune, even: report); published tables use report "
+                              "[all]."),
     max_tokens: MaxTokens = None,
     temperature: Temperature = None,
     top_k: TopK = None,
@@ -70,7 +73,7 @@ def bench(
     \b
     Examples:
       specgen bench -m smollm2-135m-instruct-q4_1 --methods lookup,auto -n 64
-      specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --per-group 2 --json a.json --plot a.svg
+      specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --split report --per-group 2 --json a.json
       specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
     """
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
@@ -85,13 +88,15 @@ def bench(
     for key in ("limit", "per_group", "repeats"):
         if values.get(key) is not None and values[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
+    if split not in SPLITS:
+        raise ConfigError(f"--split expects {', '.join(SPLITS)}, found {split!r}")
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None))
     if json_file is not None:
         check_writable(json_file, "--json")
     if plot is not None:
         check_plot_path(plot)
     suite_name, pool = load_suite(values.get("suite") or "builtin")
-    prompts = select(pool, values.get("per_group"), values.get("limit"))
+    prompts = select(split_half(pool, split), values.get("per_group"), values.get("limit"))
     n_repeats = values.get("repeats") or 1
 
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
@@ -106,7 +111,7 @@ def bench(
         external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads)
     columns = [*chosen, *external]
     machine = machine_info(n_threads, info)
-    title = header(machine, cfg, session, suite_name)
+    title = header(machine, cfg, session, suite_name) + ("" if split == "all" else f" ({split} half)")
 
     calibration_at_start = {role: c.to_json() for role, c in (("target", session.costs), ("draft", session.draft_costs))
                             if c is not None}
@@ -135,6 +140,7 @@ def bench(
     if json_file is not None:
         report = bench_report(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
                               trials, rows, calibration_at_start, versus)
+        report["settings"]["split"] = split
         failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
                            "--json", json_file)
     if plot is not None and rows:

@@ -14,8 +14,8 @@ from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
 from specgen.app.session import load_session
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers,
-                                 GpuLayers, MaxTokens, Rpc, Seed, Store, System, Target, Temperature, Threads, TopK,
-                                 TopP)
+                                 GpuLayers, Grammar, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
+                                 Temperature, Threads, TopK, TopP, constraint_option)
 from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
 from specgen.drafting.methods import METHODS
 from specgen.errors import SpecgenError
@@ -58,6 +58,9 @@ def generate(
     rpc: Rpc = None,
     corpus: Corpus = None,
     store: Store = None,
+    json_schema: JsonSchema = None,
+    grammar: Grammar = None,
+    json_object: JsonObject = False,
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -66,6 +69,8 @@ def generate(
       specgen generate -m smollm2-135m-instruct-q4_1 "Write a haiku about rain"
       echo "Summarize: ..." | specgen generate -m smollm2-135m-instruct-q4_1 -n 64 --json
       specgen generate -m target.gguf -d draft.gguf -f prompts.txt
+      specgen generate -m smollm2-135m-instruct-q4_1 --json-schema person.json "Extract: Ada, 36, London"
+      specgen generate -m smollm2-135m-instruct-q4_1 -f jobs.jsonl --json   # records may carry response_format, tools
     """
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
@@ -73,7 +78,12 @@ def generate(
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store,
         corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)
-    runner = Runner(cfg, load_session(cfg))
+    spec = constraint_option(json_schema, grammar, json_object)
+    if spec is not None:  # for every prompt that does not carry its own response_format or tools
+        items = [item if item.constraint or item.tools else dataclasses.replace(item, constraint=spec) for item in items]
+    constrained = any(item.constraint or item.tools for item in items)
+    # Screening keeps the argmax of a whole row exact, not a masked one: constrained runs read the real rows.
+    runner = Runner(cfg, load_session(cfg, screen=not constrained))
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
@@ -97,8 +107,12 @@ def generate(
             if json_out:
                 write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})
             continue
+        answer = runner.answer(item, result.text)
         if json_out:
-            write_json_record(runner.record(result))
+            record = runner.record(result)
+            if answer is not None:
+                record.update(content=answer.content, tool_calls=[c.openai() for c in answer.calls])
+            write_json_record(record)
         else:
             sink.end()
         stats_line(result.stats.line())

@@ -85,3 +85,51 @@ Corpus = Annotated[Optional[List[Path]], typer.Option("--corpus", metavar="FILE"
                                                       "from (documents or code being edited); repeat for more.")]
 Store = Annotated[Optional[bool], typer.Option("--store/--no-store", help="Draft from, and add to, the store of past "
                                                "generations in the specgen cache (generate: on, bench: off).")]
+JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", metavar="FILE|JSON", help="The output must be JSON "
+                                                   "matching this JSON Schema (a file, or the schema itself).")]
+Grammar = Annotated[Optional[Path], typer.Option("--grammar", metavar="FILE", help="The output must match this "
+                                                 "grammar (GBNF as llama.cpp writes it, or Lark).")]
+JsonObject = Annotated[bool, typer.Option("--json-object", help="The output must be a JSON object (any).")]
+
+
+def constraint_option(json_schema: str | None, grammar: Path | None, json_object: bool):
+    """The --json-schema / --grammar / --json-object choice as a ConstraintSpec (at most one)."""
+    from specgen.core.constraint import ConstraintSpec
+    from specgen.errors import ConfigError
+
+    given = [name for name, v in (("--json-schema", json_schema), ("--grammar", grammar), ("--json-object", json_object))
+             if v]
+    if len(given) > 1:
+        raise ConfigError(f"expected one of --json-schema, --grammar, --json-object, found {' and '.join(given)}")
+    if json_object:
+        return ConstraintSpec("json_object")
+    if grammar is not None:
+        return ConstraintSpec("gbnf", _read(grammar, "--grammar"))
+    if json_schema is None:
+        return None
+    text = json_schema if json_schema.lstrip().startswith("{") else _read(Path(json_schema), "--json-schema")
+    from specgen.app.structured import response_format
+
+    return response_format({"type": "json_schema", "json_schema": {"name": "cli", "schema": _json(text)}})
+
+
+def _read(path: Path, option: str) -> str:
+    from specgen.errors import ConfigError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{option} expects a readable file, found {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option} expects a UTF-8 text file, found binary data in {path}") from None
+
+
+def _json(text: str) -> object:
+    import json
+
+    from specgen.errors import ConfigError
+
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--json-schema expects JSON, found an error: {e}") from None

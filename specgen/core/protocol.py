@@ -100,8 +100,9 @@ class Model(Protocol):
 
     def vocab_info(self, sample_ids: Sequence[int]) -> VocabInfo: ...
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        """The messages rendered with the model's chat template (raises ModelError without one)."""
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The messages rendered with the model's chat template (raises ModelError without one);
+        `tools`: OpenAI's tool list, for templates that render it."""
         ...
 
     def constrain(self, spec: ConstraintSpec) -> Constraint:

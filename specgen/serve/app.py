@@ -35,12 +35,14 @@ def timings(done: Done) -> dict:
     s = done.stats
     return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
             "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
-            "draft_n": s.drafted, "draft_n_accepted": s.accepted}
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
 
 
 def speculative(method: str, s: RunStats) -> dict:
+    """specgen's own numbers; `accepted_by`: accepted drafted tokens by source (forced, lookup, draft, ...)."""
     return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
-            "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices)}
+            "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices),
+            "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced}
 
 
 def usage(done: Done) -> dict:
@@ -128,6 +130,9 @@ class Server:
             if reply.kind == "chat.completion":
                 yield _sse(reply.chunk({"role": "assistant", "content": ""}))
             async for item in items():
+                if isinstance(item, Done):
+                    for chunk in reply.answer_chunks(item):
+                        yield _sse(chunk)
                 yield _sse(reply.chunk(item) if isinstance(item, str) else reply.last(item))
                 if isinstance(item, Done) and job.request.include_usage:
                     yield _sse(reply.usage_chunk(item))
@@ -194,8 +199,24 @@ class Reply:
         return {"timings": timings(done), "speculative": speculative(self.method, done.stats)}
 
     def whole(self, done: Done) -> dict:
-        return {**self._head(self.kind), "choices": [self._choice(done.text, done.finish_reason, True)],
-                "usage": usage(done), **self._extras(done)}
+        choice = self._choice(done.text, done.finish_reason, True)
+        if done.answer is not None and self.kind == "chat.completion":
+            choice["message"]["content"] = done.answer.content
+            if done.answer.calls:
+                choice["message"]["tool_calls"] = [c.openai() for c in done.answer.calls]
+        return {**self._head(self.kind), "choices": [choice], "usage": usage(done), **self._extras(done)}
+
+    def answer_chunks(self, done: Done) -> list[dict]:
+        """With tools, the whole answer at its end: its content, then each call as OpenAI streams
+        one (id, type and name first, then the arguments)."""
+        if done.answer is None:
+            return []
+        out = [self.chunk({"content": done.answer.content})] if done.answer.content else []
+        for i, call in enumerate(done.answer.calls):
+            head = call.openai(i)
+            out.append(self.chunk({"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}))
+            out.append(self.chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}))
+        return out
 
     def chunk(self, piece: str | dict) -> dict:
         name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"

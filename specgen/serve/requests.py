@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass
 
 from specgen.app.config import SEED_MAX
-from specgen.app.prompts import ROLES, Message, Prompt
+from specgen.app.prompts import Prompt, message_from, split_turns
+from specgen.app.structured import read_tools, response_format
+from specgen.errors import SpecgenError
 
 MAX_STOPS = 4  # OpenAI's limit
 
@@ -56,11 +58,9 @@ def body_json(raw: bytes) -> dict:
 
 def _refuse_unsupported(body: dict) -> None:
     """Fields specgen does not implement are refused by name rather than silently ignored."""
-    checks = {"n": lambda v: v not in (None, 1), "tools": bool, "tool_choice": lambda v: v not in (None, "none"),
-              "functions": bool, "function_call": lambda v: v not in (None, "none"), "logprobs": bool,
-              "top_logprobs": lambda v: v not in (None, 0), "echo": bool, "best_of": lambda v: v not in (None, 1),
-              "suffix": bool, "logit_bias": bool,
-              "response_format": lambda v: v not in (None, {"type": "text"})}
+    checks = {"n": lambda v: v not in (None, 1), "functions": bool, "function_call": lambda v: v not in (None, "none"),
+              "logprobs": bool, "top_logprobs": lambda v: v not in (None, 0), "echo": bool,
+              "best_of": lambda v: v not in (None, 1), "suffix": bool, "logit_bias": bool}
     for name, unsupported in checks.items():
         if unsupported(body.get(name)):
             raise RequestError(400, f"{name} is not supported by specgen serve (found {json.dumps(body[name])[:60]})",
@@ -113,16 +113,21 @@ def _common(body: dict) -> dict:
                 include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None)
 
 
-def _content(message: dict, i: int) -> str:
-    """A message's text: a string, or a list of text parts (as OpenAI's newer clients send)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise RequestError(400, f"messages[{i}].content expects text (a string or text parts), found "
-                            f"{json.dumps(content)[:60]}", f"messages[{i}].content")
+def _structured(body: dict, tools: bool) -> dict:
+    """response_format (and, for chats, tools with tool_choice) as the Prompt's fields."""
+    where = "response_format"
+    try:
+        constraint = response_format(body.get("response_format"))
+        where = "tools"
+        chosen = read_tools(body.get("tools"), body.get("tool_choice")) if tools else None
+    except SpecgenError as e:
+        raise RequestError(400, str(e), where) from None
+    if not tools and body.get("tools"):
+        raise RequestError(400, "tools expects a chat request (/v1/chat/completions), found a completion", "tools")
+    if constraint is not None and chosen is not None:
+        raise RequestError(400, "expected either response_format or tools (with tool_choice other than none), "
+                                "found both", "response_format")
+    return dict(constraint=constraint, tools=chosen)
 
 
 def chat_request(body: dict) -> Request:
@@ -131,15 +136,15 @@ def chat_request(body: dict) -> Request:
         raise RequestError(400, f"messages expects a non-empty list, found {json.dumps(messages)[:60]}", "messages")
     turns = []
     for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise RequestError(400, f"messages[{i}].role expects one of {', '.join(ROLES)}, found "
-                                    f"{json.dumps(role)[:40]}", f"messages[{i}].role")
-        turns.append(Message(role, _content(m, i)))
-    if turns[-1].role != "user":
-        raise RequestError(400, f"the last message must be from the user, found role {turns[-1].role!r}", "messages")
-    return Request(True, Prompt(0, turns[-1].content, tuple(turns[:-1])), **_common(body))
+        try:
+            turns.append(message_from(m, f"messages[{i}]"))
+        except SpecgenError as e:
+            raise RequestError(400, str(e), f"messages[{i}]") from None
+    try:
+        text, history, after = split_turns(turns, "messages")
+    except SpecgenError as e:
+        raise RequestError(400, str(e), "messages") from None
+    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)), **_common(body))
 
 
 def completion_request(body: dict) -> Request:
@@ -148,4 +153,4 @@ def completion_request(body: dict) -> Request:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise RequestError(400, f"prompt expects a non-empty string, found {json.dumps(prompt)[:60]}", "prompt")
-    return Request(False, Prompt(0, prompt), **_common(body))
+    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)), **_common(body))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from specgen.app.config import RunConfig
 from specgen.app.runner import Runner
+from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
 from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.stats import RunStats
@@ -50,8 +51,9 @@ class StopText:
 @dataclass(frozen=True)
 class Done:
     text: str
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | tool_calls
     stats: RunStats
+    answer: ToolAnswer | None = None  # with tools: the text as content and calls
 
 
 @dataclass
@@ -129,6 +131,8 @@ class Worker:
         """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
         request, runner = job.request, self.runners.get(job.request)
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
+        # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
+        held = request.prompt.tools is not None
         events = runner.stream(request.prompt, stats, request.max_tokens or runner.cfg.max_tokens)
         try:
             for event in events:
@@ -136,16 +140,19 @@ class Worker:
                     break
                 if isinstance(event, TokenEvent):
                     piece = stop.feed(event.text)
-                    if piece:
+                    if piece and not held:
                         job.put(piece)
                     if stop.hit:
                         reason = "stop"
                         break
                 elif isinstance(event, FinishEvent):
                     piece = stop.feed(event.tail) + stop.flush()
-                    if piece:
+                    if piece and not held:
                         job.put(piece)
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
-        return Done(stop.text, reason, stats)
+        answer = runner.answer(request.prompt, stop.text)
+        if answer is not None and answer.calls and reason == "stop":
+            reason = "tool_calls"
+        return Done(stop.text, reason, stats, answer)

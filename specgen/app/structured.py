@@ -1,0 +1,232 @@
+"""OpenAI's structured-output fields as specgen constraints: `response_format` and `tools`.
+
+Shared by `specgen serve` and `.jsonl` prompt records. Tool calls come in one of two formats:
+- "hermes": the GGUF's chat template renders `tools` itself and its model writes
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen 2.5/3, SmolLM3 ...):
+  the call is generated under a grammar whose JSON is the tools' schemas.
+- "generic" (every other template): the tools and the answer's format are put in a system
+  message, and the answer is one JSON object, `{"tool_call": {"name": ..., "arguments": {...}}}`
+  or `{"response": "text"}` (llama.cpp's generic format), generated under its JSON Schema.
+Either way the constraint is verified like any other: the text is what constrained plain decoding
+writes, and the call is parsed from it into OpenAI's `tool_calls`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from specgen.core.constraint import ConstraintSpec
+from specgen.errors import ConstraintError
+
+HERMES, GENERIC = "hermes", "generic"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def response_format(value: object) -> ConstraintSpec | None:
+    """OpenAI's `response_format` (llama-server's `{"type": "json_object", "schema": ...}` too)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ConstraintError(f"response_format expects an object with \"type\" (text, json_object or json_schema), "
+                              f"found {json.dumps(value)[:60]}")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return ConstraintSpec("json_object") if schema is None else _schema_spec(schema, "response_format.schema")
+    if kind == "json_schema":
+        inner = value.get("json_schema")
+        if not isinstance(inner, dict) or "schema" not in inner:
+            raise ConstraintError("response_format json_schema expects {\"json_schema\": {\"name\": ..., \"schema\": "
+                                  f"{{...}}}}, found {json.dumps(inner)[:60]}")
+        return _schema_spec(inner["schema"], "response_format.json_schema.schema")
+    raise ConstraintError(f"response_format.type expects text, json_object or json_schema, found {kind!r}")
+
+
+def _schema_spec(schema: object, where: str) -> ConstraintSpec:
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"{where} expects a JSON Schema object, found {json.dumps(schema)[:60]}")
+    return ConstraintSpec("json_schema", json.dumps(closed(schema)))
+
+
+def closed(schema: object) -> object:
+    """The schema with `additionalProperties: false` wherever an object lists its properties and
+    says nothing of others, as llama.cpp's converter reads a schema (and OpenAI's strict mode asks):
+    otherwise a small model pads its objects with keys nobody asked for."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("const", "enum", "default", "examples") else closed(v)) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The request's functions and `tool_choice`: "auto", "required", or one function's name."""
+
+    functions: tuple[dict, ...]  # {"name", "description", "parameters"}
+    choice: str = "auto"
+    only: str | None = None  # tool_choice named a function
+
+    @property
+    def must_call(self) -> bool:
+        return self.choice == "required" or self.only is not None
+
+    def allowed(self) -> tuple[dict, ...]:
+        return tuple(f for f in self.functions if self.only is None or f["name"] == self.only)
+
+    def openai(self) -> list[dict]:
+        """As a chat template's `tools` variable expects them (OpenAI's shape)."""
+        return [{"type": "function", "function": f} for f in self.allowed()]
+
+
+def read_tools(tools: object, tool_choice: object) -> Tools | None:
+    """OpenAI's `tools` and `tool_choice`, checked; None when no tool may be called."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none", "auto"):
+            raise ConstraintError(f"tool_choice {json.dumps(tool_choice)[:60]} needs tools, found none")
+        return None
+    if not isinstance(tools, list):
+        raise ConstraintError(f"tools expects a list of {{\"type\": \"function\", \"function\": {{...}}}}, found "
+                              f"{json.dumps(tools)[:60]}")
+    functions = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConstraintError(f"tools[{i}] expects {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                  f"\"parameters\": {{...}}}}}}, found {json.dumps(tool)[:60]}")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ConstraintError(f"tools[{i}].function.parameters expects a JSON Schema object, found "
+                                  f"{json.dumps(params)[:60]}")
+        functions.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
+    if tool_choice in (None, "auto"):
+        return Tools(tuple(functions))
+    if tool_choice == "none":
+        return None
+    if tool_choice == "required":
+        return Tools(tuple(functions), "required")
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str) or name not in {f["name"] for f in functions}:
+        raise ConstraintError(f"tool_choice expects none, auto, required or {{\"type\": \"function\", \"function\": "
+                              f"{{\"name\": one of the tools}}}}, found {json.dumps(tool_choice)[:80]}")
+    return Tools(tuple(functions), "function", name)
+
+
+def tool_format(chat_template: str | None) -> str:
+    """HERMES where the template itself renders tools and their `<tool_call>` blocks, else GENERIC."""
+    return HERMES if chat_template and OPEN in chat_template and "tools" in chat_template else GENERIC
+
+
+def _call_schema(tools: Tools) -> dict:
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": closed(f["parameters"])},
+              "required": ["name", "arguments"], "additionalProperties": False} for f in tools.allowed()]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def tool_constraint(tools: Tools, fmt: str, open_is_special: bool = False) -> ConstraintSpec:
+    """The grammar the answer is generated under."""
+    call = _call_schema(tools)
+    if fmt == GENERIC:
+        options = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
+                    "additionalProperties": False}]
+        if not tools.must_call:
+            options.append({"type": "object", "properties": {"response": {"type": "string"}},
+                            "required": ["response"], "additionalProperties": False})
+        return ConstraintSpec("json_schema", json.dumps(options[0] if len(options) == 1 else {"anyOf": options}))
+    opener, closer = (OPEN, CLOSE) if open_is_special else (json.dumps(OPEN), json.dumps(CLOSE))
+    lines = [f"call: {opener} \"\\n\" args \"\\n\" {closer}",
+             "args: %json " + json.dumps(call)]
+    if tools.must_call:
+        return ConstraintSpec("lark", "\n".join(["start: call (\"\\n\" call)*", *lines]))
+    # Free text that does not open with "<", or calls: a call is chosen by its first character.
+    return ConstraintSpec("lark", "\n".join(["start: TEXT | call (\"\\n\" call)*", "TEXT: /[^<](.|\\n)*/", *lines]))
+
+
+def generic_system_prompt(tools: Tools) -> str:
+    """The system message of the generic format: the tools and how to answer."""
+    listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
+                         for f in tools.allowed()], ensure_ascii=False)
+    how = ('Answer with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}} to call a tool'
+           + ('.' if tools.must_call else ', or {"response": <your answer as text>}.'))
+    return f"You can call these tools:\n{listed}\n{how}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def openai(self, index: int | None = None) -> dict:
+        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return out if index is None else {"index": index, **out}
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    content: str | None
+    calls: tuple[ToolCall, ...] = ()
+
+
+def _call(obj: object) -> ToolCall | None:
+    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall("call_" + uuid.uuid4().hex[:24], obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def parse_answer(text: str, fmt: str) -> ToolAnswer:
+    """The generated text as content and/or tool calls (text the grammar did not finish stays content)."""
+    if fmt == GENERIC:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return ToolAnswer(text)
+        if isinstance(obj, dict) and "tool_call" in obj and (call := _call(obj["tool_call"])) is not None:
+            return ToolAnswer(None, (call,))
+        if isinstance(obj, dict) and isinstance(obj.get("response"), str):
+            return ToolAnswer(obj["response"])
+        return ToolAnswer(text)
+    calls, rest, pos = [], [], 0
+    for m in re.finditer(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), text, re.S):
+        try:
+            call = _call(json.loads(m.group(1)))
+        except ValueError:
+            call = None
+        if call is None:
+            continue
+        rest.append(text[pos:m.start()])
+        pos = m.end()
+        calls.append(call)
+    rest.append(text[pos:])
+    content = "".join(rest).strip()
+    return ToolAnswer(content or None, tuple(calls))
+
+
+def generic_message(message: dict) -> dict:
+    """A history message as the generic format's model reads it: an assistant's tool calls as the
+    JSON it would have written, a tool's result as a user message that names the call."""
+    if message.get("role") == "assistant" and message.get("tool_calls"):
+        call = message["tool_calls"][0].get("function", {})
+        args = call.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass
+        return {"role": "assistant",
+                "content": json.dumps({"tool_call": {"name": call.get("name"), "arguments": args}}, ensure_ascii=False)}
+    if message.get("role") == "tool":
+        name = message.get("name") or message.get("tool_call_id") or "tool"
+        return {"role": "user", "content": f"Result of {name}: {message.get('content') or ''}"}
+    return message
