@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,9 @@ def tokenizer(model) -> Any:
         cached = getattr(model, "_llg_tokenizer", None)
         if cached is None:
             eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [model.eos]
-            cached = llg.llamacpp.lltokenizer_from_vocab(model.vocab_ptr, n_vocab=model.n_vocab, eos_token=eog)
+            with warnings.catch_warnings():  # its adapter calls a llama.cpp function deprecated by name only
+                warnings.simplefilter("ignore", DeprecationWarning)
+                cached = llg.llamacpp.lltokenizer_from_vocab(model.vocab_ptr, n_vocab=model.n_vocab, eos_token=eog)
             model._llg_tokenizer = cached
     return cached
 
