@@ -1,0 +1,144 @@
+"""Structured output and tool calls through `specgen serve`, as clients send them: OpenAI's Python
+client (response_format, .parse(), a whole tool loop, streamed and not), LangChain's
+with_structured_output and bind_tools, and simonw/llm's --schema, against a real server process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import langchain_openai
+import pytest
+from pydantic import BaseModel
+
+from test_serve import Served
+
+pytestmark = pytest.mark.real
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+EXTRACT = [{"role": "user", "content": "Extract the person: Ada Lovelace, aged 36, lived in London."}]
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = Served()
+    yield served
+    served.stop()
+
+
+def test_json_schema_answer_is_valid_and_says_what_it_forced(server):
+    r = server.client.chat.completions.create(
+        model="m", messages=EXTRACT, temperature=0, max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    obj = json.loads(r.choices[0].message.content)
+    jsonschema.validate(obj, {**PERSON, "additionalProperties": False})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.model_extra["speculative"]["accepted_by"]["forced"] > 0
+    assert r.model_extra["timings"]["draft_n_forced"] == r.model_extra["speculative"]["accepted_by"]["forced"]
+
+
+def test_parse_with_a_pydantic_model(server):
+    r = server.client.chat.completions.parse(model="m", messages=EXTRACT, response_format=Person, temperature=0)
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person) and person.name
+
+
+def test_json_object_and_streamed_schema(server):
+    r = server.client.chat.completions.create(model="m", messages=EXTRACT, temperature=0, max_tokens=48,
+                                              response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    stream = server.client.chat.completions.create(
+        model="m", messages=EXTRACT, temperature=0, stream=True, max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_tool_loop_call_result_answer(server):
+    """required -> a call; its result goes back as a tool message (content null beside the call)."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = server.client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, TIME],
+                                              tool_choice="required", temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.function.name in ("get_weather", "get_time") and set(json.loads(call.function.arguments)) == {"city"}
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    r = server.client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, TIME],
+                                              tool_choice="none", temperature=0, max_tokens=32)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+def test_named_tool_streamed_as_openai_fragments(server):
+    stream = server.client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, stream=True)
+    calls, reason = {}, None
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    assert reason == "tool_calls" and calls[0]["name"] == "get_time"
+    assert set(json.loads(calls[0]["arguments"])) == {"city"}
+
+
+def test_prefill_and_system_nudge_at_the_end(server):
+    r = server.client.chat.completions.create(model="m", temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green"}])
+    assert r.choices[0].message.content is not None
+    r = server.client.chat.completions.create(model="m", temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": "Name three colours."}, {"role": "system", "content": "Answer in French."}])
+    assert r.choices[0].message.content
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}}}}, None, "json_schema"),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tools", "tool_choice"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "either"),
+])
+def test_refusals_are_400_with_one_line(server, body, param, words):
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": EXTRACT, **body}).encode())
+    assert status == 400, reply
+    message = reply["error"]["message"]
+    assert words in message and "\n" not in message
+    if param:
+        assert reply["error"]["param"] == param
+
+
+def test_langchain_structured_output_and_bind_tools(server):
+    llm = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="m", temperature=0,
+                                      max_retries=0)
+    person = llm.with_structured_output(Person, method="json_schema").invoke(EXTRACT[0]["content"])
+    assert isinstance(person, Person) and person.name
+    ai = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Rome?")
+    assert ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather" and "city" in ai.tool_calls[0]["args"]
+
+
+def test_llm_cli_schema(server, tmp_path):
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: specgen\n  model_name: m\n  api_base: {server.url}/v1\n  supports_schema: true\n")
+    env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "none"}
+    out = subprocess.run([sys.executable, "-m", "llm", "-m", "specgen", "--schema", "name, age int", "--no-log",
+                          EXTRACT[0]["content"]], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), PERSON)
