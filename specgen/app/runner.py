@@ -151,6 +151,10 @@ class Runner:
         """The text this runner's model reads for `prompt` (what another tool must be given)."""
         return render_prompt(self.session.target, prompt, self.chat, self.cfg.system)
 
+    def constraint_for(self, prompt: Prompt) -> ConstraintSpec | None:
+        """What this runner's answer to `prompt` must match (another tool must be given it too)."""
+        return constraint_spec(self.session.target, prompt, self.chat)
+
     def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the

@@ -35,6 +35,7 @@ from pathlib import Path
 from specgen.app.runner import Runner
 from specgen.app.session import Session
 from specgen.bench.run import ExternalRun, conversations
+from specgen.core.constraint import ConstraintSpec
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.errors import ConfigError, SpecgenError
@@ -106,8 +107,25 @@ def sampling_flags(s: SamplingParams) -> list[str]:
              *(["--seed", str(s.seed)] if s.seed is not None else [])])
 
 
-def command(setup: Setup, spec_type: str, prompt: str) -> list[str]:
+def constraint_flags(spec: ConstraintSpec | None) -> list[str]:
+    """A prompt's constraint in llama.cpp's flags: -j for a JSON Schema (its own converter, which lets
+    the model choose whitespace where specgen's grammar fixes json.dumps's layout), --grammar for
+    GBNF. Lark and regex grammars have no llama.cpp flag: a ConfigError."""
+    if spec is None:
+        return []
+    if spec.kind == "json_schema":
+        return ["-j", spec.text]
+    if spec.kind == "json_object":
+        return ["-j", '{"type": "object"}']
+    if spec.kind == "gbnf":
+        return ["--grammar", spec.text]
+    raise ConfigError(f"--llama-cpp runs constrained prompts with -j or --grammar; a {spec.kind} grammar has no "
+                      "llama.cpp flag (a tool call in a template's own format, say)")
+
+
+def command(setup: Setup, spec_type: str, prompt: str, constraint: ConstraintSpec | None = None) -> list[str]:
     cmd = [str(setup.binary), "-m", str(setup.target), "-p", prompt, "-n", str(setup.max_tokens),
+           *constraint_flags(constraint),
            *sampling_flags(setup.sampling),
            "-c", str(setup.n_ctx), "-b", str(setup.n_ctx), "-ub", "512", "-t", str(setup.threads),
            "--spec-type", spec_type, "-v", "--log-timestamps"]  # each step's end: see the module's note
@@ -195,10 +213,11 @@ def clip_to(text: str, reference: str) -> str:
     return reference if text.startswith(reference) else text
 
 
-def plain_command(setup: Setup, prompt: str) -> list[str]:
+def plain_command(setup: Setup, prompt: str, constraint: ConstraintSpec | None = None) -> list[str]:
     """llama-completion on the same prompt, sampling and threads, the prompt not echoed, no chat
     mode (the prompt is already rendered with the template, as specgen's plain run read it)."""
-    return [str(setup.binary.parent / PLAIN_BINARY), "-m", str(setup.target), "-p", prompt, "-n",
+    return [str(setup.binary.parent / PLAIN_BINARY), "-m", str(setup.target), "-p", prompt,
+            *constraint_flags(constraint), "-n",
             str(setup.max_tokens), *sampling_flags(setup.sampling), "-c", str(setup.n_ctx), "-b", "512", "-ub", "512", "-t", str(setup.threads),
             "-no-cnv", "--no-display-prompt", "--no-warmup"]
 
@@ -231,13 +250,13 @@ def _execute(cmd: list[str], label: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_plain(setup: Setup, prompt: str) -> tuple[str, RunStats]:
-    proc = _execute(plain_command(setup, prompt), PLAIN_BINARY)
+def run_plain(setup: Setup, prompt: str, constraint: ConstraintSpec | None = None) -> tuple[str, RunStats]:
+    proc = _execute(plain_command(setup, prompt, constraint), PLAIN_BINARY)
     return parse_plain(proc.stdout, proc.stderr)
 
 
-def run(setup: Setup, spec_type: str, prompt: str) -> tuple[str, RunStats]:
-    proc = _execute(command(setup, spec_type, prompt), f"{BINARY} --spec-type {spec_type}")
+def run(setup: Setup, spec_type: str, prompt: str, constraint: ConstraintSpec | None = None) -> tuple[str, RunStats]:
+    proc = _execute(command(setup, spec_type, prompt, constraint), f"{BINARY} --spec-type {spec_type}")
     return parse(proc.stdout, proc.stderr, prompt, setup.max_tokens)
 
 
@@ -258,8 +277,9 @@ def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: R
         def run_prompt(prompt, answers):
             texts, per_turn = [], []
             for conversation, answer in zip(conversations(prompt, answers), answers):
-                rendered = plain.prompt_text(conversation)
-                text, stats = run_plain(setup, rendered) if spec is None else run(setup, spec, rendered)
+                rendered, constraint = plain.prompt_text(conversation), plain.constraint_for(conversation)
+                text, stats = (run_plain(setup, rendered, constraint) if spec is None
+                               else run(setup, spec, rendered, constraint))
                 texts.append(text if spec is None else clip_to(text, answer))
                 per_turn.append(stats)
             return texts, per_turn

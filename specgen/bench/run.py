@@ -42,7 +42,7 @@ def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
 
 def conversations(prompt: BenchPrompt, answers: Sequence[str]) -> list[Prompt]:
     """The prompt of each turn: turn i follows the earlier turns and `answers` to them."""
-    turns = [Prompt(0, prompt.turns[0])]
+    turns = [Prompt(0, prompt.turns[0], constraint=prompt.constraint, tools=prompt.tools)]
     for answer, question in zip(answers, prompt.turns[1:]):
         turns.append(turns[-1].followed_by(answer, question))
     return turns

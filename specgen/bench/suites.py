@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Sequence
 
 from specgen.app.prompts import decode_utf8, jsonl_records
-from specgen.errors import ConfigError, PromptError
+from specgen.app.structured import Tools, read_tools, response_format
+from specgen.core.constraint import ConstraintSpec
+from specgen.errors import ConfigError, ConstraintError, PromptError
 
 # Spec-Bench's six groups; its eight MT-bench categories form the first.
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -26,6 +28,10 @@ class BenchPrompt:
     group: str
     prompt_id: str
     turns: tuple[str, ...]  # user turns; each after the model's own answer to the previous one
+    # The answer's constraint (a record's OpenAI response_format) and tools (with tool_choice):
+    # structured-output suites (suites/json.jsonl).
+    constraint: ConstraintSpec | None = None
+    tools: Tools | None = None
 
 
 def spec_bench_group(category: str) -> str:
@@ -42,8 +48,13 @@ def parse_question_file(text: str, origin: str) -> list[BenchPrompt]:
             raise PromptError(f"{origin} line {lineno}: expected a Spec-Bench question "
                               '{"question_id", "category": text, "turns": [text, ...]}, '
                               f"found {json.dumps(rec)[:80]}")
+        try:
+            structured = dict(constraint=response_format(rec.get("response_format")),
+                              tools=read_tools(rec.get("tools"), rec.get("tool_choice")))
+        except ConstraintError as e:
+            raise PromptError(f"{origin} line {lineno}: {e}") from None
         out.append(BenchPrompt(spec_bench_group(rec["category"]), str(rec.get("question_id", lineno)),
-                               tuple(turns)))
+                               tuple(turns), **structured))
     if not out:
         raise PromptError(f"{origin}: no questions found")
     return out
@@ -57,16 +68,21 @@ def humaneval_suite() -> list[BenchPrompt]:
     return [BenchPrompt("code", task_id, (problem["prompt"],)) for task_id, problem in read_problems().items()]
 
 
+# Suites shipped with specgen: `builtin` (a spread of chat and code), `json` (structured output: 16
+# chat prompts answered under a JSON Schema or with a tool call: extraction, tools, lists).
+BUILTIN = ("builtin", "json")
+
+
 def load_suite(spec: str) -> tuple[str, list[BenchPrompt]]:
-    """`builtin`, `humaneval`, or a path to a question.jsonl file -> (suite name, prompts)."""
-    if spec == "builtin":
-        text = resources.files("specgen").joinpath("suites/builtin.jsonl").read_text(encoding="utf-8")
-        return spec, parse_question_file(text, "builtin suite")
+    """`builtin`, `json`, `humaneval`, or a path to a question.jsonl file -> (suite name, prompts)."""
+    if spec in BUILTIN:
+        text = resources.files("specgen").joinpath(f"suites/{spec}.jsonl").read_text(encoding="utf-8")
+        return spec, parse_question_file(text, f"{spec} suite")
     if spec == "humaneval":
         return spec, humaneval_suite()
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ConfigError(f"--suite expects builtin, humaneval or a question.jsonl file, found {spec!r} "
+        raise ConfigError(f"--suite expects builtin, json, humaneval or a question.jsonl file, found {spec!r} "
                           f"({'a directory' if path.is_dir() else 'no such file'})")
     return str(path), parse_question_file(decode_utf8(path.read_bytes(), str(path)), str(path))
 

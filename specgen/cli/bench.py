@@ -20,7 +20,8 @@ from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
-                                 MaxTokens, Rpc, Seed, Store, System, Target, Temperature, Threads, TopK, TopP)
+                                 Grammar, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
+                                 Temperature, Threads, TopK, TopP, constraint_option)
 from specgen.cli.render import count_progress, error
 from specgen.drafting import methods as M
 from specgen.errors import ConfigError
@@ -61,6 +62,9 @@ def bench(
     rpc: Rpc = None,
     corpus: Corpus = None,
     store: Store = None,
+    json_schema: JsonSchema = None,
+    grammar: Grammar = None,
+    json_object: JsonObject = False,
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
     spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one "
@@ -97,12 +101,17 @@ def bench(
         check_plot_path(plot)
     suite_name, pool = load_suite(values.get("suite") or "builtin")
     prompts = select(split_half(pool, split), values.get("per_group"), values.get("limit"))
+    spec = constraint_option(json_schema, grammar, json_object)
+    if spec is not None:  # every prompt that carries no response_format or tools of its own
+        prompts = [p if p.constraint or p.tools else dataclasses.replace(p, constraint=spec) for p in prompts]
     n_repeats = values.get("repeats") or 1
 
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
     if spec_type and binary is None:
         raise ConfigError("--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
-    session = load_session(cfg, chosen, store_default=False)  # past runs' texts would favour auto
+    # Past runs' texts would favour auto; screening keeps a row's argmax exact, not a masked one's.
+    constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
+    session = load_session(cfg, chosen, store_default=False, screen=not constrained)
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
     n_threads = cfg.threads or backend.default_threads()
