@@ -336,10 +336,11 @@ class AutoDrafter:
                 # prompt's first one kept the draft out for the rest (gemma F32 -d self, T=0.8).
                 if not self.reproducible and not step.read_backlog:
                     self.draft.observe_step(step.planned_tokens, step.planned_s, len(committed), seconds)
-        elif step is not None and not self.reproducible:
+        elif step is not None and not self.reproducible and len(committed) == 1:
             # A step that drafted nothing is a plain step (timed from when planning ended): with
             # one every few steps, as on gemma Q4_K_M where half the steps draft nothing, no probe
-            # is forced in place of a draft (they were, into loops the text was copying).
+            # is forced in place of a draft (they were, into loops the text was copying). More than
+            # one token committed: a grammar's forced tokens rode along (forced.py), not plain.
             self.plain.observe_plain(time.perf_counter() - step.chosen)
         if self.model is not None:
             self.model.observe(verdict, committed)
