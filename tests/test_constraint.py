@@ -156,3 +156,45 @@ def test_merge_forced_puts_trunk_first_and_maps_origins():
     assert merged.origin.index(other) > 3
     capped = merge_forced(tree, [5, 6, 2], max_nodes=10, max_leaves=1)
     assert capped.tree.tokens == [0, 5, 6, 2]  # each of the others would open a branch
+
+
+class Recorder:
+    """A drafter that proposes a fixed tree and records what it is told."""
+
+    last_choice = "lookup"
+
+    def __init__(self, tree):
+        self.tree, self.seen = tree, []
+
+    def reset(self, tokens):
+        pass
+
+    def propose(self, max_depth):
+        return self.tree
+
+    def observe(self, verdict, committed):
+        self.seen.append((verdict, committed))
+
+    def finish_text(self):
+        pass
+
+
+def test_the_wrapped_drafter_hears_of_its_own_nodes():
+    """Forced trunk [5, 6], a drafter tree 5 -> 6 -> 7 plus a forbidden branch 9: the target takes
+    5, 6, 7 and a bonus 8; the drafter must hear its own indices for 5, 6, 7, not the merged ones."""
+    from specgen.core.verify import Verdict
+
+    c = FakeConstraint([[{5}, {6}, {7, 3}, {8}]], n_vocab=10, eos=1)
+    tree = DraftTree.root_only(0)
+    bad = tree.add(9, 0)
+    a = tree.add(5, 0)
+    b = tree.add(6, a)
+    d = tree.add(7, b)
+    inner = Recorder(tree)
+    wrapped = ConstrainedDrafter(inner, c, max_nodes=10, max_leaves=4)
+    merged = wrapped.propose(8)
+    assert merged.tokens == [0, 5, 6, 7] and merged.forced == {1, 2}  # 9 pruned; 7 joins below the trunk
+    wrapped.observe(Verdict([1, 2, 3], [5, 6, 7, 8]), [5, 6, 7, 8])
+    verdict, committed = inner.seen[-1]
+    assert verdict.path == [a, b, d] and [tree.tokens[v] for v in verdict.path] == [5, 6, 7]
+    assert committed == [5, 6, 7, 8] and bad not in verdict.path
