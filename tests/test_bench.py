@@ -305,7 +305,9 @@ def test_bench_cli_small_real_run(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
     report = json.loads(out.read_text())
-    assert set(report) == {"machine", "models", "settings", "calibration", "records", "summary", "head_to_head"}
+    assert set(report) == {"run", "machine", "models", "settings", "calibration", "records", "summary",
+                           "head_to_head"}
+    assert report["run"]["date"] and len(report["run"]["commit"] or "0" * 40) == 40  # None outside a git checkout
     assert report["head_to_head"] == []  # per prompt against other tools' rows: none without --llama-cpp
     assert {"cpu", "cores", "threads", "load_average", "load_average_at_end", "others_cores", "backend",
             "llama_cpp"} <= set(report["machine"])

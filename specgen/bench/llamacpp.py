@@ -21,6 +21,10 @@ one-token-at-a-time decoding of the target with the same sampling, timed by its 
 (the prompt excluded), so that the table answers "faster than the llama.cpp I use?" and not only
 "faster than specgen's plain". Its text is compared like the others.
 
+Its draft modes (draft-simple, the default with a draft) load the bench's draft, or where llama.cpp
+cannot load that one (a vocabulary-cut `-d self`) the best it can: see drafts.py. The row's name
+then says which draft it ran with.
+
 A conversation's later turns get the context specgen's plain run had: the earlier questions and
 plain's own answers, rendered exactly as specgen renders them, so both decode after the same text.
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from specgen.app.runner import Runner
 from specgen.app.session import Session
+from specgen.bench.drafts import LlamaCppDraft
 from specgen.bench.run import ExternalRun, conversations
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.sampling import SamplingParams
@@ -60,9 +65,10 @@ _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
 
-def method_name(spec_type: str) -> str:
-    """The table's row name for one llama.cpp configuration."""
-    return f"llama.cpp {spec_type}"
+def method_name(spec_type: str, draft_label: str | None = None) -> str:
+    """The table's row name for one llama.cpp configuration; a draft mode run with another draft
+    than specgen's says which (drafts.py)."""
+    return f"llama.cpp {spec_type}" + (f" ({draft_label})" if draft_label and "draft" in spec_type else "")
 
 
 def find_binary(folder: Path) -> Path:
@@ -260,17 +266,15 @@ def run(setup: Setup, spec_type: str, prompt: str, constraint: ConstraintSpec | 
     return parse(proc.stdout, proc.stderr, prompt, setup.max_tokens)
 
 
-def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: Runner, n_threads: int
-               ) -> dict[str, ExternalRun]:
+def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: Runner, n_threads: int,
+               draft: LlamaCppDraft | None = None) -> dict[str, ExternalRun]:
     """bench's external runs: one per llama.cpp --spec-type, each prompt's turns rendered as specgen's
-    plain run read them (its own answers before a later turn)."""
-    draft = session.draft
-    if draft is not None and draft.subset_of_target is not None:
-        draft = None  # a vocabulary-cut draft (-d self) is a GGUF only specgen can pair with its target
+    plain run read them (its own answers before a later turn). `draft`: what its draft modes load
+    (drafts.for_llama_cpp: a vocabulary-cut draft's whole-vocabulary form, say)."""
     types = spec_types(given, draft is not None)
     # The target itself, never its screened copy (screen.py): that one's logits are exact only
     # where specgen patches them, and llama.cpp would decode its cheaper approximate ones.
-    setup = Setup(binary, Path(session.target.source_path), Path(draft.path) if draft is not None else None,
+    setup = Setup(binary, Path(session.target.source_path), draft.path if draft is not None else None,
                   plain.cfg.max_tokens, n_threads, plain.cfg.ctx, plain.cfg.sampling)
 
     def runner(spec: str | None) -> ExternalRun:
@@ -285,7 +289,7 @@ def bench_runs(binary: Path, given: list[str] | None, session: Session, plain: R
             return texts, per_turn
         return run_prompt
 
-    rows = {method_name(spec): runner(spec) for spec in types}
+    rows = {method_name(spec, draft.label if draft is not None else None): runner(spec) for spec in types}
     if (binary.parent / PLAIN_BINARY).is_file():
         rows = {PLAIN_ROW: runner(None), **rows}
     else:

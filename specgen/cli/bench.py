@@ -13,8 +13,8 @@ from rich.console import Console
 from specgen.app.config import merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
-from specgen.bench import llamacpp
-from specgen.bench.report import bench_report, header, machine_info
+from specgen.bench import drafts, llamacpp
+from specgen.bench.report import bench_report, header, machine_info, run_info
 from specgen.bench.run import parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
@@ -71,6 +71,9 @@ def bench(
                                                   "llama.cpp configuration per use, e.g. ngram-mod or "
                                                   "draft-simple,ngram-map-k [the n-gram types, and draft-simple with a "
                                                   "draft]."),
+    llama_cpp_draft: Optional[str] = typer.Option(None, "--llama-cpp-draft", metavar="MODEL", help="With --llama-cpp: "
+                                                  "the draft its draft modes load [-d's; for a vocabulary-cut -d self, "
+                                                  "the same draft with its whole vocabulary]."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
 
@@ -107,24 +110,26 @@ def bench(
     n_repeats = values.get("repeats") or 1
 
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
-    if spec_type and binary is None:
-        raise ConfigError("--spec-type runs llama.cpp's speculative decoding: give --llama-cpp DIR too")
+    if (spec_type or llama_cpp_draft) and binary is None:
+        raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
+                          "decoding: give --llama-cpp DIR too")
     # Past runs' texts would favour auto; screening keeps a row's argmax exact, not a masked one's.
     constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
     session = load_session(cfg, chosen, store_default=False, screen=not constrained)
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
     n_threads = cfg.threads or backend.default_threads()
-    external = {}
+    external, their_draft = {}, None
     if binary is not None:
-        external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads)
+        their_draft = drafts.for_llama_cpp(session, llama_cpp_draft)
+        external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads, their_draft)
     columns = [*chosen, *external]
     machine = machine_info(n_threads, info)
     title = header(machine, cfg, session, suite_name) + ("" if split == "all" else f" ({split} half)")
 
     calibration_at_start = {role: c.to_json() for role, c in (("target", session.costs), ("draft", session.draft_costs))
                             if c is not None}
-    cpu_at_start = cpu_sample()
+    cpu_at_start, run_at_start = cpu_sample(), run_info()
     trials: list = []
     interrupted = False
     with count_progress(len(prompts) * len(columns) * n_repeats, f"bench: {len(prompts)} prompts x "
@@ -148,7 +153,8 @@ def bench(
     failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
     if json_file is not None:
         report = bench_report(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
-                              trials, rows, calibration_at_start, versus)
+                              trials, rows, calibration_at_start, versus,
+                              their_draft.record if their_draft is not None else None, run_at_start)
         report["settings"]["split"] = split
         failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
                            "--json", json_file)
