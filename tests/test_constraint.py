@@ -198,3 +198,36 @@ def test_the_wrapped_drafter_hears_of_its_own_nodes():
     verdict, committed = inner.seen[-1]
     assert verdict.path == [a, b, d] and [tree.tokens[v] for v in verdict.path] == [5, 6, 7]
     assert committed == [5, 6, 7, 8] and bad not in verdict.path
+
+
+def test_tool_answers_parse_in_both_formats():
+    from specgen.app.structured import GENERIC, HERMES, parse_answer
+
+    hermes = parse_answer('Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+                          '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', HERMES)
+    assert hermes.content == "Sure." and [c.name for c in hermes.calls] == ["f", "g"]
+    assert json.loads(hermes.calls[0].arguments) == {"x": 1} and hermes.calls[0].id != hermes.calls[1].id
+    assert parse_answer("just text", HERMES).calls == ()
+    generic = parse_answer('{"tool_call": {"name": "f", "arguments": {"x": 1}}}', GENERIC)
+    assert generic.content is None and generic.calls[0].name == "f"
+    assert parse_answer('{"response": "hello"}', GENERIC).content == "hello"
+    assert parse_answer('{"tool_call": {"na', GENERIC).content == '{"tool_call": {"na'  # cut at the limit
+
+
+def test_closed_schemas_and_response_formats():
+    from specgen.app.structured import closed, read_tools, response_format
+    from specgen.errors import ConstraintError
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"const": {"x": 1}}}}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["a"]["properties"]["b"] == {"const": {"x": 1}}  # values are not schemas
+    assert closed({"type": "object", "additionalProperties": True, "properties": {}})["additionalProperties"] is True
+    assert response_format({"type": "text"}) is None
+    assert response_format({"type": "json_object"}).kind == "json_object"
+    for bad in ({"type": "xml"}, {"type": "json_schema"}, "json", {"type": "json_schema", "json_schema": {"schema": 3}}):
+        with pytest.raises(ConstraintError):
+            response_format(bad)
+    assert read_tools(None, None) is None and read_tools([], "none") is None
+    with pytest.raises(ConstraintError, match="needs tools"):
+        read_tools(None, "required")

@@ -144,3 +144,37 @@ def test_refused_grammar_is_one_clear_line(spec, words):
         run("auto", "Hello", constraint=spec)
     message = str(err.value)
     assert words in message and "\n" not in message and len(message) < 400
+
+
+# A Hermes-style template (as Qwen 2.5's renders tools): the tools in the system turn, calls in
+# <tool_call> blocks. smollm2's own template knows no tools; this one makes specgen take the hermes path.
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call functions. Signatures:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\nFor each call return "
+    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_hermes_template_calls_through_its_own_tags(monkeypatch, choice):
+    from specgen.app.structured import HERMES, tool_format
+
+    target = session().target
+    monkeypatch.setattr(target, "chat_template", HERMES_TEMPLATE)
+    assert tool_format(target.chat_template) == HERMES
+    tools = read_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}], choice)
+    item = Prompt(0, "What is the weather in Paris? Call the function.", tools=tools)
+    texts = {}
+    for method in ("plain", "auto"):
+        runner = Runner(RunConfig(target=TARGET, draft=DRAFT, method=method, max_tokens=48, store=False), session())
+        assert "<tools>" in runner.prompt_text(item)  # the template rendered the tools itself
+        texts[method] = runner.run(item).text
+        answer = runner.answer(item, texts[method])
+        if choice == "required":
+            assert texts[method].startswith("<tool_call>\n{")
+            assert answer.calls and answer.calls[0].name == "get_weather"
+        else:
+            assert answer.calls or (answer.content and not answer.content.startswith("<"))
+    assert texts["plain"] == texts["auto"]
