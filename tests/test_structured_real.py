@@ -58,9 +58,9 @@ def spec_of(kind, value):
     return ConstraintSpec("json_object") if kind == "object" else ConstraintSpec("gbnf", value)
 
 
-def run(method, prompt, n=96, temperature=0.0, seed=None, **fields):
+def run(method, prompt, n=96, temperature=0.0, seed=None, layout="compact", **fields):
     cfg = RunConfig(target=TARGET, draft=DRAFT, method=method, max_tokens=n, temperature=temperature, seed=seed,
-                    store=False)
+                    store=False, json_layout=layout)
     runner = Runner(cfg, session())
     stats = RunStats()
     item = Prompt(0, prompt, **fields)
@@ -91,6 +91,15 @@ def test_every_method_equals_constrained_plain(prompt, kind, value):
         forced += stats.accepted_by["forced"]
     if kind == "schema":  # keys, quotes and separators: forced tokens were drafted and accepted
         assert forced > 0
+
+
+def test_free_layout_lets_the_model_indent_and_stays_lossless():
+    spec = spec_of("schema", ORDER)
+    plain, text, _ = run("plain", CASES[1][0], layout="free", constraint=spec)
+    assert "\n" in text  # this model indents its JSON when it may
+    jsonschema.validate(json.loads(text), ORDER)
+    for method in ("lookup", "staged", "auto"):
+        assert run(method, CASES[1][0], layout="free", constraint=spec)[0] == plain, method
 
 
 def test_the_mask_changes_what_the_model_writes():

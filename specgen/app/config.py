@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from specgen.core.constraint import LAYOUTS
 from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
 from specgen.errors import ConfigError
@@ -36,6 +37,7 @@ class RunConfig:
     rpc: str | None = None  # llama.cpp RPC servers, "host:port,host:port"
     corpus: str | None = None  # text files auto also drafts from, "a.txt,b.md" (history.py)
     store: bool | None = None  # the persistent store of past texts; None: on for generate, off for bench
+    json_layout: str = "compact"  # JSON answers under a schema: compact (separators forced) | free (constraint.py)
 
     @property
     def rpc_servers(self) -> list[str]:
@@ -132,6 +134,8 @@ def check_ranges(cfg: RunConfig) -> None:
     if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")
     check_ctx(cfg.ctx)
+    if cfg.json_layout not in LAYOUTS:
+        raise ConfigError(f"--json-layout expects {' or '.join(LAYOUTS)}, found {cfg.json_layout!r}")
     for path in cfg.corpus_files:
         if not path.is_file():
             raise ConfigError(f"--corpus expects a text file, found {str(path)!r} "

@@ -4,6 +4,7 @@ its events streamed to the caller, gathered into a Completion, and its --json re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -52,13 +53,16 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
     return [{"role": "system", "content": text}, *messages]
 
 
-def constraint_spec(model: Model, prompt: Prompt, chat: bool) -> ConstraintSpec | None:
-    """What the answer must match: the prompt's response format, or its tools' grammar."""
+def constraint_spec(model: Model, prompt: Prompt, chat: bool, layout: str = "compact") -> ConstraintSpec | None:
+    """What the answer must match: the prompt's response format, or its tools' grammar, with JSON
+    laid out as `layout` says."""
     if prompt.tools is not None:
         if prompt.constraint is not None:
             raise ConstraintError("expected either response_format or tools, found both")
-        return tool_constraint(prompt.tools, tool_format(model.chat_template if chat else None))
-    return prompt.constraint
+        spec = tool_constraint(prompt.tools, tool_format(model.chat_template if chat else None))
+    else:
+        spec = prompt.constraint
+    return None if spec is None else dataclasses.replace(spec, layout=layout)
 
 
 def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
@@ -153,7 +157,7 @@ class Runner:
 
     def constraint_for(self, prompt: Prompt) -> ConstraintSpec | None:
         """What this runner's answer to `prompt` must match (another tool must be given it too)."""
-        return constraint_spec(self.session.target, prompt, self.chat)
+        return constraint_spec(self.session.target, prompt, self.chat, self.cfg.json_layout)
 
     def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
@@ -162,7 +166,7 @@ class Runner:
         from it."""
         target = self.session.target
         tokens = encode_prompt(target, prompt, self.chat, self.cfg.system)
-        spec = constraint_spec(target, prompt, self.chat)
+        spec = constraint_spec(target, prompt, self.chat, self.cfg.json_layout)
         constraint = None
         if spec is not None:
             if target.screen is not None:  # screening keeps the unmasked argmax exact, not the masked one

@@ -20,7 +20,7 @@ from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
-                                 Grammar, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
+                                 Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
                                  Temperature, Threads, TopK, TopP, constraint_option)
 from specgen.cli.render import count_progress, error
 from specgen.drafting import methods as M
@@ -65,6 +65,7 @@ def bench(
     json_schema: JsonSchema = None,
     grammar: Grammar = None,
     json_object: JsonObject = False,
+    json_layout: JsonLayout = None,
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
     spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one "
@@ -90,7 +91,7 @@ def bench(
         seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
         repeats=repeats,
-        store=store, corpus=",".join(map(str, corpus)) if corpus else None))
+        store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
         if values.get(key) is not None and values[key] < 1:
@@ -174,3 +175,49 @@ def _written(write, option: str, path: Path) -> list[str]:
     except OSError as e:
         error(f"could not write {option} {path}: {e.strerror or e}; the table above is what was measured")
         return [str(path)]
+
+
+def bench_report(
+    files: Optional[List[Path]] = typer.Argument(None, metavar="[FILE.json]...", help="`specgen bench --json` files."),
+    update: Optional[List[Path]] = typer.Option(None, "--update", metavar="PAGE.md", help="Rewrite each bench-table "
+                                                "block of this markdown page from the results files its marker names."),
+    check: Optional[List[Path]] = typer.Option(None, "--check", metavar="PAGE.md", help="Exit 1 where a bench-table "
+                                               "block of this page differs from what its files render."),
+    publish: Optional[Path] = typer.Option(None, "--publish", metavar="OUT.json", help="Write the one FILE given as a "
+                                           "results file to check in: each generated text replaced by its sha256."),
+) -> None:
+    """Render published benchmark tables (markdown) from `specgen bench --json` files.
+
+    \b
+    A page shows a table between <!-- bench-table: results/FILE.json --> and <!-- bench-table:end -->
+    (paths relative to the page); --update rewrites it, --check fails where it is out of date.
+
+    \b
+    Examples:
+      specgen bench-report docs/results/2026-11-26-pair-a.json          # the markdown, on stdout
+      specgen bench-report /tmp/a.json --publish docs/results/2026-11-26-pair-a.json
+      specgen bench-report --update README.md --update docs/measurements.md
+      specgen bench-report --check README.md
+    """
+    from specgen.bench import published
+
+    if not (files or update or check):
+        raise ConfigError("bench-report expects results files, --update PAGE or --check PAGE; found none")
+    if publish is not None:
+        if len(files or []) != 1:
+            raise ConfigError(f"--publish writes one results file: give one FILE.json, found {len(files or [])}")
+        text = json.dumps(published.publish(published.load(files[0])), indent=1, ensure_ascii=False) + "\n"
+        if _written(lambda: write_text(publish, text), "--publish", publish):
+            raise typer.Exit(EXIT_WRITE_FAILED)
+    elif files:
+        typer.echo(published.render_files(files, Path.cwd()), nl=False)
+    for page in update or []:
+        text = published.updated(page)
+        if _written(lambda: write_text(page, text), "--update", page):
+            raise typer.Exit(EXIT_WRITE_FAILED)
+    out_of_date = [f"{page}: the table from {files} differs from what they render (run: specgen bench-report "
+                   f"--update {page})" for page in check or [] for files in published.stale(page)]
+    for line in out_of_date:
+        error(line)
+    if out_of_date:
+        raise typer.Exit(1)

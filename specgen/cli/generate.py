@@ -14,7 +14,7 @@ from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
 from specgen.app.session import load_session
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers,
-                                 GpuLayers, Grammar, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
+                                 GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
                                  Temperature, Threads, TopK, TopP, constraint_option)
 from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
 from specgen.drafting.methods import METHODS
@@ -61,6 +61,7 @@ def generate(
     json_schema: JsonSchema = None,
     grammar: Grammar = None,
     json_object: JsonObject = False,
+    json_layout: JsonLayout = None,
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -75,7 +76,7 @@ def generate(
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
-        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store,
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout,
         corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)
     spec = constraint_option(json_schema, grammar, json_object)

@@ -90,6 +90,10 @@ JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", metavar="FIL
 Grammar = Annotated[Optional[Path], typer.Option("--grammar", metavar="FILE", help="The output must match this "
                                                  "grammar (GBNF as llama.cpp writes it, or Lark).")]
 JsonObject = Annotated[bool, typer.Option("--json-object", help="The output must be a JSON object (any).")]
+JsonLayout = Annotated[Optional[str], typer.Option("--json-layout", metavar="compact|free", help="JSON under a "
+                                                   "schema: compact fixes json.dumps's layout (separators "
+                                                   "forced, faster); free lets the model place whitespace, "
+                                                   "as llama.cpp does [compact].")]
 
 
 def constraint_option(json_schema: str | None, grammar: Path | None, json_object: bool):

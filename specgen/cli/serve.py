@@ -11,7 +11,7 @@ import typer
 
 from specgen.app.config import build_config
 from specgen.app.session import load_session
-from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, MaxTokens, Rpc, Seed, Store,
+from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, MaxTokens, Rpc, Seed, Store,
                                  System, Target, Temperature, Threads, TopK, TopP)
 from specgen.cli.render import note, warn
 from specgen.drafting.methods import METHODS
@@ -55,6 +55,7 @@ def serve(
     rpc: Rpc = None,
     corpus: Corpus = None,
     store: Store = None,
+    json_layout: JsonLayout = None,
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to listen on (0.0.0.0: every "
                              "interface; then give --api-key)."),
     port: int = typer.Option(8080, "--port", metavar="N", help="TCP port."),
@@ -86,7 +87,7 @@ def serve(
     cfg = build_config(config, dict(
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, seed=seed, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, corpus=",".join(map(str, corpus)) if corpus else None))
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
     _check_listen(host, port)
     if not _loopback(host) and api_key is None:
         warn(f"serving on {host} without --api-key: anyone who can reach this port can use the model")

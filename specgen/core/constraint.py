@@ -23,19 +23,26 @@ import numpy as np
 from specgen.core.tree import DraftTree
 
 KINDS = ("json_schema", "json_object", "gbnf", "lark", "regex")
+# How JSON is laid out: "compact" fixes Python's json.dumps layout ({"a": 1, "b": [2]}), so every
+# separator is forced (free drafts); "free" lets the model place whitespace as llama.cpp's
+# converter does (a space, or one or two newlines and up to 20 spaces of indent).
+LAYOUTS = ("compact", "free")
 
 
 @dataclass(frozen=True)
 class ConstraintSpec:
     """What the user asked the output to match: `kind` is one of KINDS; `text` the schema (JSON
-    text), grammar or regex ("" for json_object: any JSON object)."""
+    text), grammar or regex ("" for json_object: any JSON object); `layout` one of LAYOUTS (JSON)."""
 
     kind: str
     text: str = ""
+    layout: str = "compact"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"constraint kind must be one of {', '.join(KINDS)}, found {self.kind!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"JSON layout must be one of {', '.join(LAYOUTS)}, found {self.layout!r}")
 
 
 class Constraint(Protocol):

@@ -18,9 +18,9 @@ import numpy as np
 from specgen.core.constraint import ConstraintSpec
 from specgen.errors import ConstraintError
 
-# JSON as Python's json.dumps writes it ({"a": 1, "b": [2, 3]}): one layout, so that the grammar
-# forces every separator (free drafts) in a style the models saw in training.
-JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+# JSON layouts (core/constraint.py LAYOUTS), as llguidance's JSON compiler options.
+JSON_OPTIONS = {"compact": {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "},
+                "free": {"whitespace_flexible": True, "whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})"}}
 ANY_OBJECT = {"type": "object"}
 
 _LOCK = threading.Lock()
@@ -59,20 +59,28 @@ def grammar_text(spec: ConstraintSpec) -> str:
     llg = _llg()
     try:
         if spec.kind == "json_object":
-            return llg.LLMatcher.grammar_from_json_schema(ANY_OBJECT, defaults=JSON_OPTIONS)
+            return llg.LLMatcher.grammar_from_json_schema(ANY_OBJECT, defaults=JSON_OPTIONS[spec.layout])
         if spec.kind == "json_schema":
             schema = json.loads(spec.text) if isinstance(spec.text, str) else spec.text
             if not isinstance(schema, dict):
                 raise ConstraintError(f"a JSON schema must be a JSON object, found {type(schema).__name__}")
-            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS[spec.layout])
         if spec.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(spec.text)
+        if spec.kind == "lark" and "%json" in spec.text:  # inline schemas (tool calls) take the layout too
+            return llg.LLMatcher.grammar_from_lark(spec.text.replace("%json {", "%json " + _x_guidance(spec.layout)))
         return llg.grammar_from("gbnf" if spec.kind == "gbnf" else "lark", spec.text)
     except json.JSONDecodeError as e:
         raise ConstraintError(f"JSON schema: expected JSON, found an error at line {e.lineno} column {e.colno}: "
                               f"{e.msg}") from None
     except ValueError as e:
         raise ConstraintError(f"{spec.kind} grammar: {_one_line(e)}") from None
+
+
+def _x_guidance(layout: str) -> str:
+    """The opening of an inline schema that carries the layout's options (llguidance reads a
+    schema's "x-guidance" key): `%json {` becomes `%json {"x-guidance": {...},`."""
+    return "{" + json.dumps({"x-guidance": JSON_OPTIONS[layout]})[1:-1] + ","
 
 
 class GuidanceConstraint:
