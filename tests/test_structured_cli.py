@@ -72,3 +72,18 @@ def test_grammar_the_compiler_refuses_is_one_line(tmp_path):
     gbnf = tmp_path / "bad.gbnf"
     gbnf.write_text("root ::= missing_rule\n")
     assert_one_line_error(gen("-d", "none", "--grammar", str(gbnf), ASK), "gbnf grammar")
+
+
+def test_a_refused_schema_in_a_file_costs_only_its_own_record(tmp_path):
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}}},
+        {"prompt": ASK, "response_format": {"type": "json_object"}},
+    ]) + "\n")
+    proc = gen("-f", str(jobs), "--json", "-n", "16")
+    assert proc.returncode == 1, proc.stderr  # some prompts failed
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert records[0]["finish_reason"] == "error" and "json_schema" in records[0]["error"]
+    assert records[1]["text"].startswith("{")
+    assert "prompt 1: json_schema" in proc.stderr and "Traceback" not in proc.stderr
