@@ -29,7 +29,8 @@ def _show_reports() -> None:
 
 
 for group, name, command in (
-        (app, None, generate.generate), (app, None, bench.bench), (app, None, generate.demo), (app, None, chat.chat),
+        (app, None, generate.generate), (app, None, bench.bench), (app, "bench-report", bench.bench_report),
+        (app, None, generate.demo), (app, None, chat.chat),
         (app, None, serve.serve),
         (app, "rpc-server", tools.rpc_server), (app, None, tools.calibrate), (app, None, tools.doctor),
         (cache_app, "clear", tools.cache_clear), (draft_app, "derive", manage.draft_derive),

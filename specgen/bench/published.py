@@ -1,0 +1,210 @@
+"""Published tables: markdown rendered from checked-in `specgen bench --json` files (`specgen bench-report`).
+
+A page holds a table between two markers naming the results files it is rendered from, relative to
+the page:
+
+    <!-- bench-table: results/2026-11-26-pair-a.json -->
+    ...what render_files() writes...
+    <!-- bench-table:end -->
+
+`specgen bench-report --update PAGE` rewrites every such block from its files, `--check PAGE` fails
+where a block and its files disagree (tests/test_bench_report.py checks README.md and
+docs/measurements.md so), and `--publish OUT` writes a results file fit to check in: the generated
+texts replaced by their sha256 (they may quote the benchmark's prompts, whose text stays out of the
+repository; their lengths, counters and identical-to-plain counts stay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from specgen.errors import ConfigError
+
+START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
+_BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
+OVERALL = "overall"
+_CPU_FEATURES = ("AVX512", "AVX2", "NEON")
+
+
+def load(path: Path) -> dict:
+    """A bench --json file, or a one-line ConfigError saying what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read bench results {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ConfigError(f"bench results {path} are not JSON: {e}") from None
+    if not isinstance(data, dict) or not {"summary", "settings", "models"} <= set(data):
+        raise ConfigError(f"{path} is not a `specgen bench --json` file (expected summary, settings and models)")
+    return data
+
+
+def publish(data: dict) -> dict:
+    """`data` with each record's generated text replaced by its sha256 (see the module's note)."""
+    records = [{k: v for k, v in r.items() if k != "text"}
+               | ({"text_sha256": hashlib.sha256(r["text"].encode()).hexdigest()} if "text" in r else {})
+               for r in data.get("records", [])]
+    return {**data, "records": records}
+
+
+def _sha(model: dict | None) -> str:
+    return f"sha256 `{model['sha256']}`" if model and model.get("sha256") else "sha256 not recorded"
+
+
+def _model_line(role: str, model: dict | None) -> str | None:
+    if not model:
+        return None
+    facts = [model.get("file_type")]
+    if model.get("head_type") and model.get("head_type") != model.get("file_type"):
+        facts.append(f"embedding/output {model['head_type']}")
+    if model.get("n_vocab"):
+        facts.append(f"vocabulary cut to {model['n_vocab']:,} tokens" if model.get("vocabulary_cut")
+                     else f"{model['n_vocab']:,} tokens")
+    what = ", ".join(f for f in facts if f)
+    return f"- {role}: {model.get('name', '?')}{f' ({what})' if what else ''}, {_sha(model)}"
+
+
+def _machine(machine: dict) -> str:
+    info = (machine.get("llama_cpp") or {}).get("system_info", "")
+    features = next((f for f in _CPU_FEATURES if f"{f} = 1" in info), None)
+    cpu = machine.get("cpu") or "unknown CPU"
+    return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
+            f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}")
+
+
+def _suite(settings: dict, n_turns: int | None) -> str:
+    suite = Path(str(settings.get("suite", "?"))).name
+    split = settings.get("split", "all")
+    half = "" if split in (None, "all") else f", {split} half"
+    per_group = settings.get("per_group")
+    how = f"{per_group} prompts per group, " if per_group else ""
+    turns = f", {n_turns} turns" if n_turns and n_turns != settings.get("n_prompts") else ""
+    return f"{suite}{half}: {how}{settings.get('n_prompts', '?')} prompts{turns}"
+
+
+def _sampling(settings: dict) -> str:
+    t = settings.get("temperature", 0.0) or 0.0
+    runs = settings.get("repeats", 1)
+    return (f"{settings.get('max_tokens', '?')} tokens, {'greedy' if t == 0 else f'T={t:g}'}, "
+            f"{'one run' if runs == 1 else f'{runs} runs'}")
+
+
+def _cell_interval(row: dict) -> str:
+    low, high = row.get("speedup_low", 0.0), row.get("speedup_high", 0.0)
+    return f"{low:.2f}-{high:.2f}x" if low < high else ""
+
+
+def _name(method: str) -> str:
+    return method if method.startswith("llama.cpp") else f"specgen `{method}`"
+
+
+def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool) -> list[str]:
+    out = ["| | tok/s | over specgen plain | 90% interval | τ | accepted | identical to plain |",
+           "|---|---|---|---|---|---|---|"]
+    for m in methods:
+        r = rows.get(m)
+        if r is None:
+            continue
+        ratio = "1.00x" if m == "plain" else f"{r['speedup']:.2f}x"
+        if m == "auto":
+            ratio = f"**{ratio}**"
+        drafted = m not in ("plain", "llama.cpp plain")
+        same = "" if not greedy or m == "plain" or r.get("lossless_mismatches") is None else \
+            f"{n_trials - r['lossless_mismatches']}/{n_trials}"
+        tau = f"{r['mean_accepted']:.2f}" if drafted else ""
+        accepted = f"{r['acceptance_rate']:.0%}" if drafted else ""
+        interval = "" if m == "plain" else _cell_interval(r)
+        out.append(f"| {_name(m)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | {same} |")
+    return out
+
+
+def _groups(summary: list[dict], method: str) -> str:
+    """`method`'s speedup per group (and turn), as one line."""
+    parts, by_group = [], {}
+    for r in summary:
+        if r["method"] == method and r["group"] != OVERALL:
+            by_group.setdefault(r["group"], {})[r.get("turn")] = r["speedup"]
+    for group, turns in by_group.items():
+        extra = ", ".join(f"turn {t} {v:.2f}x" for t, v in sorted((t, v) for t, v in turns.items() if t is not None))
+        parts.append(f"{group} {turns.get(None, 0.0):.2f}x" + (f" ({extra})" if extra else ""))
+    return ", ".join(parts)
+
+
+def _versus(h: dict) -> str:
+    line = (f"`{h['method']}` against the fastest llama.cpp row on each prompt: as fast or faster on {h['wins']} of "
+            f"{h['n_prompts']}; slower by more than 5% on ")
+    losses = h.get("losses") or []
+    if not losses:
+        return line + "none."
+    return line + f"{len(losses)}: " + ", ".join(f"{x['prompt_id']} at {x['ratio']:.2f}x ({x['rival']})"
+                                                  for x in losses) + "."
+
+
+def render(data: dict, link: str) -> str:
+    """The markdown of one results file: a caption (date, commit, machine, suite, settings), a row per
+    method over the whole suite, auto's speedup per group, its head-to-head line, and the models with
+    their sha256; `link`: the results file as the page links it."""
+    settings, models, run = data["settings"], data["models"], data.get("run") or {}
+    methods = settings.get("methods") or list(dict.fromkeys(r["method"] for r in data["summary"]))
+    rows = {r["method"]: r for r in data["summary"] if r["group"] == OVERALL and r.get("turn") is None}
+    greedy = (settings.get("temperature") or 0.0) == 0.0
+    repeats = settings.get("repeats", 1) or 1
+    n_trials = (rows.get("plain") or {}).get("n_prompts", settings.get("n_prompts", 0)) * repeats
+    plain_turns = [len(r.get("turns") or [0]) for r in data.get("records", []) if r.get("method") == "plain"]
+    commit = run.get("commit")
+    code = (f"commit {commit[:10]}" + (f" (with changes to {', '.join(run['modified'])})" if run.get("modified") else "")
+            if commit else "commit not recorded")
+    interrupted = " · **interrupted: only the prompts every method finished**" if settings.get("interrupted") else ""
+    lines = [f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
+             f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
+             f"{interrupted} · results: [{Path(link).name}]({link})*", "",
+             *_table(rows, methods, n_trials, greedy), ""]
+    if "auto" in rows:
+        lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
+    for h in data.get("head_to_head") or []:
+        lines += [_versus(h), ""]
+    lines += [line for line in (_model_line("target", models.get("target")),
+                                _model_line("specgen's draft", models.get("draft")),
+                                _model_line("llama.cpp's draft", models.get("llama_cpp_draft"))) if line]
+    return "\n".join(lines) + "\n"
+
+
+def render_files(paths: Sequence[Path], base: Path) -> str:
+    """render() of each file, linked relative to the folder `base` of the page that shows them."""
+    return "\n".join(render(load(p), Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix())
+                     for p in paths)
+
+
+def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
+    """Each bench-table block of a markdown page: (its files, resolved from the page's folder; the
+    body as it stands; the body its files render)."""
+    try:
+        text = Path(page).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {page}: {e.strerror or e}") from None
+    found = []
+    for m in _BLOCK.finditer(text):
+        files = [Path(page).parent / f for f in m.group("files").split()]
+        if not files:
+            raise ConfigError(f"{page}: a bench-table marker names no results file")
+        found.append((files, m.group("body"), render_files(files, Path(page).parent)))
+    if not found and START in text:
+        raise ConfigError(f"{page}: a bench-table block without its end marker ({END})")
+    return found
+
+
+def updated(page: Path) -> str:
+    """The page's text with every bench-table block rendered anew from its files."""
+    text = Path(page).read_text(encoding="utf-8")
+    rendered = iter([body for _, _, body in blocks(page)])
+    return _BLOCK.sub(lambda m: f"<!-- bench-table: {m.group('files')} -->\n{next(rendered)}{END}", text)
+
+
+def stale(page: Path) -> list[str]:
+    """The files of each block of `page` that does not show what its files render."""
+    return [" ".join(str(f) for f in files) for files, body, fresh in blocks(page) if body != fresh]
