@@ -28,7 +28,7 @@ run: setup
 	$(BIN)/specgen demo
 
 test: models
-	$(BIN)/python -m pytest -q
+	SPECGEN_REQUIRE_INVARIANT=1 $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) *.egg-info
