@@ -6,6 +6,7 @@ overlap auto learns from is the exact acceptance of a drawn child."""
 import numpy as np
 import pytest
 
+import chisquare
 import specgen.core.verify as verify
 from specgen.core.sampling import SamplingParams, distribution
 from specgen.core.tree import DraftTree
@@ -66,24 +67,16 @@ def emitted(fixed=(), k=2, q_cut=(), n=12_000):
     return first, second, accepted
 
 
-def chi_square(counts: np.ndarray, p: np.ndarray) -> float:
-    expected = counts.sum() * p
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a token p rules out was emitted"
-    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
-
-
-CRITICAL = 24.3  # chi-square, 7 degrees of freedom, p = 0.001
-
-
 def check(fixed=(), k=2, q_cut=()):
     first, second, accepted = emitted(fixed, k, q_cut)
     p0 = distribution(P_LOGITS[0], PARAMS)
     assert accepted > 2_000  # drafts were accepted: the test exercises the rule
-    assert chi_square(first, p0) < CRITICAL
+    ok, why = chisquare.one_sample(first, p0)
+    assert ok, f"first token: {why}"
     # The token after an accepted one: the target's depth-1 row, whichever child led there.
     after = second[[t for t in range(V) if second[t].sum() > 500]].sum(axis=0)
-    assert chi_square(after, distribution(P_LOGITS[1], PARAMS)) < CRITICAL
+    ok, why = chisquare.one_sample(after, distribution(P_LOGITS[1], PARAMS))
+    assert ok, f"second token: {why}"
 
 
 def test_drawn_children_emit_p():

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+import chisquare
 from specgen.core.sampling import Sampler, SamplingParams, distribution, draw, inverse_cdf
 
 
@@ -49,9 +50,8 @@ def test_draws_follow_p_chi_square():
     n = 20000
     counts = np.bincount([draw(p, rng) for _ in range(n)], minlength=len(p))
     assert counts[4] == 0  # zero-probability tokens are never drawn
-    expected = p[:4] * n
-    chi2 = (((counts[:4] - expected) ** 2) / expected).sum()
-    assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+    ok, why = chisquare.one_sample(counts, p)
+    assert ok, why
 
 
 def test_blocked_inverse_cdf_equals_a_full_cumulative_sum():
@@ -80,9 +80,8 @@ def test_sampler_paths_follow_p_on_a_large_vocabulary():
         counts = np.bincount([sampler.sample(logits) for _ in range(n)], minlength=3000)
         support = p > 1e-4
         assert counts[~support].sum() <= 2
-        expected = p[support] * n
-        chi2 = (((counts[support] - expected) ** 2) / expected).sum()
-        assert chi2 < 22.5, params  # <= 6 degrees of freedom, p = 0.001
+        ok, why = chisquare.one_sample(counts, p)  # the tokens outside the support merge into one
+        assert ok, f"{params}: {why}"
 
 
 def test_nucleus_of_a_large_vocabulary_matches_a_full_sort_with_ties():
