@@ -5,6 +5,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from specgen.app.runner import Completion, Runner
 from specgen.app.session import open_session
 from specgen.core.stats import RunStats
 
-SPEC_BENCH = "../shared/bench/spec-bench/question.jsonl"
+SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared/bench/spec-bench/question.jsonl"
 
 
 def question_lines(n_per_category):
@@ -51,6 +52,41 @@ def test_per_group_takes_every_kth_record():
     assert len(suites.select(prompts, per_group=1000)) == len(prompts)
 
 
+def test_split_halves_are_disjoint_cover_everything_and_are_stable():
+    prompts = suites.parse_question_file(question_lines(10), "q.jsonl")  # ids 81..120
+    tune, report_half = suites.split_half(prompts, "tune"), suites.split_half(prompts, "report")
+    assert {p.prompt_id for p in tune}.isdisjoint(p.prompt_id for p in report_half)
+    assert sorted(tune + report_half, key=lambda p: int(p.prompt_id)) == prompts
+    assert [p.prompt_id for p in tune][:3] == ["81", "83", "85"] and report_half[0].prompt_id == "82"
+    assert suites.split_half(prompts[::-1], "report") == report_half[::-1]  # the id alone decides
+    assert suites.split_half(prompts, "all") == prompts
+    assert [suites.half_of(i) for i in ("mt_bench-1", "HumanEval/12", "7")] == ["tune", "report", "tune"]
+
+
+def test_split_errors_are_one_line():
+    with pytest.raises(ConfigError, match="--split expects all, tune, report, found 'both'"):
+        suites.split_half([], "both")
+    with pytest.raises(ConfigError, match="--split needs prompt ids that end in a number .* found 'q-x'"):
+        suites.split_half([suites.BenchPrompt("qa", "q-x", ("t",))], "tune")
+
+
+@pytest.mark.skipif(not SPEC_BENCH.is_file(), reason=f"Spec-Bench is not at {SPEC_BENCH}")
+def test_spec_bench_splits_in_two_halves_with_every_category_in_both():
+    records = [json.loads(line) for line in SPEC_BENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    category = {str(r["question_id"]): r["category"] for r in records}
+    _, prompts = suites.load_suite(str(SPEC_BENCH))
+    tune, report_half = suites.split_half(prompts, "tune"), suites.split_half(prompts, "report")
+    tune_ids, report_ids = [p.prompt_id for p in tune], [p.prompt_id for p in report_half]
+    assert set(tune_ids).isdisjoint(report_ids) and sorted(tune_ids + report_ids) == sorted(category)
+    assert len(tune) == len(report_half) == len(prompts) // 2 == 240
+    for name in set(category.values()):  # 13 categories, each half and half
+        in_tune = sum(category[i] == name for i in tune_ids)
+        assert in_tune == sum(category[i] == name for i in report_ids) > 0, name
+    # Stable: the same ids on every load, and the prompts development named for its constants are in tune.
+    assert [p.prompt_id for p in suites.split_half(suites.load_suite(str(SPEC_BENCH))[1], "report")] == report_ids
+    assert {"81", "97", "113", "209", "257", "305", "321", "353", "401", "497"} <= set(tune_ids)
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "q.jsonl line 1: not valid JSON"),
     ('{"category": "qa", "turns": []}', "q.jsonl line 1: expected a Spec-Bench question"),
@@ -68,7 +104,7 @@ def test_builtin_suite_covers_the_groups_and_code():
 
 
 def test_suite_errors(tmp_path):
-    with pytest.raises(ConfigError, match="--suite expects builtin, humaneval or a question.jsonl file"):
+    with pytest.raises(ConfigError, match="--suite expects builtin, json, humaneval or a question.jsonl file"):
         suites.load_suite(str(tmp_path / "missing.jsonl"))
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"category": "qa", "turns": ["caf\xe9"]}\n')
@@ -301,7 +337,7 @@ def test_bench_cli_small_real_run(tmp_path):
     auto planned with, how busy the machine was), an SVG chart."""
     out, plot = tmp_path / "bench.json", tmp_path / "bench.svg"
     r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup,auto", "-n", "16", "--limit", "2",
-                "--json", str(out), "--plot", str(plot))
+                "--split", "report", "--json", str(out), "--plot", str(plot))
     assert r.returncode == 0, r.stderr
     assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
     report = json.loads(out.read_text())
@@ -317,6 +353,8 @@ def test_bench_cli_small_real_run(tmp_path):
     assert report["calibration"]["draft"] is None
     assert len(report["models"]["target"]["sha256"]) == 64 and report["models"]["draft"] is None
     assert len(report["records"]) == 2 * 3
+    assert report["settings"]["split"] == "report"
+    assert {rec["prompt_id"] for rec in report["records"]} == {"mt_bench-2", "translation-2"}  # even: report half
     assert {"group", "prompt_id", "repeat", "text", "tokens_per_s", "finish_reason"} <= set(report["records"][0])
     rows = {(r["group"], r["method"]): r for r in report["summary"]}
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
@@ -335,3 +373,5 @@ def test_bench_cli_errors_are_one_line():
     assert r.returncode != 0 and "needs a draft model" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--per-group", "0")
     assert r.returncode == 2 and "--per-group must be at least 1, found 0" in r.stderr  # a usage error
+    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--split", "both")
+    assert r.returncode == 2 and "--split expects all, tune, report, found 'both'" in r.stderr

@@ -14,7 +14,8 @@ from specgen.app.config import merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
-from specgen.bench.report import bench_report, header, machine_info, run_info
+# bench_report is the command below: the report of a run is imported under another name.
+from specgen.bench.report import bench_report as results_of_run, header, machine_info, run_info
 from specgen.bench.run import parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
@@ -153,9 +154,9 @@ def bench(
         console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
     failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
     if json_file is not None:
-        report = bench_report(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
-                              trials, rows, calibration_at_start, versus,
-                              their_draft.record if their_draft is not None else None, run_at_start)
+        report = results_of_run(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
+                                trials, rows, calibration_at_start, versus,
+                                their_draft.record if their_draft is not None else None, run_at_start)
         report["settings"]["split"] = split
         failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
                            "--json", json_file)
