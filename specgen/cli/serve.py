@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from specgen.app.config import build_config
+from specgen.app.config import build_config, read_yaml
 from specgen.app.session import load_session
 from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, MaxTokens, Rpc, Seed, Store,
                                  System, Target, Temperature, Threads, TopK, TopP)
@@ -60,14 +60,18 @@ def serve(
                              "interface; then give --api-key)."),
     port: int = typer.Option(8080, "--port", metavar="N", help="TCP port."),
     api_key: Optional[str] = typer.Option(None, "--api-key", metavar="KEY", envvar="SPECGEN_API_KEY",
-                                          help="Require `Authorization: Bearer KEY` on every /v1 route."),
+                                          help="Require `Authorization: Bearer KEY` on every route but /health."),
     max_queue: int = typer.Option(16, "--max-queue", metavar="N", help="Requests that may wait while one is "
                                   "decoded; more get 503 with Retry-After."),
+    cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", metavar="ORIGIN", help="A web origin "
+                                                    "browsers may call from (repeatable) [any: *]."),
 ) -> None:
-    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models.
+    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models;
+    and llama-server's: /completion, /props, /tokenize, /detokenize, /metrics.
 
     Requests run one at a time, each with its own sampling settings (the options here are the
-    defaults); every response carries llama-server's `timings` and a `speculative` object.
+    defaults; without -n, until the model stops or the context ends); every response carries
+    llama-server's `timings` and a `speculative` object.
 
     \b
     Examples:
@@ -92,9 +96,13 @@ def serve(
     if not _loopback(host) and api_key is None:
         warn(f"serving on {host} without --api-key: anyone who can reach this port can use the model")
     session = load_session(cfg, screen=False)  # requests may sample: the target's own logits, not a screened copy's
-    worker = Worker(Runners(cfg, session), max_queue)
+    # A request without max_tokens runs until the model stops or the context ends (llama-server's
+    # n_predict -1), unless -n (or the -c file) sets a default.
+    given = max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
+    default_max = cfg.max_tokens if given else None
+    worker = Worker(Runners(cfg, session), max_queue, default_max)
     warm_grammar(session.target)
-    server = Server(worker, session.target_label, cfg.method, api_key)
+    server = Server(worker, session.target_label, cfg.method, api_key, tuple(cors_origin or ("*",)))
     note(f"serving {session.target_label} ({cfg.method}) at http://{host}:{port}/v1")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler
     # it found: a quiet one makes that a clean exit 0 rather than death by signal.

@@ -1,5 +1,6 @@
 """The HTTP face: OpenAI's routes and response shapes (plus llama-server's `timings` and a
-`speculative` object), server-sent events for streams, an API key, body and queue limits."""
+`speculative` object), llama-server's own routes (routes.py), server-sent events for streams, an
+API key, CORS, body and queue limits."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specgen.core.stats import RunStats
+from specgen.serve import routes
 from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
+from specgen.serve.routes import NativeReply, speculative, timings
 from specgen.serve.worker import Done, Job, Worker
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
@@ -31,39 +33,49 @@ def error_response(e: RequestError) -> JSONResponse:
                         status_code=e.status, headers=headers)
 
 
-def timings(done: Done) -> dict:
-    s = done.stats
-    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
-            "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
-            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
-
-
-def speculative(method: str, s: RunStats) -> dict:
-    """specgen's own numbers; `accepted_by`: accepted drafted tokens by source (forced, lookup, draft, ...)."""
-    return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
-            "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices),
-            "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced}
-
-
 def usage(done: Done) -> dict:
     s = done.stats
     return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_tokens, "total_tokens": s.n_prompt + s.n_tokens}
 
 
 class Server:
-    """Routes over one Worker; `model_id` is what /v1/models lists and responses name."""
+    """Routes over one Worker; `model_id` is what /v1/models lists and responses name; `cors`: the
+    origins browsers may call from ("*": any)."""
 
-    def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None):
+    def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None,
+                 cors: tuple[str, ...] = ("*",)):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
-        self.app = Starlette(routes=[
-            Route("/health", self.health),
-            Route("/v1/models", self.models),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-        ], exception_handlers={HTTPException: self._http_error})
+        self.target = worker.runners.session.target
+        post, key = ["POST"], self._keyed
+        self.app = routes.Cors(Starlette(routes=[
+            Route("/health", self.health), Route("/v1/health", self.health),
+            Route("/v1/models", key(self.models)), Route("/models", key(self.models)),
+            Route("/v1/models/{model_id:path}", key(self.model)),
+            Route("/v1/chat/completions", key(self.chat), methods=post),
+            Route("/chat/completions", key(self.chat), methods=post),
+            Route("/v1/completions", key(self.completions), methods=post),
+            Route("/completions", key(self.completions), methods=post),
+            Route("/completion", key(self.completion), methods=post),
+            Route("/props", key(self.props)),
+            Route("/tokenize", key(self.tokenize), methods=post),
+            Route("/detokenize", key(self.detokenize), methods=post),
+            Route("/metrics", key(self.metrics)),
+            *(Route(path, key(self.embeddings), methods=post)
+              for path in ("/v1/embeddings", "/embeddings", "/embedding")),
+        ], exception_handlers={HTTPException: self._http_error}), cors)
 
     async def _http_error(self, request: HttpRequest, exc: HTTPException) -> Response:
         return error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    def _keyed(self, handler: Callable) -> Callable:
+        """The handler behind the API key (every route but /health); a refused request is a 4xx."""
+        async def route(request: HttpRequest) -> Response:
+            try:
+                self._authorized(request)
+                return await handler(request)
+            except RequestError as e:
+                return error_response(e)
+        return route
 
     def _authorized(self, request: HttpRequest) -> None:
         if self.api_key is None:
@@ -76,13 +88,36 @@ class Server:
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
 
+    def _model_card(self) -> dict:
+        t = self.target
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "specgen",
+                "meta": {"n_vocab": t.n_vocab, "n_ctx_train": t.n_ctx_train, "n_ctx": self.worker.n_ctx}}
+
     async def models(self, request: HttpRequest) -> Response:
-        try:
-            self._authorized(request)
-        except RequestError as e:
-            return error_response(e)
-        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",
-                                                         "created": 0, "owned_by": "specgen"}]})
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: HttpRequest) -> Response:
+        asked = request.path_params["model_id"]
+        if asked != self.model_id:
+            raise RequestError(404, f"model {asked!r} not found: this server serves {self.model_id!r}", "model",
+                               kind="not_found_error")
+        return JSONResponse(self._model_card())
+
+    async def props(self, request: HttpRequest) -> Response:
+        return JSONResponse(routes.props(self.worker, self.model_id, self.method))
+
+    async def tokenize(self, request: HttpRequest) -> Response:
+        return JSONResponse(routes.tokenize(self.target, body_json(await _body(request))))
+
+    async def detokenize(self, request: HttpRequest) -> Response:
+        return JSONResponse(routes.detokenize(self.target, body_json(await _body(request))))
+
+    async def metrics(self, request: HttpRequest) -> Response:
+        return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        raise RequestError(501, f"{request.url.path}: specgen serve has no embedding model: it serves "
+                                f"{self.model_id} for text generation only", kind="not_supported_error")
 
     async def chat(self, request: HttpRequest) -> Response:
         return await self._generate(request, chat_request, "chat.completion")
@@ -90,14 +125,21 @@ class Server:
     async def completions(self, request: HttpRequest) -> Response:
         return await self._generate(request, completion_request, "text_completion")
 
-    async def _generate(self, http: HttpRequest, parse: Callable[[dict], Request], kind: str) -> Response:
-        try:
-            self._authorized(http)
-            request = parse(body_json(await _body(http)))
-            job = self.worker.submit(request, asyncio.get_running_loop())
-        except RequestError as e:
-            return error_response(e)
-        reply = Reply(kind, self.model_id, self.method, request)
+    async def completion(self, request: HttpRequest) -> Response:
+        """llama-server's native /completion."""
+        return await self._generate(request, completion_request, "completion")
+
+    def _reply(self, kind: str, request: Request) -> Reply | NativeReply:
+        if kind != "completion":
+            return Reply(kind, self.model_id, self.method, request)
+        w = self.worker
+        return NativeReply(self.model_id, self.method, request,
+                           routes.params(w.runners.cfg, w.default_max_tokens, request), w.n_ctx)
+
+    async def _generate(self, http: HttpRequest, parse: Callable[..., Request], kind: str) -> Response:
+        request = parse(body_json(await _body(http)), self.target.chat_template)
+        job = self.worker.submit(request, asyncio.get_running_loop())
+        reply = self._reply(kind, request)
         try:
             # A request refused by the model (a prompt too long for the context) is refused before
             # a stream's 200: the first piece decides.
@@ -119,7 +161,7 @@ class Server:
             raise
         return JSONResponse(reply.whole(done))
 
-    async def _events(self, job: Job, reply: Reply, first: str | Done) -> AsyncIterator[str]:
+    async def _events(self, job: Job, reply: Reply | NativeReply, first: str | Done) -> AsyncIterator[str]:
         async def items() -> AsyncIterator[str | Done]:
             yield first
             if not isinstance(first, Done):
@@ -127,20 +169,17 @@ class Server:
                     yield item
 
         try:
-            if reply.kind == "chat.completion":
-                yield _sse(reply.chunk({"role": "assistant", "content": ""}))
+            for chunk in reply.opening():
+                yield _sse(chunk)
             async for item in items():
-                if isinstance(item, Done):
-                    for chunk in reply.answer_chunks(item):
-                        yield _sse(chunk)
-                yield _sse(reply.chunk(item) if isinstance(item, str) else reply.last(item))
-                if isinstance(item, Done) and job.request.include_usage:
-                    yield _sse(reply.usage_chunk(item))
+                for chunk in [reply.chunk(item)] if isinstance(item, str) else reply.closing(item):
+                    yield _sse(chunk)
         except RequestError as e:
             yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
         finally:
             job.cancelled.set()  # a client that went away stops its generation at the next step
-        yield "data: [DONE]\n\n"
+        if reply.terminator:
+            yield reply.terminator
 
 
 async def _body(http: HttpRequest) -> bytes:
@@ -179,6 +218,8 @@ def _sse(data: dict) -> str:
 class Reply:
     """One response's shapes: OpenAI's chat.completion / text_completion, whole or as chunks."""
 
+    terminator = "data: [DONE]\n\n"
+
     def __init__(self, kind: str, model_id: str, method: str, request: Request):
         self.kind, self.method, self.request = kind, method, request
         self.model = request.model or model_id
@@ -205,6 +246,14 @@ class Reply:
             if done.answer.calls:
                 choice["message"]["tool_calls"] = [c.openai() for c in done.answer.calls]
         return {**self._head(self.kind), "choices": [choice], "usage": usage(done), **self._extras(done)}
+
+    def opening(self) -> list[dict]:
+        return [self.chunk({"role": "assistant", "content": ""})] if self.kind == "chat.completion" else []
+
+    def closing(self, done: Done) -> list[dict]:
+        """A stream's end: a tool answer's chunks, the chunk with finish_reason, the usage if asked."""
+        return [*self.answer_chunks(done), self.last(done), *([self.usage_chunk(done)] if self.request.include_usage
+                                                              else [])]
 
     def answer_chunks(self, done: Done) -> list[dict]:
         """With tools, the whole answer at its end: its content, then each call as OpenAI streams

@@ -1,6 +1,7 @@
-"""OpenAI request bodies -> what the worker runs, each field checked: a wrong one is a RequestError
-(an HTTP 4xx) naming the field, what was expected and what was found. Unknown fields are ignored,
-as OpenAI's API does."""
+"""OpenAI and llama-server request bodies -> what the worker runs, each field checked: a wrong one is
+a RequestError (an HTTP 4xx) naming the field, what was expected and what was found. A documented
+field specgen does not act on is refused unless its value changes nothing (fields.py); unknown
+fields are ignored, as OpenAI's API does."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 from specgen.app.config import SEED_MAX
 from specgen.app.prompts import Prompt, message_from, split_turns
 from specgen.app.structured import read_tools, response_format
+from specgen.core.constraint import ConstraintSpec
 from specgen.errors import SpecgenError
+from specgen.serve import fields
 
-MAX_STOPS = 4  # OpenAI's limit
+MAX_TOKENS = 2**31 - 1  # a larger max_tokens is a mistake; any below is capped at the context's room
 
 
 class RequestError(Exception):
@@ -38,7 +41,7 @@ class Request:
 
     chat: bool
     prompt: Prompt
-    max_tokens: int | None
+    max_tokens: int | None  # None: the server's default (-n), else until the context ends
     sampling: Sampling
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -56,15 +59,12 @@ def body_json(raw: bytes) -> dict:
     return body
 
 
-def _refuse_unsupported(body: dict) -> None:
-    """Fields specgen does not implement are refused by name rather than silently ignored."""
-    checks = {"n": lambda v: v not in (None, 1), "functions": bool, "function_call": lambda v: v not in (None, "none"),
-              "logprobs": bool, "top_logprobs": lambda v: v not in (None, 0), "echo": bool,
-              "best_of": lambda v: v not in (None, 1), "suffix": bool, "logit_bias": bool}
-    for name, unsupported in checks.items():
-        if unsupported(body.get(name)):
-            raise RequestError(400, f"{name} is not supported by specgen serve (found {json.dumps(body[name])[:60]})",
-                               name)
+def _refuse_unsupported(body: dict, chat_template: str | None) -> None:
+    """Fields specgen does not act on are refused by name unless their value changes nothing."""
+    try:
+        fields.check(body, chat_template)
+    except fields.Refusal as e:
+        raise RequestError(400, e.message, e.name) from None
 
 
 def _number(body: dict, name: str, low: float, high: float, whole: bool = False, low_open: bool = False):
@@ -82,8 +82,9 @@ def _number(body: dict, name: str, low: float, high: float, whole: bool = False,
 
 
 def _sampling(body: dict) -> Sampling:
+    seed = None if body.get("seed") == -1 else _number(body, "seed", 0, SEED_MAX, whole=True)  # -1: llama's "random"
     return Sampling(_number(body, "temperature", 0, 2), _number(body, "top_p", 0, 1, low_open=True),
-                    _number(body, "top_k", 0, 1 << 20, whole=True), _number(body, "seed", 0, SEED_MAX, whole=True))
+                    _number(body, "top_k", 0, 1 << 20, whole=True), seed)
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -91,17 +92,26 @@ def _stop(body: dict) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
-        raise RequestError(400, f"stop expects a string or a list of up to {MAX_STOPS} strings, found "
-                                f"{json.dumps(stop)[:60]}", "stop")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError(400, f"stop expects a string or a list of strings, found {json.dumps(stop)[:60]}", "stop")
     return tuple(s for s in stops if s)
 
 
-def _common(body: dict) -> dict:
-    _refuse_unsupported(body)
-    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 20, whole=True)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", 1, 1 << 20, whole=True)
+def _max_tokens(body: dict) -> int | None:
+    """max_completion_tokens, max_tokens or llama-server's n_predict (the first given); -1: until
+    the context ends or the model stops (a number past the context's room is capped there)."""
+    for name, low in (("max_completion_tokens", 1), ("max_tokens", 1), ("n_predict", 0)):
+        if body.get(name) == -1 and not isinstance(body.get(name), bool):
+            return -1
+        value = _number(body, name, low, MAX_TOKENS, whole=True)
+        if value is not None:
+            return value
+    return None
+
+
+def _common(body: dict, chat_template: str | None) -> dict:
+    _refuse_unsupported(body, chat_template)
+    max_tokens = _max_tokens(body)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise RequestError(400, f"stream expects true or false, found {json.dumps(stream)[:40]}", "stream")
@@ -113,15 +123,34 @@ def _common(body: dict) -> dict:
                 include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None)
 
 
-def _structured(body: dict, tools: bool) -> dict:
-    """response_format (and, for chats, tools with tool_choice) as the Prompt's fields."""
-    where = "response_format"
+def _constraint(body: dict) -> ConstraintSpec | None:
+    """response_format, or llama-server's top-level json_schema or grammar (GBNF): at most one."""
+    given = [name for name in ("response_format", "json_schema", "grammar") if body.get(name) not in (None, "")]
+    if len(given) > 1:
+        raise RequestError(400, f"expected one of response_format, json_schema, grammar, found {' and '.join(given)}",
+                           given[1])
+    where = given[0] if given else "response_format"
     try:
-        constraint = response_format(body.get("response_format"))
-        where = "tools"
+        if where == "json_schema":
+            return response_format({"type": "json_object", "schema": body["json_schema"]})
+        if where == "grammar":
+            if not isinstance(body["grammar"], str):
+                raise RequestError(400, f"grammar expects GBNF text, found {json.dumps(body['grammar'])[:60]}",
+                                   "grammar")
+            return ConstraintSpec("gbnf", body["grammar"])
+        return response_format(body.get("response_format"))
+    except SpecgenError as e:
+        raise RequestError(400, str(e).replace("response_format.schema", where), where) from None
+
+
+def _structured(body: dict, tools: bool) -> dict:
+    """response_format, json_schema or grammar (and, for chats, tools with tool_choice) as the
+    Prompt's fields."""
+    constraint = _constraint(body)
+    try:
         chosen = read_tools(body.get("tools"), body.get("tool_choice")) if tools else None
     except SpecgenError as e:
-        raise RequestError(400, str(e), where) from None
+        raise RequestError(400, str(e), "tools") from None
     if not tools and body.get("tools"):
         raise RequestError(400, "tools expects a chat request (/v1/chat/completions), found a completion", "tools")
     if constraint is not None and chosen is not None:
@@ -130,7 +159,7 @@ def _structured(body: dict, tools: bool) -> dict:
     return dict(constraint=constraint, tools=chosen)
 
 
-def chat_request(body: dict) -> Request:
+def chat_request(body: dict, chat_template: str | None = None) -> Request:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, f"messages expects a non-empty list, found {json.dumps(messages)[:60]}", "messages")
@@ -144,13 +173,16 @@ def chat_request(body: dict) -> Request:
         text, history, after = split_turns(turns, "messages")
     except SpecgenError as e:
         raise RequestError(400, str(e), "messages") from None
-    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)), **_common(body))
+    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)),
+                   **_common(body, chat_template))
 
 
-def completion_request(body: dict) -> Request:
+def completion_request(body: dict, chat_template: str | None = None) -> Request:
+    """/v1/completions, and llama-server's /completion (the same fields, n_predict among them)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
-        raise RequestError(400, f"prompt expects a non-empty string, found {json.dumps(prompt)[:60]}", "prompt")
-    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)), **_common(body))
+        raise RequestError(400, f"prompt expects a non-empty string (token ids and several prompts are not "
+                                f"supported), found {json.dumps(prompt)[:60]}", "prompt")
+    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)), **_common(body, chat_template))

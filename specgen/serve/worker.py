@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from specgen.app.config import RunConfig
@@ -31,13 +31,15 @@ class StopText:
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops, self.text, self.sent, self.hit = stops, "", 0, False
+        self.word = ""  # the stop string that ended the text
 
     def feed(self, piece: str) -> str:
         self.text += piece
         start = max(0, self.sent - max((len(s) for s in self.stops), default=0))
-        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stops) if i >= 0]
         if found:
-            self.text, self.hit = self.text[:min(found)], True
+            at, self.word = min(found, key=lambda f: f[0])
+            self.text, self.hit = self.text[:at], True
             return self.flush()
         held = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
         out, self.sent = self.text[self.sent:len(self.text) - held], max(self.sent, len(self.text) - held)
@@ -54,6 +56,7 @@ class Done:
     finish_reason: str  # stop | length | tool_calls
     stats: RunStats
     answer: ToolAnswer | None = None  # with tools: the text as content and calls
+    stopping_word: str = ""  # the stop string that ended it, if one did
 
 
 @dataclass
@@ -90,9 +93,44 @@ class Runners:
         return self._kept[key]
 
 
+@dataclass
+class Metrics:
+    """Counters over the server's life, for /metrics (routes.py writes them as Prometheus text)."""
+
+    requests: int = 0  # generations finished
+    failed: int = 0  # generations that ended in an error
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    predicted: int = 0
+    predicted_s: float = 0.0
+    target_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens_max: int = 0  # the longest prompt + generation seen
+    accepted_by: Counter = field(default_factory=Counter)
+    steps: Counter = field(default_factory=Counter)
+
+    def add(self, s: RunStats) -> None:
+        self.requests += 1
+        self.prompt_tokens += s.n_prompt
+        self.prompt_s += s.prefill_s
+        self.predicted += s.n_tokens
+        self.predicted_s += s.decode_s
+        self.target_calls += s.target_calls
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.tokens_max = max(self.tokens_max, s.n_prompt + s.n_committed)
+        self.accepted_by.update(s.accepted_by)
+        self.steps.update(s.choices)
+
+
 class Worker:
-    def __init__(self, runners: Runners, max_queue: int):
-        self.runners, self.max_queue = runners, max_queue
+    """`default_max_tokens`: a request's limit when it gives none (None: until the context ends)."""
+
+    def __init__(self, runners: Runners, max_queue: int, default_max_tokens: int | None = None):
+        self.runners, self.max_queue, self.default_max_tokens = runners, max_queue, default_max_tokens
+        self.metrics = Metrics()
+        self.busy = False  # a request is being decoded
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0  # submitted, not finished
         self._lock = threading.Lock()
@@ -109,31 +147,52 @@ class Worker:
         self._jobs.put(job)
         return job
 
+    @property
+    def n_ctx(self) -> int:
+        return self.runners.session.target_ctx.n_ctx
+
+    @property
+    def deferred(self) -> int:
+        """Requests waiting behind the one decoded."""
+        with self._lock:
+            return max(0, self._waiting - self.busy)
+
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            with self._lock:
+                self.busy = True
+            outcome: Done | RequestError | None = None
             try:
                 if not job.cancelled.is_set():
-                    job.put(self._generate(job))
+                    outcome = self._generate(job)
+                    self.metrics.add(outcome.stats)
             except SpecgenError as e:  # a prompt too long for the context, say
-                job.put(RequestError(400, str(e)))
+                self.metrics.failed += 1
+                outcome = RequestError(400, str(e))
             except Exception as e:  # never a traceback to the client; the log has it
+                self.metrics.failed += 1
                 log.exception("generation failed")
-                job.put(RequestError(500, f"generation failed: {type(e).__name__}", kind="server_error"))
+                outcome = RequestError(500, f"generation failed: {type(e).__name__}", kind="server_error")
             finally:
-                with self._lock:
+                with self._lock:  # idle again before the client hears the outcome (/metrics agrees)
                     self._waiting -= 1
+                    self.busy = False
+            if outcome is not None:
+                job.put(outcome)
 
     def _generate(self, job: Job) -> Done:
         """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
         request, runner = job.request, self.runners.get(job.request)
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
+        if self._limit(request) == 0:  # llama-server's n_predict 0: nothing to generate
+            return Done("", reason, stats)
         # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
         held = request.prompt.tools is not None
-        events = runner.stream(request.prompt, stats, request.max_tokens or runner.cfg.max_tokens)
+        events = runner.stream(request.prompt, stats, self._limit(request))
         try:
             for event in events:
                 if job.cancelled.is_set():
@@ -155,4 +214,10 @@ class Worker:
         answer = runner.answer(request.prompt, stop.text)
         if answer is not None and answer.calls and reason == "stop":
             reason = "tool_calls"
-        return Done(stop.text, reason, stats, answer)
+        return Done(stop.text, reason, stats, answer, stop.word)
+
+    def _limit(self, request: Request) -> int:
+        """Tokens the request may generate: its max_tokens, else the server's default; -1 (or no
+        default) means until the context ends, where the engine stops anyway."""
+        limit = self.default_max_tokens if request.max_tokens is None else request.max_tokens
+        return self.n_ctx if limit is None or limit < 0 else limit

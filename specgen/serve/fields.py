@@ -1,0 +1,157 @@
+"""Every request field OpenAI and llama-server document that specgen does not act on: each is accepted
+only at a value that changes nothing (a penalty of 0, repeat_penalty 1, logprobs false, an empty
+logit_bias, ...) and otherwise refused by name with a 400, never silently ignored.
+
+Three kinds:
+- REFUSED: a sampling or output setting specgen does not implement: its neutral value is accepted
+  (it asks for nothing), any other is a 400 naming it.
+- DEPENDENT: a setting that only tunes another one (repeat_last_n tunes the penalties, dry_base the
+  DRY multiplier, ...): with that one neutral it changes nothing, whatever its value; else the 400
+  names the setting that would act.
+- INERT: bookkeeping that never changes the text (user, metadata, cache_prompt, ...): accepted.
+The fields specgen acts on (temperature, top_p, top_k, seed, max_tokens, stop, response_format,
+json_schema, grammar, tools, ...) are read in requests.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+
+def _is(*values) -> Callable[[object], bool]:
+    return lambda v: v is None or any(v == x and type(v) is not bool or v is x for x in values)
+
+
+def _empty(v: object) -> bool:
+    return v is None or v == {} or v == [] or v == ""
+
+
+def _false(v: object) -> bool:
+    return v is None or v is False
+
+
+def _off(v: object) -> bool:
+    """false, or (the completions API's integer logprobs) 0."""
+    return v is None or v is False or (type(v) is int and v == 0)
+
+
+# name: (neutral?, why it is refused)
+REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
+    "presence_penalty": (_is(0), "penalties are not implemented (send 0)"),
+    "frequency_penalty": (_is(0), "penalties are not implemented (send 0)"),
+    "repeat_penalty": (_is(1), "penalties are not implemented (send 1)"),
+    "min_p": (_is(0), "min_p is not implemented (send 0)"),
+    "typical_p": (_is(1), "locally typical sampling is not implemented (send 1)"),
+    "typ_p": (_is(1), "locally typical sampling is not implemented (send 1)"),
+    "top_n_sigma": (_is(-1), "top-n-sigma sampling is not implemented (send -1)"),
+    "dynatemp_range": (_is(0), "dynamic temperature is not implemented (send 0)"),
+    "mirostat": (_is(0), "mirostat is not implemented (send 0)"),
+    "dry_multiplier": (_is(0), "DRY is not implemented (send 0)"),
+    "xtc_probability": (_is(0), "XTC is not implemented (send 0)"),
+    "logit_bias": (_empty, "logit_bias is not implemented (send {})"),
+    "logprobs": (_off, "logprobs are not implemented (send false)"),
+    "top_logprobs": (_is(0), "logprobs are not implemented (send 0)"),
+    "n_probs": (_is(0), "token probabilities are not implemented (send 0)"),
+    "post_sampling_probs": (_false, "token probabilities are not implemented"),
+    "min_keep": (_is(0), "min_keep is not implemented (send 0)"),
+    "ignore_eos": (_false, "ignore_eos is not implemented: generation ends at the model's end token"),
+    "n": (_is(1), "only one completion choice is allowed"),
+    "n_cmpl": (_is(1), "only one completion choice is allowed"),
+    "best_of": (_is(1), "only one completion choice is allowed"),
+    "echo": (_false, "echo is not supported"),
+    "suffix": (_empty, "suffix (fill-in-the-middle) is not supported"),
+    "input_prefix": (_empty, "infill is not supported"),
+    "input_suffix": (_empty, "infill is not supported"),
+    "n_indent": (_is(0), "n_indent is not supported"),
+    "t_max_predict_ms": (_is(0), "t_max_predict_ms is not supported"),
+    "functions": (_empty, "the legacy functions field is not supported: use tools"),
+    "function_call": (_is("none"), "the legacy function_call field is not supported: use tool_choice"),
+    "parallel_tool_calls": (_is(True), "a tool answer may hold several calls; false is not supported"),
+    "parse_tool_calls": (_is(True), "tool calls are always parsed"),
+    "audio": (_empty, "audio output is not supported"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
+    "prediction": (_empty, "predicted outputs are not supported"),
+    "reasoning_effort": (_empty, "reasoning_effort is not supported"),
+    "reasoning_control": (_false, "reasoning control is not supported"),
+    "generation_prompt": (_empty, "generation_prompt is not supported"),
+    "verbosity": (_empty, "verbosity is not supported"),
+    "web_search_options": (_empty, "web search is not supported"),
+    "chat_template_kwargs": (_empty, "chat_template_kwargs is not supported"),
+    "add_generation_prompt": (_is(True), "add_generation_prompt false is not supported"),
+    "return_tokens": (_false, "return_tokens is not supported"),
+    "response_fields": (_empty, "response_fields is not supported"),
+    "lora": (_empty, "LoRA adapters are not supported"),
+    "id_slot": (_is(-1, 0), "the server has one slot, 0"),
+    "grammar_lazy": (_false, "lazy grammars are not supported"),
+    "grammar_triggers": (_empty, "grammar triggers are not supported"),
+    "preserved_tokens": (_empty, "preserved_tokens is not supported"),
+}
+
+# name: the settings it tunes; it changes nothing while they are all neutral.
+DEPENDENT: dict[str, tuple[str, ...]] = {
+    "repeat_last_n": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
+    "penalty_last_n": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
+    "dynatemp_exponent": ("dynatemp_range",),
+    "mirostat_tau": ("mirostat",),
+    "mirostat_eta": ("mirostat",),
+    "dry_base": ("dry_multiplier",),
+    "dry_allowed_length": ("dry_multiplier",),
+    "dry_penalty_last_n": ("dry_multiplier",),
+    "dry_sequence_breakers": ("dry_multiplier",),
+    "xtc_threshold": ("xtc_probability",),
+}
+
+# Never change the text: who asked, caching and reporting hints (specgen reads every prompt whole
+# and sends timings with the last chunk anyway), what OpenAI would store.
+INERT = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+         "prompt_cache_retention", "cache_prompt", "n_keep", "n_discard", "n_cache_reuse", "timings_per_token",
+         "return_progress", "sse_ping_interval")
+
+# llama.cpp's sampler names (and its one-letter forms) -> specgen's, for `samplers`.
+SAMPLER_NAMES = {"top_k": "top_k", "k": "top_k", "top_p": "top_p", "p": "top_p", "temperature": "temperature",
+                 "t": "temperature"}
+SPECGEN_ORDER = ("top_k", "temperature", "top_p")  # core/sampling.py: top-k, then T, then the nucleus
+
+
+class Refusal(Exception):
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name, self.message = name, message
+
+
+def _found(value: object) -> str:
+    return json.dumps(value)[:60]
+
+
+def check(body: dict, chat_template: str | None = None) -> None:
+    """Raise Refusal for the first field that would ask for something specgen does not do."""
+    for name, (neutral, why) in REFUSED.items():
+        if name in body and not neutral(body[name]):
+            raise Refusal(name, f"{name} is not supported at {_found(body[name])}: {why}")
+    reasoning = body.get("reasoning_format")
+    if reasoning not in (None, "none") and not (reasoning == "auto" and "<think>" not in (chat_template or "")):
+        raise Refusal("reasoning_format", f"reasoning_format is not supported at {_found(reasoning)}: reasoning is "
+                                          "not separated from the answer (send \"none\")")
+    _check_samplers(body)
+
+
+def _check_samplers(body: dict) -> None:
+    """`samplers` (llama.cpp's chain order): accepted when it names every sampler that acts in this
+    request and puts them in specgen's order; the others it names are neutral here (see check)."""
+    given = body.get("samplers")
+    if given is None:
+        return
+    items = list(given) if isinstance(given, str) else given
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise Refusal("samplers", f"samplers expects a list of sampler names, found {_found(given)}")
+    named = [SAMPLER_NAMES[s] for s in items if s in SAMPLER_NAMES]
+    temperature, top_k, top_p = body.get("temperature"), body.get("top_k"), body.get("top_p")
+    acting = [s for s, on in (("top_k", isinstance(top_k, int) and top_k > 0),
+                              ("temperature", temperature not in (None, 0, 1)),
+                              ("top_p", top_p is not None and top_p != 1)) if on]
+    missing = [s for s in acting if s not in named]
+    order = [s for s in SPECGEN_ORDER if s in named and s in acting]
+    if missing or [s for s in dict.fromkeys(named) if s in acting] != order:
+        raise Refusal("samplers", f"samplers is not supported at {_found(given)}: specgen applies the samplers "
+                                  f"that act here in this order: {', '.join(SPECGEN_ORDER)}")

@@ -1,0 +1,245 @@
+"""llama-server's own routes and shapes, for the clients written against it (llama.cpp's web UI,
+SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /metrics in
+Prometheus text, /completion's response and stream; and CORS for browser clients."""
+
+from __future__ import annotations
+
+import time
+
+from specgen import __version__
+from specgen.app.config import RunConfig
+from specgen.core.protocol import Model
+from specgen.core.stats import RunStats
+from specgen.serve.fields import SPECGEN_ORDER
+from specgen.serve.requests import Request, RequestError
+from specgen.serve.worker import Done, Worker
+
+SEED_RANDOM = 4294967295  # llama-server's "no seed given"
+
+
+def timings(done: Done) -> dict:
+    s = done.stats
+    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
+            "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
+
+
+def speculative(method: str, s: RunStats) -> dict:
+    """specgen's own numbers; `accepted_by`: accepted drafted tokens by source (forced, lookup, draft, ...)."""
+    return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
+            "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices),
+            "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced}
+
+
+def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
+    """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or a
+    request's), and every setting it does not implement at the value that turns it off."""
+    s = request.sampling if request is not None else None
+    pick = (lambda mine, default: default if s is None or mine is None else mine)
+    n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
+    seed = pick(s and s.seed, cfg.seed)
+    return {
+        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if seed is None else seed,
+        "temperature": pick(s and s.temperature, cfg.temperature), "top_k": pick(s and s.top_k, cfg.top_k),
+        "top_p": pick(s and s.top_p, cfg.top_p), "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0,
+        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+        "repeat_last_n": 64, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "stop": list(request.stop) if request is not None else [], "max_tokens": -1 if n_predict is None else n_predict,
+        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream), "n_probs": 0,
+        "min_keep": 0, "grammar": "", "samplers": list(SPECGEN_ORDER), "timings_per_token": False,
+    }
+
+
+def props(worker: Worker, model_id: str, method: str) -> dict:
+    """GET /props: what llama.cpp's web UI reads at start (context size, defaults, chat template)."""
+    runners, target = worker.runners, worker.runners.session.target
+    token = getattr(target, "token_text", None)
+    return {
+        "default_generation_settings": {
+            "id": 0, "id_task": -1, "n_ctx": worker.n_ctx, "speculative": True, "is_processing": worker.busy,
+            "params": params(runners.cfg, worker.default_max_tokens), "prompt": "",
+            "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0,
+                           "stopping_word": ""}},
+        "total_slots": 1, "model_alias": model_id, "model_path": target.source_path,
+        "chat_template": target.chat_template or "", "chat_template_caps": {},
+        "bos_token": token(target.bos).decode("utf-8", "replace") if token else "",
+        "eos_token": token(target.eos).decode("utf-8", "replace") if token and hasattr(target, "eos") else "",
+        "modalities": {"vision": False, "audio": False}, "build_info": f"specgen {__version__} ({method})",
+        "is_sleeping": False,
+    }
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise RequestError(400, f"{name} expects true or false, found {value!r}"[:120], name)
+    return value
+
+
+def tokenize(model: Model, body: dict) -> dict:
+    """POST /tokenize: {"content", "add_special" (false), "parse_special" (true), "with_pieces"
+    (false)} -> {"tokens": [ids]} or [{"id", "piece"}] (a piece that is not whole UTF-8: its bytes)."""
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise RequestError(400, f"content expects a string, found {type(content).__name__}", "content")
+    tokens = model.tokenize(content, add_special=_flag(body, "add_special", False),
+                           parse_special=_flag(body, "parse_special", True))
+    if not _flag(body, "with_pieces", False):
+        return {"tokens": tokens}
+    out = []
+    for t in tokens:
+        raw = _bytes(model, t)
+        try:
+            piece: str | list[int] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        out.append({"id": t, "piece": piece})
+    return {"tokens": out}
+
+
+def detokenize(model: Model, body: dict) -> dict:
+    """POST /detokenize: {"tokens": [ids]} -> {"content": text}."""
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise RequestError(400, f"tokens expects a list of token ids, found {str(tokens)[:60]}", "tokens")
+    bad = [t for t in tokens if not 0 <= t < model.n_vocab]
+    if bad:
+        raise RequestError(400, f"tokens expects ids in [0, {model.n_vocab}), found {bad[0]}", "tokens")
+    return {"content": b"".join(_bytes(model, t) for t in tokens).decode("utf-8", "replace")}
+
+
+def _bytes(model: Model, token: int) -> bytes:
+    """A token's text; a special token (whose piece is empty) as the vocabulary writes it."""
+    raw = model.piece(token)
+    if not raw and hasattr(model, "token_text"):
+        raw = model.token_text(token)
+    return raw
+
+
+def metrics(worker: Worker) -> str:
+    """GET /metrics: llama-server's metric names where they exist, then specgen's own."""
+    m = worker.metrics
+    counters = [
+        ("prompt_tokens_total", "Number of prompt tokens processed", m.prompt_tokens),
+        ("prompt_seconds_total", "Total time spent processing prompts", m.prompt_s),
+        ("tokens_predicted_total", "Number of generation tokens processed", m.predicted),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", m.predicted_s),
+        ("n_decode_total", "Target decodes after prefill (one per speculative step)", m.target_calls),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)", m.tokens_max),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", m.drafted),
+        ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+         m.accepted),
+    ]
+    gauges = [
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", _rate(m.prompt_tokens, m.prompt_s)),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", _rate(m.predicted, m.predicted_s)),
+        ("requests_processing", "Number of requests processing", int(worker.busy)),
+        ("requests_deferred", "Number of requests deferred", worker.deferred),
+    ]
+    lines: list[str] = []
+
+    def add(prefix: str, kind: str, name: str, text: str, samples: list[tuple[str, float]]) -> None:
+        lines.extend([f"# HELP {prefix}:{name} {text}", f"# TYPE {prefix}:{name} {kind}"])
+        lines.extend(f"{prefix}:{name}{labels} {_num(v)}" for labels, v in samples)
+
+    for name, text, value in counters:
+        add("llamacpp", "counter", name, text, [("", value)])
+    for name, text, value in gauges:
+        add("llamacpp", "gauge", name, text, [("", value)])
+    add("specgen", "counter", "requests_total", "Generations finished", [("", m.requests)])
+    add("specgen", "counter", "requests_failed_total", "Generations that ended in an error", [("", m.failed)])
+    add("specgen", "counter", "accepted_tokens_total", "Accepted drafted tokens by source (forced, lookup, "
+        "history, draft, ...)", [(f'{{source="{k}"}}', v) for k, v in sorted(m.accepted_by.items())])
+    add("specgen", "counter", "steps_total", "Target decodes by the drafter's choice",
+        [(f'{{choice="{k}"}}', v) for k, v in sorted(m.steps.items())])
+    return "\n".join(lines) + "\n"
+
+
+def _rate(n: float, s: float) -> float:
+    return n / s if s > 0 else 0.0
+
+
+def _num(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.6g}"
+
+
+class NativeReply:
+    """llama-server's /completion shapes: one object with `content`, `stop`, `tokens_predicted`,
+    `timings`; streamed as `data: {"content": piece, "stop": false}` lines, then the whole object
+    (content "") with `stop: true`, and no [DONE]."""
+
+    kind = "completion"
+    terminator = None
+
+    def __init__(self, model_id: str, method: str, request: Request, settings: dict, n_ctx: int):
+        self.model, self.method, self.request = request.model or model_id, method, request
+        self.settings, self.n_ctx = settings, n_ctx
+        self.created = int(time.time())
+
+    def opening(self) -> list[dict]:
+        return []
+
+    def chunk(self, piece: str) -> dict:
+        return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+
+    def whole(self, done: Done) -> dict:
+        s = done.stats
+        stop_type = "limit" if done.finish_reason == "length" else "word" if done.stopping_word else "eos"
+        return {"index": 0, "content": done.text, "tokens": [], "id_slot": 0, "stop": True, "model": self.model,
+                "tokens_predicted": s.n_tokens, "tokens_evaluated": s.n_prompt,
+                "generation_settings": {**self.settings, "n_ctx": self.n_ctx, "model": self.model},
+                "prompt": self.request.prompt.text, "has_new_line": "\n" in done.text,
+                "truncated": done.finish_reason == "length" and s.n_prompt + s.n_committed >= self.n_ctx - 1,
+                "stop_type": stop_type, "stopping_word": done.stopping_word, "tokens_cached": 0,
+                "timings": timings(done), "speculative": speculative(self.method, s)}
+
+    def closing(self, done: Done) -> list[dict]:
+        return [{**self.whole(done), "content": ""}]
+
+
+class Cors:
+    """CORS for browser clients, as pure ASGI (streams pass through untouched): a preflight OPTIONS
+    is answered 204 with the methods and the headers it asks for; every response gets
+    Access-Control-Allow-Origin. `origins`: "*" allows any; else only those listed."""
+
+    METHODS = "GET, POST, OPTIONS"
+
+    def __init__(self, app, origins: tuple[str, ...] = ("*",)):
+        self.app, self.origins = app, tuple(o.rstrip("/") for o in origins)
+
+    def _allowed(self, origin: str | None) -> str | None:
+        if "*" in self.origins:
+            return "*"
+        return origin if origin is not None and origin.rstrip("/") in self.origins else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        allow = self._allowed(headers.get("origin"))
+        cors = [] if allow is None else [(b"access-control-allow-origin", allow.encode("latin-1"))]
+        if allow not in (None, "*"):
+            cors.append((b"vary", b"Origin"))
+        if scope["method"] == "OPTIONS":
+            if allow is None:
+                return await _plain(send, 403, b"this origin is not allowed (specgen serve --cors-origin)", [])
+            asked = headers.get("access-control-request-headers", "Authorization, Content-Type")
+            return await _plain(send, 204, b"", cors + [
+                (b"access-control-allow-methods", self.METHODS.encode()),
+                (b"access-control-allow-headers", asked.encode("latin-1")),
+                (b"access-control-max-age", b"86400")])
+
+        async def send_with_cors(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+async def _plain(send, status: int, body: bytes, headers: list) -> None:
+    extra = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, *(extra if body else [])]})
+    await send({"type": "http.response.body", "body": body})
