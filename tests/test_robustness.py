@@ -96,13 +96,42 @@ def test_draft_method_without_draft_suggests_lookup():
 COUNTING = ["--no-chat", "-n", "4000", "--ctx", "8192", "--method", "auto"]
 
 
-def start(*args):
+# specgen, with one line more on stderr when a prompt's first token is committed, for a test to wait
+# on where --json shows nothing until the prompt ends.
+ANNOUNCING = r"""
+import sys
+from specgen.core.engine import TokenEvent
+from specgen.app.runner import Transcript
+add = Transcript.add
+def announcing(self, event):
+    first = isinstance(event, TokenEvent) and not self.pieces
+    add(self, event)
+    if first:
+        print(f"test: prompt {self.prompt_index} has its first token", file=sys.stderr, flush=True)
+Transcript.add = announcing
+from specgen.cli import main
+main()
+"""
+
+
+def start(*args, announce=False):
     """specgen as a terminal starts it, with Ctrl-C at its default. A test run launched in the
     background (`nohup make test &` from a script) hands its children SIGINT ignored, which Python
     keeps, so these runs would write all 4,000 tokens and never exit with 130."""
-    return subprocess.Popen([sys.executable, "-m", "specgen", "generate", "-m", SMOLLM2, *args],
+    program = ["-c", ANNOUNCING] if announce else ["-m", "specgen"]
+    return subprocess.Popen([sys.executable, *program, "generate", "-m", SMOLLM2, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def wait_for_line(stream, wanted: bytes) -> bytes:
+    """Read `stream` up to a line holding `wanted`; what was read. Fails if the stream ends first."""
+    seen = b""
+    while wanted not in seen:
+        line = stream.readline()
+        assert line, f"the stream ended before {wanted!r}: {seen.decode()[-2000:]}"
+        seen += line
+    return seen
 
 
 def test_ctrl_c_flushes_text_prints_stats_and_exits_130():
@@ -121,10 +150,10 @@ def test_ctrl_c_with_json_writes_the_interrupted_record(tmp_path):
     # loading and calibration are done and the second prompt is being generated.
     prompts = tmp_path / "p.txt"
     prompts.write_text("word " * 9000 + "\n1, 2, 3, 4, 5,\n")
-    proc = start(*COUNTING, "--json", "-f", str(prompts))
+    proc = start(*COUNTING, "--json", "-f", str(prompts), announce=True)
     first = json.loads(proc.stdout.readline())
     assert first["finish_reason"] == "error"
-    time.sleep(1)  # the second prompt: tens of tokens a second even on a busy machine
+    wait_for_line(proc.stderr, b"test: prompt 1 has its first token")  # the second prompt is decoding
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
@@ -243,11 +272,12 @@ def test_rpc_server_takes_the_offloaded_layers():
     server = subprocess.Popen([sys.executable, "-m", "specgen", "rpc-server", "--port", str(port), "--threads", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline, listening = time.time() + 30, False
-        while not listening and time.time() < deadline and server.poll() is None:
+        deadline, listening = time.monotonic() + 30, False
+        while not listening and time.monotonic() < deadline and server.poll() is None:  # poll until it listens
             with socket.socket() as s:
                 listening = s.connect_ex(("127.0.0.1", port)) == 0
-            time.sleep(0.2)
+            if not listening:
+                time.sleep(0.1)
         assert listening, f"rpc-server did not listen on {port}: {server.poll()=}"
         args = ["generate", "-m", F32, "--method", "plain", "-n", "12", "--json", "Name a colour."]
         remote = specgen(*args, "--rpc", f"127.0.0.1:{port}", "--gpu-layers", "99")

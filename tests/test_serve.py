@@ -35,15 +35,18 @@ class Served:
                                       "--port", str(self.port), *key, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
+        deadline = time.monotonic() + 120
+        while True:  # ready when /health answers; a poll with a deadline, not a guessed delay
             if self.proc.poll() is not None:
                 raise AssertionError(f"the server exited: {self.proc.stderr.read()}")
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)
                 break
             except OSError:
-                time.sleep(0.2)
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise AssertionError(f"the server did not answer {self.url}/health within 120 s") from None
+                time.sleep(0.1)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0)
 
     def post(self, path, body: bytes, headers=None):
@@ -174,12 +177,12 @@ def test_bad_requests_get_a_4xx_that_says_why(auto, path, body, headers, status,
 
 def test_a_full_queue_answers_503_and_sigterm_ends_the_server(tmp_path):
     served = Served("--method", "plain", "--max-queue", "0", "--host", "0.0.0.0")
-    long = threading.Thread(target=lambda: served.client.completions.create(
-        model="x", prompt="Write a long story.", max_tokens=400, temperature=0))
-    long.start()
-    time.sleep(1.0)
+    long = iter(served.client.completions.create(model="x", prompt="Write a long story.", max_tokens=400,
+                                                 temperature=0, stream=True))
+    next(chunk for chunk in long if chunk.choices and chunk.choices[0].text)  # its first text: it is decoding now
     status, data, headers = served.post("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}')
-    long.join(timeout=120)
+    for _ in long:  # the long one goes on to its end
+        pass
     assert status == 503 and headers["Retry-After"] and "busy" in data["error"]["message"]
     assert served.stop() == 0
     err = served.proc.stderr.read()
