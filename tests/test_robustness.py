@@ -54,8 +54,8 @@ def test_prompt_longer_than_context_names_the_sizes():
     (b"", "empty.txt", "has no prompts"),
     (b"fine\ncaf\xe9\n", "latin1.txt", "expected UTF-8 text, found byte 0xe9 on line 2"),
     (b'{"prompt": "a"}\n{oops\n', "bad.jsonl", "bad.jsonl line 2: not valid JSON"),
-    (b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n',
-     "conv.jsonl", "the last message must be from the user"),
+    (b'{"messages": [{"role": "system", "content": "a"}, {"role": "assistant", "content": "b"}]}\n',
+     "conv.jsonl", "expected at least one user message"),
 ])
 def test_bad_prompt_files(tmp_path, content, name, message):
     path = tmp_path / name

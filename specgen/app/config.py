@@ -61,7 +61,7 @@ _TYPES = {name: tuple(t for arg in (typing.get_args(hint) or (hint,)) for t in (
 # `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).
 BENCH_TYPES: dict[str, tuple[type, ...]] = {
     "methods": (str, list), "suite": (str,), "per_group": (int, type(None)), "limit": (int, type(None)),
-    "repeats": (int,),
+    "repeats": (int,), "split": (str,),
 }
 
 

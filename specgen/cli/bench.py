@@ -40,7 +40,7 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
     per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
                                             help="N prompts per group, spread evenly."),
-    split: str = typer.Option("all", "--split", metavar="HALF", help="all | tune | report: the suite's fixed halves, "
+    split: Optional[str] = typer.Option(None, "--split", metavar="HALF", help="all | tune | report: the suite's fixed halves, "
                               "by the number its ids end in (odd: tune, even: report); published tables use report "
                               "[all]."),
     max_tokens: MaxTokens = None,
@@ -91,12 +91,13 @@ def bench(
         target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
-        repeats=repeats,
+        repeats=repeats, split=split,
         store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
     cfg = run_config(values)
     for key in ("limit", "per_group", "repeats"):
         if values.get(key) is not None and values[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
+    split = values.get("split") or "all"  # a -c preset may pin it (published tables: report)
     if split not in SPLITS:
         raise ConfigError(f"--split expects {', '.join(SPLITS)}, found {split!r}")
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None))

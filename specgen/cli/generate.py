@@ -186,8 +186,14 @@ def demo(
     if reference.text != result.text:
         at = next((i for i, (x, y) in enumerate(zip(reference.text, result.text)) if x != y),
                   min(len(reference.text), len(result.text)))
-        note(f"the texts part after {at} characters: on a quantized target, llama.cpp's batch-size-dependent "
-             "rounding can flip a near-tie between two tokens (rarely on F32 targets)")
+        from specgen.llama.tools import build_info
+
+        if "SPECGEN_INVARIANT = on" in build_info().system_info:  # batch-invariant kernels: no rounding excuse
+            note(f"the texts part after {at} characters: this build's decodes are batch-invariant, so this is a bug "
+                 "in specgen; please report it with the command line (docs/troubleshooting.md)")
+        else:
+            note(f"the texts part after {at} characters: this llama.cpp build lacks specgen's batch-invariant "
+                 "kernels, and its batch-size-dependent rounding can flip a near-tie between two tokens")
 
 
 def demo_summary(plain_tps: float, auto_tps: float, identical: bool) -> str:
