@@ -65,16 +65,23 @@ def _model_line(role: str, model: dict | None) -> str | None:
     if model.get("n_vocab"):
         facts.append(f"vocabulary cut to {model['n_vocab']:,} tokens" if model.get("vocabulary_cut")
                      else f"{model['n_vocab']:,} tokens")
-    what = ", ".join(f for f in facts if f)
-    return f"- {role}: {model.get('name', '?')}{f' ({what})' if what else ''}, {_sha(model)}"
+    what, name = ", ".join(f for f in facts if f), model.get("name", "?")
+    if what and name.endswith(")"):  # "NAME (how it was made)": one bracket for both
+        return f"- {role}: {name[:-1]}; {what}), {_sha(model)}"
+    return f"- {role}: {name}{f' ({what})' if what else ''}, {_sha(model)}"
 
 
 def _machine(machine: dict) -> str:
     info = (machine.get("llama_cpp") or {}).get("system_info", "")
     features = next((f for f in _CPU_FEATURES if f"{f} = 1" in info), None)
     cpu = machine.get("cpu") or "unknown CPU"
+    others = machine.get("others_cores")
+    busy = f" (other processes used {others:.1f} of its {machine.get('cores', '?')} cores meanwhile)" \
+        if isinstance(others, (int, float)) and others >= 0.05 else ""
+    build = (machine.get("llama_cpp") or {}).get("llama_cpp_python")
     return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
-            f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}")
+            f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}{busy}"
+            f"{f', llama.cpp of llama-cpp-python {build}' if build else ''}")
 
 
 def _suite(settings: dict, n_turns: int | None) -> str:

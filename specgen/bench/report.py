@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -44,7 +45,7 @@ def run_info() -> dict:
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "specgen") if commit else None
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "specgen": __version__,
-            "commit": commit, "modified": None if changed is None else [line[3:] for line in changed.splitlines() if line]}
+            "command": ["specgen", *sys.argv[1:]], "commit": commit, "modified": None if changed is None else [line[3:] for line in changed.splitlines() if line]}
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -158,7 +158,7 @@ def bench(
         report = results_of_run(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
                                 trials, rows, calibration_at_start, versus,
                                 their_draft.record if their_draft is not None else None, run_at_start)
-        report["settings"]["split"] = split
+        report["settings"].update(split=split, per_group=values.get("per_group"), limit=values.get("limit"))
         failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
                            "--json", json_file)
     if plot is not None and rows:
@@ -209,13 +209,13 @@ def bench_report(
         if len(files or []) != 1:
             raise ConfigError(f"--publish writes one results file: give one FILE.json, found {len(files or [])}")
         text = json.dumps(published.publish(published.load(files[0])), indent=1, ensure_ascii=False) + "\n"
-        if _written(lambda: write_text(publish, text), "--publish", publish):
+        if _written(lambda: _write_readable(publish, text), "--publish", publish):
             raise typer.Exit(EXIT_WRITE_FAILED)
     elif files:
         typer.echo(published.render_files(files, Path.cwd()), nl=False)
     for page in update or []:
         text = published.updated(page)
-        if _written(lambda: write_text(page, text), "--update", page):
+        if _written(lambda: _write_readable(page, text), "--update", page):
             raise typer.Exit(EXIT_WRITE_FAILED)
     out_of_date = [f"{page}: the table from {files} differs from what they render (run: specgen bench-report "
                    f"--update {page})" for page in check or [] for files in published.stale(page)]
@@ -223,3 +223,13 @@ def bench_report(
         error(line)
     if out_of_date:
         raise typer.Exit(1)
+
+
+def _write_readable(path: Path, text: str) -> None:
+    """write_text, keeping the mode of the file it replaces (a new one: readable by all, as a file
+    checked in should be; write_text's temporary file is private)."""
+    import os
+
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
+    write_text(path, text)
+    os.chmod(path, mode)

@@ -1,0 +1,109 @@
+"""Published tables: README.md's and docs/measurements.md's benchmark tables are what `specgen
+bench-report` renders from the checked-in results files; rendering, publishing and the CLI's checks."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clihelp import assert_one_line_error, specgen
+from specgen.bench import llamacpp, published
+from specgen.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SHA = "ab" * 32
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md"])
+def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
+    found = published.blocks(ROOT / page)
+    assert found, f"{page} has no bench-table block"
+    for files, body, fresh in found:
+        assert all(f.is_file() and f.resolve().is_relative_to(ROOT / "docs" / "results") for f in files), files
+        assert body == fresh, (f"{page}'s table differs from what {[str(f) for f in files]} render; run: "
+                               f"specgen bench-report --update {page}")
+
+
+def test_published_results_carry_what_a_reader_needs_to_trust_them():
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        data = published.load(path)
+        assert data["run"]["date"][:10] == path.name[:10] and len(data["run"]["commit"]) == 40
+        assert data["settings"]["split"] == "report", f"{path.name}: published tables use the report half"
+        assert len(data["models"]["target"]["sha256"]) == 64
+        assert data["models"]["draft"] is None or len(data["models"]["draft"]["sha256"]) == 64
+        assert all("text" not in r and len(r["text_sha256"]) == 64 for r in data["records"])  # publish()
+
+
+def report(**settings) -> dict:
+    row = dict(group="overall", turn=None, n_prompts=4, lossless_mismatches=0, speedup_low=0.0, speedup_high=0.0,
+               median_speedup=1.0, within_noise=False, mean_accepted=1.0, acceptance_rate=0.0)
+    summary = [{**row, "method": "plain", "tokens_per_s": 50.0, "speedup": 1.0},
+               {**row, "method": "auto", "tokens_per_s": 110.0, "speedup": 2.2, "speedup_low": 1.9,
+                "speedup_high": 2.5, "mean_accepted": 3.4, "acceptance_rate": 0.71},
+               {**row, "method": "auto", "group": "qa", "tokens_per_s": 100.0, "speedup": 2.0},
+               {**row, "method": "llama.cpp draft-simple (-d self, whole vocabulary)", "tokens_per_s": 60.0,
+                "speedup": 1.2, "lossless_mismatches": 1, "mean_accepted": 2.0, "acceptance_rate": 0.5}]
+    model = {"name": "gemma-3-270m-f32-self", "sha256": SHA, "file_type": "Q4_K_M", "head_type": "Q8_0",
+             "n_vocab": 65964, "vocabulary_cut": True}
+    return {"run": {"date": "2026-11-26T12:00:00+00:00", "commit": "c" * 40, "modified": []},
+            "machine": {"cpu": "Some CPU", "cores": 2, "threads": 2, "backend": "cpu", "others_cores": 1.07,
+                        "llama_cpp": {"system_info": "CPU : AVX2 = 1 | AVX512 = 0"}},
+            "models": {"target": {"name": "t", "sha256": "cd" * 32, "file_type": "F32"}, "draft": model,
+                       "llama_cpp_draft": None},
+            "settings": {"suite": "/x/question.jsonl", "split": "report", "per_group": 2, "n_prompts": 4,
+                         "max_tokens": 128, "temperature": 0.0, "repeats": 1,
+                         "methods": ["plain", "auto", "llama.cpp draft-simple (-d self, whole vocabulary)"],
+                         **settings},
+            "records": [{"method": "plain", "text": "secret words", "turns": [{}, {}]},
+                        *({"method": "plain", "text": "more"} for _ in range(3))],
+            "summary": summary,
+            "head_to_head": [{"method": "auto", "n_prompts": 4, "wins": 3,
+                              "losses": [{"prompt_id": "q8", "rival": "llama.cpp plain", "ratio": 0.9}]}]}
+
+
+def test_a_rendered_table_names_its_date_commit_machine_suite_and_pinned_draft():
+    text = published.render(report(), "results/x.json")
+    assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.1 "
+            "of its 2 cores meanwhile)") in text
+    assert "question.jsonl, report half: 2 prompts per group, 4 prompts, 5 turns, 128 tokens, greedy, one run" in text
+    assert "| specgen `auto` | 110.0 | **2.20x** | 1.90-2.50x | 3.40 | 71% | 4/4 |" in text
+    assert "| llama.cpp draft-simple (-d self, whole vocabulary) | 60.0 | 1.20x |  | 2.00 | 50% | 3/4 |" in text
+    assert "`auto` by group: qa 2.00x." in text
+    assert "as fast or faster on 3 of 4; slower by more than 5% on 1: q8 at 0.90x (llama.cpp plain)." in text
+    assert (f"- specgen's draft: gemma-3-270m-f32-self (Q4_K_M, embedding/output Q8_0, vocabulary cut to 65,964 "
+            f"tokens), sha256 `{SHA}`") in text
+    assert "interrupted" in published.render(report(interrupted=True), "x.json")
+
+
+def test_publishing_replaces_generated_texts_by_their_sha256():
+    out = published.publish(report())
+    assert "secret" not in json.dumps(out) and len(out["records"][0]["text_sha256"]) == 64
+
+
+def test_check_fails_on_a_stale_table_and_update_renders_it(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text(json.dumps(report()))
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n<!-- bench-table: results/r.json -->\nhand-typed\n<!-- bench-table:end -->\n\nafter\n")
+    assert_one_line_error(specgen("bench-report", "--check", str(page)), "differs from what they render")
+    result = CliRunner().invoke(app, ["bench-report", "--update", str(page), "--check", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert text.startswith("# Title\n\n<!-- bench-table: results/r.json -->\n*2026-11-26") and text.endswith(
+        "<!-- bench-table:end -->\n\nafter\n")
+    assert "[r.json](results/r.json)" in text and "hand-typed" not in text
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    (tmp_path / "bad.json").write_text("{}")
+    assert_one_line_error(specgen("bench-report", str(tmp_path / "bad.json")), "is not a `specgen bench --json` file")
+    assert_one_line_error(specgen("bench-report", str(tmp_path / "none.json")), "cannot read bench results")
+    assert_one_line_error(specgen("bench-report"), "expects results files")
+
+
+def test_a_llama_cpp_draft_row_says_which_draft_it_loaded():
+    assert llamacpp.method_name("draft-simple", "-d self, whole vocabulary") == \
+        "llama.cpp draft-simple (-d self, whole vocabulary)"
+    assert llamacpp.method_name("ngram-mod", "gemma-3-270m-q2_k") == "llama.cpp ngram-mod"
+    assert llamacpp.method_name("draft-simple") == "llama.cpp draft-simple"
