@@ -134,8 +134,9 @@ def _call_schema(tools: Tools) -> dict:
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def tool_constraint(tools: Tools, fmt: str, open_is_special: bool = False) -> ConstraintSpec:
-    """The grammar the answer is generated under."""
+def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
+    """The grammar the answer is generated under. The hermes tags are matched as text: where a
+    vocabulary makes `<tool_call>` a control token, the grammar writes it in its ordinary tokens."""
     call = _call_schema(tools)
     if fmt == GENERIC:
         options = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
@@ -144,7 +145,7 @@ def tool_constraint(tools: Tools, fmt: str, open_is_special: bool = False) -> Co
             options.append({"type": "object", "properties": {"response": {"type": "string"}},
                             "required": ["response"], "additionalProperties": False})
         return ConstraintSpec("json_schema", json.dumps(options[0] if len(options) == 1 else {"anyOf": options}))
-    opener, closer = (OPEN, CLOSE) if open_is_special else (json.dumps(OPEN), json.dumps(CLOSE))
+    opener, closer = json.dumps(OPEN), json.dumps(CLOSE)
     lines = [f"call: {opener} \"\\n\" args \"\\n\" {closer}",
              "args: %json " + json.dumps(call)]
     if tools.must_call:

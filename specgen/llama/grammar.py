@@ -123,9 +123,6 @@ class GuidanceConstraint:
     def stopped(self) -> bool:
         return self.matcher.is_stopped()
 
-    def accepting(self) -> bool:
-        return self.matcher.is_accepting()
-
 
 def _one_line(e: object) -> str:
     text = " ".join(str(e).split())
