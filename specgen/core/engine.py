@@ -126,8 +126,9 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             stats.drafted += tree.n_drafted
             stats.forced += len(tree.forced)
             n_forced = sum(1 for v in verdict.path if v in tree.forced)
-            stats.accepted_by["forced"] += n_forced
-            stats.accepted_by[drafter.last_choice] += len(verdict.path) - n_forced
+            for source, n in (("forced", n_forced), (drafter.last_choice, len(verdict.path) - n_forced)):
+                if n:
+                    stats.accepted_by[source] += n
         stats.accepted += len(verdict.path)
         stats.accepted_lengths[len(verdict.path)] += 1
         n_past += len(verdict.path) + 1
