@@ -120,21 +120,21 @@ def _bytes(model: Model, token: int) -> bytes:
 
 def metrics(worker: Worker) -> str:
     """GET /metrics: llama-server's metric names where they exist, then specgen's own."""
-    m = worker.metrics
+    m, t = worker.metrics, worker.metrics.total
     counters = [
-        ("prompt_tokens_total", "Number of prompt tokens processed", m.prompt_tokens),
-        ("prompt_seconds_total", "Total time spent processing prompts", m.prompt_s),
-        ("tokens_predicted_total", "Number of generation tokens processed", m.predicted),
-        ("tokens_predicted_seconds_total", "Total time spent generating tokens", m.predicted_s),
-        ("n_decode_total", "Target decodes after prefill (one per speculative step)", m.target_calls),
+        ("prompt_tokens_total", "Number of prompt tokens processed", t.n_prompt),
+        ("prompt_seconds_total", "Total time spent processing prompts", t.prefill_s),
+        ("tokens_predicted_total", "Number of generation tokens processed", t.n_tokens),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", t.decode_s),
+        ("n_decode_total", "Target decodes after prefill (one per speculative step)", t.target_calls),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)", m.tokens_max),
-        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", m.drafted),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", t.drafted),
         ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
-         m.accepted),
+         t.accepted),
     ]
     gauges = [
-        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", _rate(m.prompt_tokens, m.prompt_s)),
-        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", _rate(m.predicted, m.predicted_s)),
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", _rate(t.n_prompt, t.prefill_s)),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", _rate(t.n_tokens, t.decode_s)),
         ("requests_processing", "Number of requests processing", int(worker.busy)),
         ("requests_deferred", "Number of requests deferred", worker.deferred),
     ]
@@ -151,9 +151,9 @@ def metrics(worker: Worker) -> str:
     add("specgen", "counter", "requests_total", "Generations finished", [("", m.requests)])
     add("specgen", "counter", "requests_failed_total", "Generations that ended in an error", [("", m.failed)])
     add("specgen", "counter", "accepted_tokens_total", "Accepted drafted tokens by source (forced, lookup, "
-        "history, draft, ...)", [(f'{{source="{k}"}}', v) for k, v in sorted(m.accepted_by.items())])
+        "history, draft, ...)", [(f'{{source="{k}"}}', v) for k, v in sorted(t.accepted_by.items())])
     add("specgen", "counter", "steps_total", "Target decodes by the drafter's choice",
-        [(f'{{choice="{k}"}}', v) for k, v in sorted(m.steps.items())])
+        [(f'{{choice="{k}"}}', v) for k, v in sorted(t.choices.items())])
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from specgen.app.config import RunConfig
@@ -99,29 +99,13 @@ class Metrics:
 
     requests: int = 0  # generations finished
     failed: int = 0  # generations that ended in an error
-    prompt_tokens: int = 0
-    prompt_s: float = 0.0
-    predicted: int = 0
-    predicted_s: float = 0.0
-    target_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
     tokens_max: int = 0  # the longest prompt + generation seen
-    accepted_by: Counter = field(default_factory=Counter)
-    steps: Counter = field(default_factory=Counter)
+    total: RunStats = field(default_factory=RunStats)  # every finished generation's counters, folded
 
     def add(self, s: RunStats) -> None:
         self.requests += 1
-        self.prompt_tokens += s.n_prompt
-        self.prompt_s += s.prefill_s
-        self.predicted += s.n_tokens
-        self.predicted_s += s.decode_s
-        self.target_calls += s.target_calls
-        self.drafted += s.drafted
-        self.accepted += s.accepted
         self.tokens_max = max(self.tokens_max, s.n_prompt + s.n_committed)
-        self.accepted_by.update(s.accepted_by)
-        self.steps.update(s.choices)
+        self.total.add(s)
 
 
 class Worker:
