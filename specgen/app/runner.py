@@ -34,7 +34,7 @@ def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
     messages = prompt.messages(system)
     tools = None
     if prompt.tools is not None:
-        if tool_format(model.chat_template if chat else None) == GENERIC:
+        if tools_format(model, chat) == GENERIC:
             messages = _with_system([generic_message(m) for m in messages], generic_system_prompt(prompt.tools))
         else:
             tools = prompt.tools.openai()
@@ -45,6 +45,12 @@ def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
         raise ConstraintError("a conversation that ends with an assistant message (continued as a prefill) cannot "
                               "also ask for response_format or tools: expected one or the other")
     return model.format_chat(messages, tools) + prefill
+
+
+def tools_format(model: Model, chat: bool) -> str:
+    """How tool calls are written here: the template's own format, or (no template, or not
+    chatting) the generic one (structured.py)."""
+    return tool_format(model.chat_template if chat else None)
 
 
 def _with_system(messages: list[dict], text: str) -> list[dict]:
@@ -59,7 +65,7 @@ def constraint_spec(model: Model, prompt: Prompt, chat: bool, layout: str = "com
     if prompt.tools is not None:
         if prompt.constraint is not None:
             raise ConstraintError("expected either response_format or tools, found both")
-        spec = tool_constraint(prompt.tools, tool_format(model.chat_template if chat else None))
+        spec = tool_constraint(prompt.tools, tools_format(model, chat))
     else:
         spec = prompt.constraint
     return None if spec is None else dataclasses.replace(spec, layout=layout)
@@ -186,7 +192,7 @@ class Runner:
         """With tools: the text as content and tool calls (None without tools)."""
         if prompt.tools is None:
             return None
-        return parse_answer(text, tool_format(self.session.target.chat_template if self.chat else None))
+        return parse_answer(text, tools_format(self.session.target, self.chat))
 
     def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
         """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""
