@@ -39,6 +39,9 @@ class TokenEvent:
     token: int
     text: str  # may be "" while a multi-byte character is incomplete
     from_draft: bool
+    # Where the token came from: "target" (the target's own, a bonus or plain step), "forced" (a
+    # grammar forced it), else the drafter's choice for the step that proposed it ("lookup", ...).
+    source: str = "target"
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
                 reason = "stop"
                 break
             stats.n_tokens += 1
-            events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path)))
+            events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path),
+                                     source=token_source(tree, verdict, i, drafter)))
             if stats.n_tokens >= request.max_tokens:
                 break
         root = committed[-1]
@@ -159,6 +163,13 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             break
     stats.decode_s += clock() - t0
     yield FinishEvent(reason, decoder.flush(), stats)
+
+
+def token_source(tree: DraftTree | None, verdict: Verdict, i: int, drafter: Drafter | None) -> str:
+    """Who proposed the i-th committed token of a step (see TokenEvent.source)."""
+    if tree is None or drafter is None or i >= len(verdict.path):
+        return "target"
+    return "forced" if verdict.path[i] in tree.forced else drafter.last_choice
 
 
 def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler,
