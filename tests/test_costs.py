@@ -14,7 +14,7 @@ from specgen.costs.cache import load_cached, save_cached
 from specgen.costs.curve import CostCurve
 from specgen.costs.measure import fit, measure
 from specgen.costs.timed import TimedContext
-from specgen.drafting.planner import best_subtree
+from specgen.drafting.value import best_subtree
 from specgen.core.protocol import Batch
 
 
@@ -286,7 +286,7 @@ def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_say
     import specgen.drafting.auto
     from specgen.core.engine import GenerationRequest, generate
     from specgen.drafting.methods import METHODS, DraftingKit
-    from specgen.drafting.planner import PlainSpeed
+    from specgen.drafting.guards import PlainSpeed
     from specgen.core.sampling import SamplingParams
     from specgen.core.stats import RunStats
 
@@ -315,7 +315,7 @@ def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed
     plain step between. On gemma Q4_K_M half of auto's steps draft nothing, and probes were still
     forced into loops the text was copying."""
     from specgen.drafting.methods import METHODS, DraftingKit
-    from specgen.drafting.planner import PROBE_EVERY
+    from specgen.drafting.tuning import PROBE_EVERY
     from specgen.core.sampling import SamplingParams
     from specgen.core.verify import Verdict
 
@@ -330,7 +330,8 @@ def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed
 
 
 def test_plain_probes_grow_rarer_while_speculation_clearly_wins_and_return_when_it_does_not():
-    from specgen.drafting.planner import MAX_PROBE_EVERY, PROBE_EVERY, PlainSpeed
+    from specgen.drafting.guards import PlainSpeed
+    from specgen.drafting.tuning import MAX_PROBE_EVERY, PROBE_EVERY
 
     plain = PlainSpeed()
     intervals = []

@@ -7,7 +7,7 @@ import pytest
 import chisquare
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.drafting.lookup import LookupDrafter
-from specgen.drafting.model import ModelDrafter
+from specgen.drafting.model import ModelDrafter, Staged
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
@@ -24,7 +24,8 @@ def drafter(model, sampling, kw, n_seq_max=64):
     kw = dict(kw)
     lookup = LookupDrafter() if kw.pop("lookup", False) else None
     ctx = FakeContext(model, n_ctx=512, n_seq_max=n_seq_max)
-    return ModelDrafter(ctx, sampling, lookup=lookup, **kw), ctx
+    model = ModelDrafter(ctx, sampling, lookup=lookup, **kw)
+    return (model if lookup is None else Staged(model, lookup)), ctx
 
 
 def run_plain(target, prompt, n, sampling):

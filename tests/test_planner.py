@@ -15,7 +15,9 @@ from specgen.costs.timed import TimedContext
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.drafting.methods import METHODS, DraftingKit
 from specgen.core.protocol import Batch
-from specgen.drafting.planner import AcceptanceModel, Guard, PlainSpeed, best_chain_length, best_subtree, reach_probabilities
+from specgen.drafting.acceptance import AcceptanceModel
+from specgen.drafting.guards import Guard, PlainSpeed
+from specgen.drafting.value import best_chain_length, best_subtree, reach_probabilities
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
@@ -430,15 +432,15 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
     dctx.clear()
     benched = METHODS["auto"].drafter(kit)
     benched.reset([0, 9, 8, 7])
-    benched.draft_guard.plain_left = 3
-    assert choices(benched, 4) == ["plain"] * 3 + ["staged"]
+    benched.guards.of("draft").plain_left = 3
+    assert choices(benched, 4) == ["guard"] * 3 + ["staged"]  # plain, where the benched draft would have won
 
 
 def test_draft_efficiency_follows_realised_rates_and_relaxes():
     """Draft steps that take twice the time planned halve the draft's rate in the plan; so do
     steps that commit fewer tokens than planned; steps without the draft let it drift back, so it
     is tried again later, but not at each new text."""
-    from specgen.drafting.planner import DraftEstimate
+    from specgen.drafting.acceptance import DraftEstimate
 
     est = DraftEstimate()
     for _ in range(80):
@@ -467,7 +469,7 @@ def test_one_slow_draft_step_does_not_bench_the_draft():
     """A draft step that ran into a hiccup (10x its usual time) would have made each drafted token
     look 2.8x dearer until RELAX brought it back, tens of steps later; it moves the estimates as
     a step at twice them would."""
-    from specgen.drafting.planner import DraftEstimate
+    from specgen.drafting.acceptance import DraftEstimate
 
     est = DraftEstimate()
     est.observe_step_cost(0.007, c_draft_1=0.007)
@@ -495,7 +497,8 @@ def test_guard_judges_long_steps_after_fewer_of_them():
 
 
 def test_the_likeliest_sibling_keeps_its_estimate_and_the_others_share_the_rest():
-    from specgen.drafting.auto import MAX_ACCEPT, MAX_ACCEPT_LOOP, _cap_siblings
+    from specgen.drafting.tuning import MAX_ACCEPT, MAX_ACCEPT_LOOP
+    from specgen.drafting.value import cap_siblings as _cap_siblings
     from specgen.core.tree import DraftTree
 
     tree = DraftTree.root_only(1)
@@ -544,7 +547,7 @@ def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
     disagree): measured per support class, a unanimous short match is worth drafting on a
     curve where a single or split one is not."""
     from specgen.drafting.lookup import LookupDrafter
-    from specgen.drafting.planner import MAJORITY, MINORITY, SINGLE, UNANIMOUS
+    from specgen.drafting.sources import MAJORITY, MINORITY, SINGLE, UNANIMOUS
 
     lookup = LookupDrafter()
     lookup.reset([0, 9, 3, 4, 5, 11, 12, 3, 4, 5, 13, 14, 3, 4, 6, 15, 16, 3, 4])

@@ -10,7 +10,7 @@ import chisquare
 import specgen.core.verify as verify
 from specgen.core.sampling import SamplingParams, distribution
 from specgen.core.tree import DraftTree
-from specgen.drafting.planner import SampledAcceptance
+from specgen.drafting.acceptance import SampledAcceptance
 
 V = 8
 PARAMS = SamplingParams(temperature=1.0)

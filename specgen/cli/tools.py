@@ -18,7 +18,7 @@ from specgen.app.curves import CALIBRATE_BUDGET_S, calibration_summary, cost_cur
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
 from specgen.cli.options import Ctx, GpuLayers, Threads
 from specgen.cli.render import warn
-from specgen.drafting.auto import LONG_PROMPT
+from specgen.drafting.tuning import LONG_PROMPT
 from specgen.errors import ConfigError, SpecgenError
 from specgen.host import specgen_home
 

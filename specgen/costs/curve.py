@@ -187,6 +187,11 @@ class CostCurve:
             implied = bounded((ratio - w * self.scale) / (1 - w), self.batch_scale)
             self.batch_scale = (1 - EMA) * self.batch_scale + EMA * implied
 
+    def follow(self, other: "CostCurve", weight: float) -> None:
+        """Move this curve's one-token level `weight` of the way to another's: a curve whose own
+        decodes are rare (a draft that sits out) learns how busy the machine is from one in use."""
+        self.scale += (other.scale - self.scale) * weight
+
     def suspects(self) -> list[int]:
         """Sizes whose live decodes keep disagreeing with the curve's shape (not its level): at
         least SHAPE_MIN_DECODES of them, off by more than SHAPE_TOLERANCE, rechecked at most

@@ -62,10 +62,12 @@ def _lookup(params: dict[str, Any], kit: DraftingKit) -> Drafter:
 
 def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     from specgen.drafting.lookup import LookupDrafter
-    from specgen.drafting.model import ModelDrafter
+    from specgen.drafting.model import ModelDrafter, Staged
 
-    lookup = LookupDrafter() if params.pop("lookup", False) else None
-    return ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, **params)
+    if not params.pop("lookup", False):
+        return ModelDrafter(kit.draft_ctx, kit.sampling, **params)
+    lookup = LookupDrafter()
+    return Staged(ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, **params), lookup)
 
 
 def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
@@ -85,7 +87,7 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
         model = ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
     return AutoDrafter(kit.costs, lookup, model, kit.draft_costs if model is not None else None,
                        reproducible=kit.reproducible, on_long_prompt=kit.on_long_prompt, history=kit.history,
-                       model_feeds_lookup=model is not None, **params)
+                       **params)
 
 
 _TREE = dict(branching=2, max_nodes=6, max_depth=4)

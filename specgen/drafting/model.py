@@ -9,75 +9,18 @@ from typing import Callable
 
 import numpy as np
 
-from specgen.core.kv import COMMITTED_SEQ, evaluate, keep_branch, prefill
 from specgen.core.protocol import Batch, Context
 from specgen.core.sampling import SamplingParams, distribution, draw, softmax
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
+from specgen.drafting.draft_cache import DraftCache
 from specgen.drafting.lookup import LookupDrafter
 
 
-class DraftCache:
-    """The draft model's KV cache, kept in step with the committed text in sequence 0.
-
-    Proposals evaluate drafted tokens in extra sequences (one per branch); after verification the
-    deepest accepted node that the draft evaluated is kept, everything else is removed by sequence
-    id, so the next step evaluates only the tokens the draft has not seen (usually the bonus token).
-    """
-
-    # A lazy cache further behind than this starts over from the text's last WINDOW tokens: the
-    # draft proposes from recent text (lookup copies from far back), and reading a long prompt
-    # cost gemma's -d self draft 0.5 ms a token, 400 ms for a RAG prompt, paid by the first step
-    # that uses it: a 3-token answer ran at a third of plain's speed. Verification keeps the output
-    # exact whatever the draft has read.
-    WINDOW = 256
-
-    def __init__(self, ctx: Context, lazy: bool = False):
-        self.ctx = ctx
-        self.lazy = lazy  # leave the prompt to the first catch-up, which never comes if the draft is unused
-        self.tokens: list[int] = []  # committed text (lazy: from where the draft started reading)
-        self.n_eval = 0  # committed tokens evaluated into sequence 0
-        self.caught_up = False  # whether this step evaluated the root (the last committed token)
-
-    def reset(self, tokens: list[int]) -> None:
-        """Prefill the prompt but its last token (the first root), as the target does (lazy: none)."""
-        if self.lazy:
-            self.ctx.clear()
-        else:
-            prefill(self.ctx, tokens)
-        self.tokens = list(tokens)
-        self.n_eval = 0 if self.lazy else len(tokens) - 1
-        self.caught_up = False
-
-    @property
-    def behind(self) -> int:
-        """Committed tokens the next catch-up evaluates (the root included)."""
-        behind = len(self.tokens) - self.n_eval
-        return min(behind, self.WINDOW) if self.lazy else behind
-
-    def catch_up(self) -> np.ndarray:
-        """Evaluate the committed tokens the draft has not seen; q-logits after the last one.
-        Lazy, more than WINDOW behind: start over from the last WINDOW (positions from 0)."""
-        if self.lazy and len(self.tokens) - self.n_eval > self.WINDOW:
-            self.ctx.seq_rm(COMMITTED_SEQ, 0, -1)  # the only sequence between steps
-            self.tokens, self.n_eval = self.tokens[-self.WINDOW:], 0
-        last = evaluate(self.ctx, self.tokens[self.n_eval:], self.n_eval)
-        self.n_eval = len(self.tokens)
-        self.caught_up = True
-        assert last is not None, "catch_up needs at least one unevaluated token (the root)"
-        return last
-
-    def commit(self, committed: list[int], kept_seq: int, kept_depth: int) -> None:
-        """Keep the branch `kept_seq` up to `kept_depth` tokens past the root; drop the rest.
-
-        A step that did not use the draft only appends: the next catch-up evaluates the backlog.
-        """
-        root_pos = len(self.tokens) - 1
-        if self.caught_up:
-            keep_branch(self.ctx, kept_seq, root_pos + kept_depth)
-            self.n_eval = root_pos + kept_depth + 1
-        self.tokens.extend(committed)
-        self.caught_up = False
+# Sampling: asked with (the children's depth, the draft's confidence at their parent, the parent's
+# reach), the children's reach, or None: do not draw them. Decided from the parent's own q row before
+# anything is drawn from it, so rejection sampling stays exact (auto's plans.StopRule).
+Stop = Callable[[int, float, float], "float | None"]
 
 
 class ModelDrafter:
@@ -91,7 +34,8 @@ class ModelDrafter:
     its parent's. chain = branching 1 with `min_prob` (stop where the draft's top token is less
     likely than that).
 
-    With `lookup` (the staged method) a second stage drafts for the draft: the lookup
+    With `lookup` (the staged method) a second stage drafts for the draft (the index is read here,
+    kept current by its owner: Staged below, or auto): the lookup
     continuation of the best frontier node rides along in the same draft decode, and each lookup
     token that equals the draft's own choice there (its argmax; when sampling, its draw from q)
     joins the tree already evaluated, so one draft call can advance several levels. The draft
@@ -111,10 +55,6 @@ class ModelDrafter:
         self.min_prob = min_prob
         self.lookup = lookup
         self.lookup_len = lookup_len
-        # Sampling: whether a node's children are worth drawing, asked with (their depth, the
-        # draft's confidence at the node, the node's reach): the children's reach, or None to stop.
-        # Decided from the node's own q row before drawing from it, so rejection sampling stays exact.
-        self.judge: Callable[[int, float, float], float | None] | None = None
         self.draft_calls = 0  # draft decodes, all proposals
         # The last proposal's work, for auto's accounting: its draft decodes, and the seconds its
         # first decode (the catch-up on committed text) took.
@@ -126,8 +66,6 @@ class ModelDrafter:
     def reset(self, tokens: list[int]) -> None:
         self._grow = None
         self.cache.reset(tokens)
-        if self.lookup is not None:
-            self.lookup.reset(tokens)
 
     @property
     def backlog(self) -> int:
@@ -135,10 +73,12 @@ class ModelDrafter:
         first decode reads them all."""
         return self.cache.behind
 
-    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = ()) -> DraftTree:
+    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = (),
+                stop: Stop | None = None) -> DraftTree:
         """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes.
         `exclude`: tokens the root's children must not be (when sampling, drawn from q without
-        them), because the caller puts deterministic drafts for them beside this tree."""
+        them), because the caller puts deterministic drafts for them beside this tree. `stop`
+        (sampling): whether a node's children are worth drawing (see Stop)."""
         limit = min(self.max_depth, max_depth)
         budget = self.max_nodes if max_nodes is None else max_nodes
         calls = self.draft_calls
@@ -146,7 +86,7 @@ class ModelDrafter:
             t0 = time.perf_counter()
             root_logits = self.cache.catch_up()  # first: it may start the draft's text over (WINDOW)
             self.last_catch_up_s = time.perf_counter() - t0
-        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget)
+        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget, stop)
         if limit <= 0 or budget <= 0:
             self.last_calls = 0
             return self._proposed(g.tree)
@@ -203,8 +143,6 @@ class ModelDrafter:
                     node = v
         seq = g.seq_of.get(node, 0) if g is not None else 0
         self.cache.commit(committed, seq, g.depth[node] if g is not None else 0)
-        if self.lookup is not None:
-            self.lookup.observe(verdict, committed)
 
     def finish_text(self) -> None:
         """Nothing to keep: the draft model drafts from the current text alone."""
@@ -215,8 +153,8 @@ class ModelDrafter:
         if confidence < self.min_prob:
             return []  # the draft is unsure here: stop this branch (decided before any draw)
         reach = g.reach.get(node, 1.0)
-        if self.sampling and self.judge is not None:
-            reach = self.judge(g.depth[node] + 1, confidence, reach)
+        if self.sampling and g.stop is not None:
+            reach = g.stop(g.depth[node] + 1, confidence, reach)
             if reach is None:
                 return []
         if exclude:
@@ -310,6 +248,7 @@ class _Growth:
     tree: DraftTree
     root_pos: int
     budget: int  # drafted nodes the proposal may keep
+    stop: "Stop | None" = None
     cum: list[float] = field(default_factory=lambda: [1.0])
     confidence: dict[int, float] = field(default_factory=dict)  # per expanded node: its q row's top probability
     reach: dict[int, float] = field(default_factory=dict)  # sampling with a judge: each node's predicted reach
@@ -385,3 +324,31 @@ def _top_k(values: np.ndarray, k: int) -> list[int]:
         return picks
     idx = np.argpartition(-values, k - 1)[:k]
     return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]
+
+
+class Staged:
+    """The `staged` method: a ModelDrafter drafting with a lookup index of its own, kept current here."""
+
+    def __init__(self, model: ModelDrafter, lookup: LookupDrafter):
+        self.model, self.lookup = model, lookup
+
+    def __getattr__(self, name: str):  # the draft's counters and cache, for stats and tests
+        return getattr(self.model, name)
+
+    @property
+    def last_choice(self) -> str:
+        return self.model.last_choice
+
+    def reset(self, tokens: list[int]) -> None:
+        self.model.reset(tokens)
+        self.lookup.reset(tokens)
+
+    def propose(self, max_depth: int) -> DraftTree:
+        return self.model.propose(max_depth)
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        self.model.observe(verdict, committed)
+        self.lookup.observe(verdict, committed)
+
+    def finish_text(self) -> None:
+        """Nothing to keep: the staged method drafts from the current text alone."""

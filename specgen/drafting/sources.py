@@ -24,7 +24,7 @@ LOOP_MIN_MATCH = 8
 # prompts, every position). Under a long match a split n-gram is where copies part (a template's
 # numbers, names): it was right 73%, 97%, 86% and 93% of the time after 10-14, 15-23, 24-39 and 40+
 # matched tokens, against 97-99.6% for the other classes. Each class is learned apart, so a text
-# whose copies part at the same places (q209's years) learns where.
+# whose copies part at the same places (a table's years) learns where.
 SINGLE, UNANIMOUS, MAJORITY, MINORITY = range(4)  # occurred once; all agree; more than half; half or less
 
 

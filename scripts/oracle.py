@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The ceiling of `auto`'s choice, in hindsight: per step the better of plain, lookup and the draft
+model, knowing how many drafted tokens each would have had accepted; and what auto reached.
+
+For each prompt (its first turn): plain decoding writes the greedy text; then, at every position of
+that text, how many tokens a lookup draft would have had accepted there (the longest path of the
+lookup trie auto builds, from this text alone, that the text follows) and how many a draft chain
+would (the draft's teacher-forced argmax, compared token by token: a chain's tokens are conditioned
+on the text as long as they are accepted). An oracle that knows these picks, each step, plain (1
+token for c(1)), lookup verifying exactly its accepted tokens (k + 1 for c(k + 1)) or a draft chain
+of exactly its accepted length (k + 1 for k draft decodes + c(k + 1)), minimising the text's
+modelled time (dynamic programming over positions) with the cost curves of the calibration cache.
+Optimistic on purpose: the draft is taken as always caught up, verification as free beyond the
+curve. Then plain and auto run the prompt back to back (interleaved) and their measured speeds are
+set beside the oracle's modelled ratios.
+
+    python scripts/oracle.py -c specgen/configs/bench-pair-a.yaml \\
+        --suite ../shared/bench/spec-bench/question.jsonl --split tune --per-group 1 -n 128 --out oracle.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specgen.app.config import build_config
+from specgen.app.prompts import Prompt
+from specgen.app.runner import Runner, encode_prompt
+from specgen.app.selfdraft import greedy_predictions
+from specgen.app.session import load_session
+from specgen.bench.suites import load_suite, select, split_half
+from specgen.core.engine import TokenEvent
+from specgen.core.stats import RunStats
+from specgen.core.verify import Verdict
+from specgen.drafting.lookup import LookupDrafter, continuation_tree
+
+MAX_CHAIN = 16  # auto's draft chains are at most this long (methods.py)
+
+
+@dataclass
+class PromptCeiling:
+    prompt_id: str
+    group: str
+    tokens: int
+    modelled_plain_s: float
+    oracle_s: float  # plain, lookup and draft
+    no_draft_s: float  # plain and lookup
+    draft_only_s: float  # plain and draft
+    oracle_steps: dict[str, int]
+    plain_tok_s: float  # measured
+    auto_tok_s: float
+    auto_steps: dict[str, int]
+    auto_identical: bool
+
+
+def accepted_runs(predicted: list[int], text: list[int]) -> list[int]:
+    """Per position i, how many of text[i:] a chain following `predicted` gets accepted."""
+    runs = [0] * (len(text) + 1)
+    for i in range(len(text) - 1, -1, -1):
+        runs[i] = runs[i + 1] + 1 if predicted[i] == text[i] else 0
+    return runs[:-1]
+
+
+def lookup_runs(prompt: list[int], text: list[int], depth: int = 64, matches: int = 4) -> list[int]:
+    """Per position, the longest path of auto's lookup trie (this text only) that the text follows."""
+    lookup, runs = LookupDrafter(), []
+    lookup.reset(list(prompt))
+    for i, token in enumerate(text):
+        found = lookup.continuations(lookup.matches(lookup.tokens, matches), depth)
+        tree, _, _ = continuation_tree(lookup.tokens[-1], found, depth)
+        kids, node, n = tree.children(), 0, 0
+        for want in text[i:]:
+            node = next((c for c in kids[node] if tree.tokens[c] == want), None)
+            if node is None:
+                break
+            n += 1
+        runs.append(n)
+        lookup.observe(Verdict([], [token]), [token])
+    return runs
+
+
+def best_time(n: int, c_target, c_draft_1: float, lookup: list[int] | None, draft: list[int] | None):
+    """Minimal modelled seconds to write n tokens and the steps of one best schedule, by kind."""
+    best = [0.0] * (n + 1)
+    choice: list[tuple[str, int]] = [("plain", 0)] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i], choice[i] = c_target(1) + best[i + 1], ("plain", 0)
+        for kind, runs, draft_s in (("lookup", lookup, 0.0), ("draft", draft, c_draft_1)):
+            if runs is None:
+                continue
+            top = min(runs[i], n - i - 1, MAX_CHAIN if kind == "draft" else 79)
+            for k in range(1, top + 1):
+                t = k * draft_s + c_target(k + 1) + best[i + k + 1]
+                if t < best[i]:
+                    best[i], choice[i] = t, (kind, k)
+    steps: dict[str, int] = {}
+    i = 0
+    while i < n:
+        kind, k = choice[i]
+        steps[kind] = steps.get(kind, 0) + 1
+        i += k + 1
+    return best[0], steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--config", type=Path, required=True, help="a bench preset (target and draft)")
+    parser.add_argument("--suite", required=True)
+    parser.add_argument("--split", default="tune", choices=("tune", "report", "all"))
+    parser.add_argument("--per-group", type=int, default=1)
+    parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, help="write the per-prompt results as JSON")
+    args = parser.parse_args()
+    cfg = build_config(args.config, {"max_tokens": args.max_tokens, "method": "auto", "store": False})
+    session = load_session(cfg, ["plain", "auto"], store_default=False)
+    plain, auto = Runner(dataclasses.replace(cfg, method="plain"), session), Runner(cfg, session)
+    _, prompts = load_suite(args.suite)
+    prompts = select(split_half(prompts, args.split), args.per_group)
+    c_draft = session.draft_costs
+    results = []
+    for bp in prompts:
+        prompt = Prompt(0, bp.turns[0])
+        session.forget_texts()
+        ids = encode_prompt(session.target, prompt, plain.chat, cfg.system)
+        t0 = time.perf_counter()
+        plain_stats, auto_stats = RunStats(), RunStats()
+        text = [e.token for e in plain.stream(prompt, plain_stats) if isinstance(e, TokenEvent)]
+        session.forget_texts()
+        auto_text = [e.token for e in auto.stream(prompt, auto_stats) if isinstance(e, TokenEvent)]
+        n = len(text)
+        context = len(ids)
+        c_target = session.costs.given(context + n // 2)
+        drafted = accepted_runs(greedy_predictions(session.draft_ctx, [(ids + text, len(ids))]), text) \
+            if session.draft_ctx is not None else None
+        if session.draft_ctx is not None:
+            session.draft_ctx.clear()
+        looked = lookup_runs(ids, text)
+        d1 = c_draft(1, context + n // 2) if c_draft is not None else 0.0
+        oracle_s, steps = best_time(n, c_target, d1, looked, drafted)
+        no_draft_s, _ = best_time(n, c_target, d1, looked, None)
+        draft_only_s, _ = best_time(n, c_target, d1, None, drafted)
+        r = PromptCeiling(bp.prompt_id, bp.group, n, n * c_target(1), oracle_s, no_draft_s, draft_only_s, steps,
+                          plain_stats.n_tokens / plain_stats.decode_s, auto_stats.n_tokens / auto_stats.decode_s,
+                          dict(auto_stats.choices), auto_text == text)
+        results.append(r)
+        print(f"{bp.prompt_id:>6} {bp.group:<12} n={n:3d}  oracle {r.modelled_plain_s / oracle_s:4.2f}x "
+              f"(no draft {r.modelled_plain_s / no_draft_s:4.2f}x, draft only {r.modelled_plain_s / draft_only_s:4.2f}x) "
+              f"steps {steps}  auto measured {r.auto_tok_s / r.plain_tok_s:4.2f}x  {time.perf_counter() - t0:.0f} s",
+              flush=True)
+    total = lambda f: sum(f(r) for r in results)  # noqa: E731
+    plain_total = total(lambda r: r.modelled_plain_s)
+    auto_ratio = total(lambda r: r.tokens / r.auto_tok_s)
+    plain_measured = total(lambda r: r.tokens / r.plain_tok_s)
+    summary = {"oracle": plain_total / total(lambda r: r.oracle_s),
+               "oracle_no_draft": plain_total / total(lambda r: r.no_draft_s),
+               "oracle_draft_only": plain_total / total(lambda r: r.draft_only_s),
+               "auto_measured": plain_measured / auto_ratio}
+    print("all prompts, time-weighted: " + ", ".join(f"{k} {v:.2f}x" for k, v in summary.items()))
+    if args.out:
+        args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or
+                                        platform.machine(), "config": str(args.config), "split": args.split,
+                                        "max_tokens": args.max_tokens, "target": cfg.target, "draft": cfg.draft,
+                                        "summary": summary, "prompts": [asdict(r) for r in results]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Every tuned constant of `auto`, in one place. Where each value comes from (which measurement, on
+which machine and models, which half of Spec-Bench) is in docs/auto.md, "Tuned constants": a value
+here changes only with a measurement recorded there.
+
+Acceptance estimates are Beta posteriors over bins; the priors below are where a fresh planner
+starts, a little below what was measured, and the text at hand overrules them within a few steps.
+"""
+
+from __future__ import annotations
+
+from specgen.drafting.sources import MAJORITY, MINORITY, UNANIMOUS
+
+# --- the step ----------------------------------------------------------------------------------
+LONG_PROMPT = 512  # tokens: from here a prompt's context term of the cost curve is worth timing
+MAX_ACCEPT, MAX_ACCEPT_LOOP = 0.99, 0.998  # no node is certain: caps on one node's (or siblings') estimate
+USEFUL_DEPTH_EVERY = 16  # steps between recomputing how deep lookup chains can pay
+HISTORY_BELOW = 10  # other texts are searched when this text's best match is shorter than this
+# A draft catch-up (reading committed text the draft has not seen) is charged to the tokens it
+# should serve, at most this many: a text may end sooner, and a draft slower to repay gains little.
+CATCH_UP_HORIZON = 32
+
+# --- lookup acceptance (AcceptanceModel) -------------------------------------------------------
+# Lower edges of the effective-match-length bins (the match plus the drafted tokens above a node).
+MATCH_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 24, 40)
+LOOKUP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.98, 0.99)
+# Per support class of the matched n-gram (sources.py); where a class's tuple ends, LOOKUP_PRIOR goes on.
+SUPPORT_PRIOR = {UNANIMOUS: (0.6, 0.8, 0.88, 0.88, 0.92, 0.94),
+                 MAJORITY: (0.5, 0.5, 0.5, 0.55, 0.6, 0.75, 0.87, 0.92, 0.95, 0.97),
+                 MINORITY: (0.15, 0.25, 0.15, 0.3, 0.3, 0.5, 0.7, 0.8, 0.85, 0.9)}
+LOOP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.99, 0.99, 0.99, 0.995, 0.995)  # below 7 tokens: never a loop
+Q_BINS = 10  # draft-model nodes (greedy): bins of the draft's q, prior = q
+BIN_WEIGHT, BIN_DECAY = 3.0, 0.97  # a prior's weight in observations; fading of old evidence per update
+NEW_TEXT_FADE = 0.5  # what a new text keeps of the old evidence
+
+# --- the draft model (DraftEstimate) -----------------------------------------------------------
+ALPHA_PRIOR = 0.7  # first-token acceptance of a greedy chain; optimistic: an untried option is never learned
+ALPHA_EMA = 0.1  # weight of one step's outcome in alpha
+STEP_COST_EMA = 0.2  # weight of one proposal's measured cost per drafted token
+RELAX = 0.02  # per step without the draft, its estimates drift back this far towards their priors
+
+# --- sampled drafts (SampledAcceptance) --------------------------------------------------------
+SAMPLED_DEPTHS = (1, 2, 3, 4, 6, 9)  # depth bins (lower edges)
+CONF_BINS = 5  # bins of the draft's confidence (its q row's top probability) at the parent
+OVERLAP_DECAY = 0.98  # per update of a bin
+OVERLAP_WEIGHT = 4.0  # the prior's weight, in observations
+OVERLAP_PRIOR = 0.85  # optimistic on purpose, as ALPHA_PRIOR
+
+# --- realised against planned (KindRecord) -----------------------------------------------------
+EFFICIENCY_EMA = 0.1  # weight of one step's realised/planned rate
+EFFICIENCY_CREDIT = 1.5  # how far above its plan a kind's record may climb
+EFFICIENCY_RELAX = RELAX / 10  # per step without the kind, its record fades back towards 1
+OVERHEAD_EMA = 0.2  # weight of one step in a kind's measured overhead (time beyond its decodes)
+
+# --- guards (PlainSpeed, Guard) ----------------------------------------------------------------
+PROBE_EVERY, MAX_PROBE_EVERY = 16, 256  # speculative steps between plain probes
+PROBE_CLEAR_WIN = 1.3  # speculation this much faster than plain: probe half as often
+PLAIN_EMA = 0.3  # weight of one plain step in plain decoding's measured time
+GUARD_WINDOW, GUARD_MARGIN = 32, 0.95  # steps judged together; slower than this share of plain loses
+GUARD_BACKOFF, GUARD_MAX_BACKOFF = 16, 256  # steps a losing kind sits out (doubling per loss)
+GUARD_MIN_STEPS, GUARD_WINDOW_TOKENS = 4, 128  # long steps are judged after fewer of them
