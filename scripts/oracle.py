@@ -56,6 +56,7 @@ class PromptCeiling:
     auto_tok_s: float
     auto_steps: dict[str, int]
     auto_identical: bool
+    auto_modelled_s: float  # auto's steps priced by the same curves (each tree's decode + its draft decodes)
 
 
 def accepted_runs(predicted: list[int], text: list[int]) -> list[int]:
@@ -115,13 +116,21 @@ def main() -> None:
     parser.add_argument("--per-group", type=int, default=1)
     parser.add_argument("-n", "--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, help="write the per-prompt results as JSON")
+    parser.add_argument("--seed", type=int, help="plan auto from the cached curves alone, no clocks (a busy machine)")
     args = parser.parse_args()
-    cfg = build_config(args.config, {"max_tokens": args.max_tokens, "method": "auto", "store": False})
+    settings = {"max_tokens": args.max_tokens, "method": "auto", "store": False}
+    if args.seed is not None:
+        settings["seed"] = args.seed
+    cfg = build_config(args.config, settings)
     session = load_session(cfg, ["plain", "auto"], store_default=False)
     plain, auto = Runner(dataclasses.replace(cfg, method="plain"), session), Runner(cfg, session)
     _, prompts = load_suite(args.suite)
     prompts = select(split_half(prompts, args.split), args.per_group)
     c_draft = session.draft_costs
+    steps_run: list = []
+    drafter = auto._drafter()  # auto's own, kept across prompts: log each step it runs
+    record = drafter._record
+    drafter._record = lambda step: (steps_run.append(step), record(step))[1]
     results = []
     for bp in prompts:
         prompt = Prompt(0, bp.turns[0])
@@ -131,6 +140,7 @@ def main() -> None:
         plain_stats, auto_stats = RunStats(), RunStats()
         text = [e.token for e in plain.stream(prompt, plain_stats) if isinstance(e, TokenEvent)]
         session.forget_texts()
+        steps_run.clear()
         auto_text = [e.token for e in auto.stream(prompt, auto_stats) if isinstance(e, TokenEvent)]
         n = len(text)
         context = len(ids)
@@ -144,13 +154,15 @@ def main() -> None:
         oracle_s, steps = best_time(n, c_target, d1, looked, drafted)
         no_draft_s, _ = best_time(n, c_target, d1, looked, None)
         draft_only_s, _ = best_time(n, c_target, d1, None, drafted)
+        auto_s = sum(c_target(len(step.tree)) + step.draft_calls * d1 for step in steps_run)
         r = PromptCeiling(bp.prompt_id, bp.group, n, n * c_target(1), oracle_s, no_draft_s, draft_only_s, steps,
                           plain_stats.n_tokens / plain_stats.decode_s, auto_stats.n_tokens / auto_stats.decode_s,
-                          dict(auto_stats.choices), auto_text == text)
+                          dict(auto_stats.choices), auto_text == text, auto_s)
         results.append(r)
         print(f"{bp.prompt_id:>6} {bp.group:<12} n={n:3d}  oracle {r.modelled_plain_s / oracle_s:4.2f}x "
               f"(no draft {r.modelled_plain_s / no_draft_s:4.2f}x, draft only {r.modelled_plain_s / draft_only_s:4.2f}x) "
-              f"steps {steps}  auto measured {r.auto_tok_s / r.plain_tok_s:4.2f}x  {time.perf_counter() - t0:.0f} s",
+              f"steps {steps}  auto modelled {r.modelled_plain_s / auto_s:4.2f}x, measured {r.auto_tok_s / r.plain_tok_s:4.2f}x "
+              f"steps {dict(auto_stats.choices)}  {time.perf_counter() - t0:.0f} s",
               flush=True)
     total = lambda f: sum(f(r) for r in results)  # noqa: E731
     plain_total = total(lambda r: r.modelled_plain_s)
@@ -159,6 +171,7 @@ def main() -> None:
     summary = {"oracle": plain_total / total(lambda r: r.oracle_s),
                "oracle_no_draft": plain_total / total(lambda r: r.no_draft_s),
                "oracle_draft_only": plain_total / total(lambda r: r.draft_only_s),
+               "auto_modelled": plain_total / total(lambda r: r.auto_modelled_s),
                "auto_measured": plain_measured / auto_ratio}
     print("all prompts, time-weighted: " + ", ".join(f"{k} {v:.2f}x" for k, v in summary.items()))
     if args.out:

@@ -287,15 +287,15 @@ class AutoDrafter:
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
         step, self._step = self._step, None
-        if step is not None:
-            self._learn(step, verdict, committed)
         if self.model is not None:
-            self.model.observe(verdict, committed)
+            self.model.observe(verdict, committed)  # the draft's KV edits: part of the step's time
         self.lookup.observe(verdict, committed)
+        if step is not None:
+            self._learn(step, verdict, committed, time.perf_counter())
 
-    def _learn(self, step: StepRecord, verdict: Verdict, committed: list[int]) -> None:
+    def _learn(self, step: StepRecord, verdict: Verdict, committed: list[int], now: float) -> None:
+        """What the step shows: acceptance, the draft's record, the overhead, plain's speed, the guards."""
         tree, plan = step.tree, step.plan
-        now = time.perf_counter()
         if not self.reproducible:
             decode_s = self.c_target(len(tree), step.context)
             self.overhead.observe(tree.n_drafted, now - step.chosen - decode_s, decode_s)
