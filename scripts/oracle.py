@@ -15,7 +15,11 @@ curve. Then plain and auto run the prompt back to back (interleaved) and their m
 set beside the oracle's modelled ratios.
 
     python scripts/oracle.py -c specgen/configs/bench-pair-a.yaml \\
-        --suite ../shared/bench/spec-bench/question.jsonl --split tune --per-group 1 -n 128 --out oracle.json
+        --suite ../shared/bench/spec-bench/question.jsonl --split tune --per-group 1 -n 128 --seed 1 --out oracle.json
+    python scripts/oracle.py --table oracle.json      # the table docs/auto.md shows
+
+With --seed, auto plans from the cached curves alone (no clocks), so its choices, and the modelled
+ratios, do not depend on how busy the machine is; measured speeds still do.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,7 +113,27 @@ def best_time(n: int, c_target, c_draft_1: float, lookup: list[int] | None, draf
     return best[0], steps
 
 
+def table(path: Path) -> str:
+    """A results file as docs/auto.md shows it (modelled ratios against plain, by prompt)."""
+    data = json.loads(path.read_text())
+    rows = ["| prompt | group | oracle | no draft | draft only | auto (modelled) | oracle's steps | auto's steps |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in data["prompts"]:
+        plain = r["modelled_plain_s"]
+        steps = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+        rows.append(f"| {r['prompt_id']} | {r['group']} | {plain / r['oracle_s']:.2f}x | {plain / r['no_draft_s']:.2f}x | "
+                    f"{plain / r['draft_only_s']:.2f}x | {plain / r['auto_modelled_s']:.2f}x | {steps(r['oracle_steps'])} | "
+                    f"{steps(r['auto_steps'])} |")
+    s = data["summary"]
+    rows.append(f"| all | time-weighted | {s['oracle']:.2f}x | {s['oracle_no_draft']:.2f}x | {s['oracle_draft_only']:.2f}x | "
+                f"{s['auto_modelled']:.2f}x | | |")
+    return "\n".join(rows)
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(table(Path(sys.argv[2])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--config", type=Path, required=True, help="a bench preset (target and draft)")
     parser.add_argument("--suite", required=True)

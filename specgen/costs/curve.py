@@ -84,6 +84,7 @@ class CostCurve:
     threads: int = 0  # the thread count the shape is for (0: unknown; see for_threads)
     untimed_threads: bool = False  # the shape was carried over from another thread count
     _shapes: dict[int, tuple] = field(default_factory=dict, repr=False)  # other thread counts' shapes
+    observed_s: float = field(default=0.0, repr=False)  # seconds of every live decode observed so far
 
     TABLE = 129  # the planner asks for c(b) many times a step: interpolate once
 
@@ -170,6 +171,7 @@ class CostCurve:
         """Fold a real decode into its level (machines get busy), and into the size's drift from
         the others: decodes with logits on every row, as the shape was timed. Decodes with fewer
         output rows (a draft catching up, a prompt) move neither."""
+        self.observed_s += seconds
         if outputs is not None and outputs < b:
             return
         level = self.level(b)

@@ -83,6 +83,7 @@ class StepRecord:
     context: int
     started: float  # perf_counter at propose()
     chosen: float  # and when the tree was ready: a step's own time (verification and after) starts here
+    decode_mark: float  # the target curve's observed decode seconds then (the step's decode is what follows)
     draft_calls: int = 0
     confidence: dict[int, float] | None = field(default=None, compare=False)  # sampled draft steps
     read_backlog: bool = False  # the draft's first decode read committed text it had missed
@@ -243,9 +244,9 @@ class AutoDrafter:
                 evidence[new] = offer.evidence[old]
             # Named by the source of the first drafted node: "lookup", "loop", "history", "store", "corpus".
             return self._record(StepRecord(evidence[1].source, plan, tree, evidence, s.context, s.started,
-                                           time.perf_counter()))
+                                           *self._ready()))
         return self._record(StepRecord(name or "plain", plan, DraftTree.root_only(s.root), [None], s.context,
-                                       s.started, time.perf_counter()))
+                                       s.started, *self._ready()))
 
     def _run_draft(self, s: Situation, plan: StepPlan, offer: LookupOffer | None) -> DraftTree:
         assert self.model is not None and self.c_draft is not None
@@ -268,14 +269,18 @@ class AutoDrafter:
             if graft:
                 tree, evidence = grafted(tree, offer.tree, plan.lookup_nodes, offer.evidence)
                 choice += "+lookup"
-            return self._record(StepRecord(choice, plan, tree, evidence, s.context, s.started, time.perf_counter(),
+            return self._record(StepRecord(choice, plan, tree, evidence, s.context, s.started, *self._ready(),
                                            calls, confidence, read_backlog=self.model.last_catch_up_s > 2 * c_draft_1))
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         kept = best_subtree(tree.parents, cap_siblings(tree, accept), s.cost, 0.0, self.max_nodes)  # draft time is spent
         if len(kept.nodes) < tree.n_drafted:
             tree = self.model.restrict(kept.nodes)
         evidence = [None] + [self.acceptance.draft_evidence(q) for q in tree.q[1:]]
-        return self._record(StepRecord(choice, plan, tree, evidence, s.context, s.started, time.perf_counter(), calls))
+        return self._record(StepRecord(choice, plan, tree, evidence, s.context, s.started, *self._ready(), calls))
+
+    def _ready(self) -> tuple[float, float]:
+        """When the tree is ready: the clock, and the target's decode seconds observed so far."""
+        return time.perf_counter(), self.c_target.observed_s
 
     def _record(self, step: StepRecord) -> DraftTree:
         self.last_choice = step.choice
@@ -296,9 +301,10 @@ class AutoDrafter:
     def _learn(self, step: StepRecord, verdict: Verdict, committed: list[int], now: float) -> None:
         """What the step shows: acceptance, the draft's record, the overhead, plain's speed, the guards."""
         tree, plan = step.tree, step.plan
-        if not self.reproducible:
-            decode_s = self.c_target(len(tree), step.context)
-            self.overhead.observe(tree.n_drafted, now - step.chosen - decode_s, decode_s)
+        if not self.reproducible:  # beyond the decode as timed (a timed context), else as modelled
+            modelled = self.c_target(len(tree), step.context)
+            decode_s = (self.c_target.observed_s - step.decode_mark) or modelled
+            self.overhead.observe(tree.n_drafted, now - step.chosen - decode_s, modelled)
         if not tree.n_drafted and not plan.uses_draft:
             # A step that drafted nothing is a plain step (timed from when planning ended). More than
             # one token committed: a grammar's forced tokens rode along (forced.py), not plain.

@@ -49,7 +49,7 @@ OVERLAP_PRIOR = 0.85  # optimistic on purpose, as ALPHA_PRIOR
 EFFICIENCY_EMA = 0.1  # weight of one step's realised/planned rate
 EFFICIENCY_CREDIT = 1.5  # how far above its plan a kind's record may climb
 EFFICIENCY_RELAX = RELAX / 10  # per step without the kind, its record fades back towards 1
-OVERHEAD_EMA = 0.2  # weight of one step in a kind's measured overhead (time beyond its decodes)
+OVERHEAD_EMA = 0.05  # weight of one step in the measured overhead of a step (time beyond its decode)
 
 # --- guards (PlainSpeed, Guard) ----------------------------------------------------------------
 PROBE_EVERY, MAX_PROBE_EVERY = 16, 256  # speculative steps between plain probes
