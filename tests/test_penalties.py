@@ -150,3 +150,31 @@ def test_token_logprob_skips_banned_tokens_in_the_top_list():
     lp = token_logprob(row, 2, 5)
     assert [a.token for a in lp.top] == [2, 0]
     assert lp.logprob == pytest.approx(1.0 - math.log(1 + math.e))
+
+
+@pytest.mark.parametrize("command, args, message", [
+    ("generate", ["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 10] (1 = off), found 0.0"),
+    ("bench", ["--presence-penalty", "2.5"], "--presence-penalty must be in [-2, 2], found 2.5"),
+    ("serve", ["--frequency-penalty", "-3"], "--frequency-penalty must be in [-2, 2], found -3.0"),
+    ("generate", ["--min-p", "1.5"], "--min-p must be in [0, 1], found 1.5"),
+    ("bench", ["--repeat-last-n", "-2"], "--repeat-last-n must be -1 (the whole context), 0 (off) or more, found -2"),
+    ("serve", ["--logit-bias", "15043*2"], "--logit-bias expects TOKEN_ID+BIAS or TOKEN_ID-BIAS"),
+    ("generate", ["--logit-bias", "15043+1", "--logit-bias", "7+101"],
+     "--logit-bias expects a bias in [-100, 100] or -inf, found '7+101'"),
+])
+def test_out_of_range_options_are_one_line_errors(command, args, message):
+    """Each command takes the options (tests/test_cli_options.py checks they mean the same in each)."""
+    from clihelp import assert_one_line_error, specgen
+
+    proc = specgen(command, *args, *(["hi"] if command == "generate" else []))
+    assert_one_line_error(proc, message)
+    assert proc.returncode == 2
+
+
+def test_options_reach_the_sampling_settings():
+    from specgen.app.config import build_config
+    from specgen.cli.options import sampling_options
+
+    cfg = build_config(None, sampling_options(0.05, 1.1, 32, 0.5, -0.5, ["15043+1.5", "2-inf"]))
+    assert cfg.sampling.min_p == 0.05 and cfg.sampling.penalties == Penalties(
+        repeat=1.1, last_n=32, frequency=-0.5, presence=0.5, bias=((15043, 1.5), (2, -math.inf)))
