@@ -178,3 +178,22 @@ def test_options_reach_the_sampling_settings():
     cfg = build_config(None, sampling_options(0.05, 1.1, 32, 0.5, -0.5, ["15043+1.5", "2-inf"]))
     assert cfg.sampling.min_p == 0.05 and cfg.sampling.penalties == Penalties(
         repeat=1.1, last_n=32, frequency=-0.5, presence=0.5, bias=((15043, 1.5), (2, -math.inf)))
+
+
+def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
+    """A screened copy's rows are exact at their argmax only; a penalty or bias can move the argmax."""
+    from specgen.app.config import RunConfig
+    from specgen.app.runner import check_bias
+    from specgen.app.session import screenable
+    from specgen.errors import ConfigError
+
+    monkeypatch.setenv("SPECGEN_SCREEN", "1")
+    assert screenable(RunConfig(), "cpu") and not screenable(RunConfig(repeat_penalty=1.1), "cpu")
+    assert not screenable(RunConfig(logit_bias="3+1"), "cpu") and screenable(RunConfig(logit_bias="3+0"), "cpu")
+    model = FakeModel(n_vocab=12)
+    with pytest.raises(ConfigError, match=r"logit bias expects token ids in \[0, 12\) for fake, found 12"):
+        check_bias(SamplingParams(penalties=Penalties(bias=((12, 1.0),))), model)
+    model.screen = object()
+    with pytest.raises(ConfigError, match="penalties and logit bias need the target loaded without screening"):
+        check_bias(SamplingParams(penalties=Penalties(repeat=1.2)), model)
+    check_bias(SamplingParams(), model)

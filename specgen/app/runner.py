@@ -187,6 +187,8 @@ class Runner:
         target = self.session.target
         sampling = self.cfg.sampling
         check_bias(sampling, target)
+        if logprobs is not None and target.screen is not None:
+            raise ConfigError("logprobs need the target loaded without screening (load_session(..., screen=False))")
         tokens = encode_prompt(target, prompt, self.chat, self.cfg.system)
         spec = constraint_spec(target, prompt, self.chat, self.cfg.json_layout)
         constraint = None

@@ -15,18 +15,16 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Union
 
-import numpy as np
-
 from specgen.errors import PromptError
 from specgen.core.constraint import Constraint
 from specgen.core.kv import COMMITTED_SEQ, keep_branch, prefill
 from specgen.core.logprobs import TokenLogprob, token_logprob
-from specgen.core.penalties import PathRows, Scoring
+from specgen.core.penalties import Scoring
 from specgen.core.protocol import Batch, Context, Drafter, Model
 from specgen.core.sampling import Sampler, SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
-from specgen.core.verify import Verdict, choose, verify
+from specgen.core.verify import TargetRows, Verdict, choose, verify
 
 
 @dataclass(frozen=True)
@@ -185,7 +183,7 @@ def token_source(tree: DraftTree | None, verdict: Verdict, i: int, drafter: Draf
 
 
 def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, constraint: Constraint | None,
-                scoring: Scoring) -> tuple[Verdict, np.ndarray | PathRows]:
+                scoring: Scoring) -> tuple[Verdict, TargetRows]:
     """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
     sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path.
     Returns the verdict and the rows the walk read (each node's, adjusted along its own path)."""

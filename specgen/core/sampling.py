@@ -54,7 +54,8 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
     return keep, z
 
 
-def _min_p(row: np.ndarray, keep: np.ndarray | None, z: np.ndarray, min_p: float) -> tuple[np.ndarray | None, np.ndarray]:
+def _min_p(row: np.ndarray, keep: np.ndarray | None, z: np.ndarray,
+           min_p: float) -> tuple[np.ndarray | None, np.ndarray]:
     """(keep, z) restricted to the tokens with logit >= max logit + ln(min_p), i.e. untempered
     probability >= min_p * the largest (llama.cpp's test); the most likely token always stays."""
     floor = np.float64(row.max()) + np.log(min_p)

@@ -93,8 +93,8 @@ def _number(body: dict, name: str, low: float, high: float, whole: bool = False,
 
 def _sampling(body: dict) -> Sampling:
     seed = None if body.get("seed") == -1 else _number(body, "seed", 0, SEED_MAX, whole=True)  # -1: llama's "random"
-    last_n = [v for v in (_number(body, name, -1, MAX_TOKENS, whole=True) for name in ("repeat_last_n", "penalty_last_n"))
-              if v is not None]
+    last_n = [v for v in (_number(body, name, -1, MAX_TOKENS, whole=True)
+                          for name in ("repeat_last_n", "penalty_last_n")) if v is not None]
     return Sampling(_number(body, "temperature", 0, 2), _number(body, "top_p", 0, 1, low_open=True),
                     _number(body, "top_k", 0, 1 << 20, whole=True), seed, _number(body, "min_p", 0, 1),
                     _number(body, "repeat_penalty", 0, 10, low_open=True), last_n[0] if last_n else None,
@@ -245,7 +245,8 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
     if not isinstance(prompt, str) or not prompt:
         raise RequestError(400, f"prompt expects a non-empty string (token ids and several prompts are not "
                                 f"supported), found {json.dumps(prompt)[:60]}", "prompt")
-    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)), **_common(body, chat_template, chat=False))
+    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)),
+                   **_common(body, chat_template, chat=False))
 
 
 def check_vocabulary(request: Request, n_vocab: int) -> None:
