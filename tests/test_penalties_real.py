@@ -29,14 +29,14 @@ PENALTIES = [dict(repeat_penalty=1.3), dict(frequency_penalty=0.8, presence_pena
 
 
 @functools.lru_cache(maxsize=None)
-def session():
+def session(target=TARGET, draft=DRAFT):
     # Not screened: a screened copy's rows are exact at their argmax only, and penalties move it.
-    return load_session(RunConfig(target=TARGET, draft=DRAFT), NAMES, screen=False)
+    return load_session(RunConfig(target=target, draft=draft), NAMES, screen=False)
 
 
-def generate(method, settings, prompt=REPETITIVE, n=32, logprobs=None):
-    cfg = RunConfig(target=TARGET, draft=DRAFT, method=method, max_tokens=n, chat=False, store=False, **settings)
-    events = Runner(cfg, session()).stream(Prompt(0, prompt), RunStats(), logprobs=logprobs)
+def generate(method, settings, prompt=REPETITIVE, n=32, logprobs=None, target=TARGET, draft=DRAFT):
+    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False, store=False, **settings)
+    events = Runner(cfg, session(target, draft)).stream(Prompt(0, prompt), RunStats(), logprobs=logprobs)
     return [e for e in events if isinstance(e, TokenEvent)]
 
 
@@ -52,6 +52,15 @@ def test_every_method_equals_plain_with_penalties(settings, methods):
     assert plain != [e.token for e in generate("plain", {})]  # the settings act here
     for method in methods:
         assert [e.token for e in generate(method, settings)] == plain, method
+
+
+def test_auto_equals_plain_with_penalties_on_gemma():
+    """A 262k vocabulary, a base model, its own draft."""
+    pair = dict(target="gemma-3-270m-f32", draft="gemma-3-270m-q2_k")
+    settings = dict(repeat_penalty=1.3, frequency_penalty=0.3, logit_bias="236764+1.5")
+    plain = [e.token for e in generate("plain", settings, **pair)]
+    assert plain != [e.token for e in generate("plain", {}, **pair)]
+    assert [e.token for e in generate("auto", settings, **pair)] == plain
 
 
 def test_a_penalty_visibly_changes_a_repetitive_output():
