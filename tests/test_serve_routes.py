@@ -295,10 +295,8 @@ LLAMA_SERVER_FIELDS = (
 
 # Refused: (a value that asks for something, the neutral value accepted silently).
 REFUSED = {
-    "presence_penalty": (2, 0), "frequency_penalty": (1.5, 0.0), "repeat_penalty": (1.3, 1), "min_p": (0.1, 0),
     "typical_p": (0.5, 1), "top_n_sigma": (1.0, -1), "dynatemp_range": (0.5, 0), "mirostat": (2, 0),
-    "dry_multiplier": (0.8, 0), "xtc_probability": (0.5, 0), "logit_bias": ({"42": -100}, {}),
-    "logprobs": (True, False), "top_logprobs": (3, 0), "n_probs": (3, 0), "post_sampling_probs": (True, False),
+    "dry_multiplier": (0.8, 0), "xtc_probability": (0.5, 0), "post_sampling_probs": (True, False),
     "min_keep": (5, 0), "ignore_eos": (True, False), "n": (2, 1), "n_cmpl": (2, 1), "n_indent": (4, 0),
     "t_max_predict_ms": (100, 0), "functions": ([WEATHER["function"]], []), "function_call": ("auto", "none"),
     "parallel_tool_calls": (False, True), "parse_tool_calls": (False, True),
@@ -312,7 +310,7 @@ REFUSED = {
 }
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 1}  # what makes `samplers` matter
 # Tune a refused setting: no effect while it is neutral; with it on, the 400 names it.
-DEPENDENT = {"repeat_last_n": (128, "repeat_penalty"), "dynatemp_exponent": (2.0, "dynatemp_range"),
+DEPENDENT = {"dynatemp_exponent": (2.0, "dynatemp_range"),
              "mirostat_tau": (3.0, "mirostat"), "mirostat_eta": (0.2, "mirostat"), "dry_base": (2.0, "dry_multiplier"),
              "dry_allowed_length": (4, "dry_multiplier"), "dry_penalty_last_n": (32, "dry_multiplier"),
              "dry_sequence_breakers": (["\n"], "dry_multiplier"), "xtc_threshold": (0.2, "xtc_probability")}
@@ -381,6 +379,72 @@ def acts_stream_options(server, baseline):
         KEY)
     last = json.loads(events(raw)[-2])
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 8
+
+
+REPEAT = [{"role": "user", "content": "Write the word cat twenty times, separated by commas."}]
+
+
+def _repeated(server, **fields):
+    """The answer to a prompt that invites repetition, 24 tokens, greedy."""
+    status, r = post(server, "/v1/chat/completions", {"messages": REPEAT, "max_tokens": 24, "temperature": 0,
+                                                      **fields})
+    assert status == 200, r
+    return _content(r)
+
+
+def acts_repeat_penalty(server, baseline):
+    assert _repeated(server, repeat_penalty=1.8) != _repeated(server)
+
+
+def acts_repeat_last_n(server, baseline):
+    assert _repeated(server, repeat_penalty=1.8, repeat_last_n=0) == _repeated(server)  # 0: no window, no penalty
+    assert _repeated(server, repeat_penalty=1.8, repeat_last_n=2) != _repeated(server, repeat_penalty=1.8)
+
+
+def acts_presence_penalty(server, baseline):
+    assert _repeated(server, presence_penalty=2) != _repeated(server)
+
+
+def acts_frequency_penalty(server, baseline):
+    assert _repeated(server, frequency_penalty=2) != _repeated(server)
+
+
+def acts_min_p(server, baseline):
+    assert all(text.startswith(baseline) for text in _sampled(server, min_p=0.99))
+
+
+def acts_logit_bias(server, baseline):
+    first = post(server, "/tokenize", {"content": baseline})[1]["tokens"][0]
+    piece = post(server, "/detokenize", {"tokens": [first]})[1]["content"]
+    for bias in ({str(first): -100}, [[first, False]]):  # OpenAI's object, llama-server's pairs
+        status, r = chat(server, logit_bias=bias)
+        assert status == 200 and not _content(r).startswith(piece), r
+
+
+def _logprobs(r):
+    return r["choices"][0]["logprobs"]["content"]
+
+
+def acts_logprobs(server, baseline):
+    status, r = chat(server, logprobs=True)
+    entries = _logprobs(r)
+    assert "".join(e["token"] for e in entries) == baseline == _content(r)
+    assert all(e["logprob"] <= 0 and e["top_logprobs"] == [] and bytes(e["bytes"]).decode() == e["token"]
+               for e in entries)
+
+
+def acts_top_logprobs(server, baseline):
+    entries = _logprobs(chat(server, logprobs=True, top_logprobs=3)[1])
+    for e in entries:  # greedy: the chosen token is the likeliest
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and e["top_logprobs"][0]["token"] == e["token"]
+    status, r = chat(server, logprobs=True, top_logprobs=21)
+    assert status == 400 and r["error"]["param"] == "top_logprobs" and "[0, 20]" in r["error"]["message"], r
+
+
+def acts_n_probs(server, baseline):
+    entries = _logprobs(chat(server, n_probs=2)[1])  # llama-server's name: the same numbers
+    assert "".join(e["token"] for e in entries) == baseline and all(len(e["top_logprobs"]) == 2 for e in entries)
 
 
 def _color(r):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any, Mapping
 import yaml
 
 from specgen.core.constraint import LAYOUTS
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
 from specgen.errors import ConfigError
@@ -28,6 +31,13 @@ class RunConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
+    # llama.cpp's penalties over the last repeat_last_n tokens (-1: the whole context, 0: off).
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: str | None = None  # llama.cpp's syntax, comma-separated: "15043+1.5,50256-inf"
     chat: bool | None = None  # None: on when the target has a chat template (instruct models)
     system: str | None = None  # system message for chat prompts
     threads: int | None = None  # None: all cores this process may use
@@ -49,7 +59,38 @@ class RunConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+        pen = Penalties(self.repeat_penalty, self.repeat_last_n, self.frequency_penalty, self.presence_penalty,
+                        parse_logit_bias(self.logit_bias))
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p, pen)
+
+
+PENALTY_MAX = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
+BIAS_MAX = 100.0  # and for a logit bias: [-100, 100] (or -inf: never this token)
+_BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*")
+
+
+def parse_logit_bias(text: str | None) -> tuple[tuple[int, float], ...]:
+    """--logit-bias as llama.cpp writes it: TOKEN_ID+BIAS or TOKEN_ID-BIAS, comma-separated or
+    repeated; -inf bans the token. A later entry for the same token replaces an earlier one."""
+    if not text:
+        return ()
+    out: dict[int, float] = {}
+    for item in text.split(","):
+        m = _BIAS.fullmatch(item)
+        if m is None:
+            raise ConfigError(f"--logit-bias expects TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1.5, 50256-inf), "
+                              f"found {item.strip()!r}")
+        bias = float(m.group(3)) * (-1 if m.group(2) == "-" else 1)
+        if bias == math.inf or (math.isfinite(bias) and abs(bias) > BIAS_MAX):
+            raise ConfigError(f"--logit-bias expects a bias in [-{BIAS_MAX:g}, {BIAS_MAX:g}] or -inf, found "
+                              f"{item.strip()!r}")
+        out[int(m.group(1))] = bias
+    return tuple(out.items())
+
+
+def format_logit_bias(pairs: tuple[tuple[int, float], ...]) -> str | None:
+    """The inverse of parse_logit_bias (repr keeps every float exactly)."""
+    return ",".join(f"{t}{'-' if b < 0 else '+'}{repr(abs(b))}" for t, b in pairs) or None
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -113,6 +154,19 @@ def check_threads(threads: int | None) -> None:
                         f"for each other at every step, so this is slower than --threads {cores}")
 
 
+def check_penalties(cfg: RunConfig) -> None:
+    if not 0 <= cfg.min_p <= 1:
+        raise ConfigError(f"--min-p must be in [0, 1], found {cfg.min_p}")
+    if not 0 < cfg.repeat_penalty <= 10 or not math.isfinite(cfg.repeat_penalty):
+        raise ConfigError(f"--repeat-penalty must be in (0, 10] (1 = off), found {cfg.repeat_penalty}")
+    if cfg.repeat_last_n < -1:
+        raise ConfigError(f"--repeat-last-n must be -1 (the whole context), 0 (off) or more, found {cfg.repeat_last_n}")
+    for name, value in (("--presence-penalty", cfg.presence_penalty), ("--frequency-penalty", cfg.frequency_penalty)):
+        if not -PENALTY_MAX <= value <= PENALTY_MAX:
+            raise ConfigError(f"{name} must be in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}], found {value}")
+    parse_logit_bias(cfg.logit_bias)
+
+
 def check_ctx(ctx: int) -> None:
     if ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, found {ctx}")
@@ -128,6 +182,7 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
+    check_penalties(cfg)
     if cfg.seed is not None and not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"--seed expects a whole number from 0 to {SEED_MAX}, found {cfg.seed}")
     check_threads(cfg.threads)

@@ -16,10 +16,11 @@ from specgen.app.structured import (GENERIC, ToolAnswer, generic_message, generi
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.protocol import Drafter, Model
+from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.drafting import methods as M
 from specgen.drafting.forced import ConstrainedDrafter
-from specgen.errors import ConstraintError
+from specgen.errors import ConfigError, ConstraintError
 
 
 def use_chat(cfg: RunConfig, model: Model) -> bool:
@@ -138,6 +139,18 @@ class Interrupted(KeyboardInterrupt):
         self.partial = partial
 
 
+def check_bias(sampling: SamplingParams, target: Model) -> None:
+    """logit_bias names tokens of the target's vocabulary, on the target's own rows (a screened
+    copy's rows are exact only at their argmax)."""
+    pen = sampling.penalties
+    bad = [t for t, _ in pen.bias if not 0 <= t < target.n_vocab]
+    if bad:
+        raise ConfigError(f"logit bias expects token ids in [0, {target.n_vocab}) for {target.name}, found {bad[0]}")
+    if pen.active and target.screen is not None:
+        raise ConfigError("penalties and logit bias need the target loaded without screening "
+                          "(load_session(..., screen=False))")
+
+
 class Runner:
     """One method on a session. auto's planner lives as long as the runner: what it learns about
     acceptance carries over prompts."""
@@ -165,12 +178,17 @@ class Runner:
         """What this runner's answer to `prompt` must match (another tool must be given it too)."""
         return constraint_spec(self.session.target, prompt, self.chat, self.cfg.json_layout)
 
-    def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None) -> Iterator[Event]:
+    def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None,
+               logprobs: int | None = None) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
-        from it."""
+        from it. `logprobs`: each token's log-probability and that many alternatives (None: none)."""
         target = self.session.target
+        sampling = self.cfg.sampling
+        check_bias(sampling, target)
+        if logprobs is not None and target.screen is not None:
+            raise ConfigError("logprobs need the target loaded without screening (load_session(..., screen=False))")
         tokens = encode_prompt(target, prompt, self.chat, self.cfg.system)
         spec = constraint_spec(target, prompt, self.chat, self.cfg.json_layout)
         constraint = None
@@ -179,7 +197,7 @@ class Runner:
                 raise ConstraintError("constrained output needs the target loaded without screening "
                                       "(load_session(..., screen=False))")
             constraint = target.constrain(spec)
-        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, self.cfg.sampling, constraint)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs)
         drafter = self._drafter()
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)

@@ -166,8 +166,10 @@ def _screened_head(copy: Path, source: Path):
 
 def screenable(cfg: RunConfig, accelerator: str) -> bool:
     """Whether the target's choices are all argmaxes computed on the CPU (screen.py's bound is for
-    ggml's CPU Q8_0 product; a GPU may take another route) and screening was not turned off."""
-    return (cfg.temperature == 0 and cfg.gpu_layers == 0 and not cfg.rpc_servers and accelerator == "cpu"
+    ggml's CPU Q8_0 product; a GPU may take another route) and screening was not turned off.
+    Penalties and logit_bias move logits the screen approximated: they read the target's own rows."""
+    return (cfg.temperature == 0 and not cfg.sampling.penalties.active and cfg.gpu_layers == 0
+            and not cfg.rpc_servers and accelerator == "cpu"
             and os.environ.get("SPECGEN_SCREEN", "1") != "0")
 
 

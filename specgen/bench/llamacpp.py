@@ -41,6 +41,7 @@ from specgen.app.session import Session
 from specgen.bench.drafts import LlamaCppDraft
 from specgen.bench.run import ExternalRun, conversations
 from specgen.core.constraint import ConstraintSpec
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.errors import ConfigError, SpecgenError
@@ -107,10 +108,22 @@ class Setup:
 
 def sampling_flags(s: SamplingParams) -> list[str]:
     """The bench's sampling settings in llama.cpp's flags (greedy: top-k 1 makes its sampler an
-    argmax; llama.cpp's own top-k default of 40 would otherwise apply when sampling)."""
-    return (["--temp", "0", "--top-k", "1"] if s.greedy else
-            ["--temp", f"{s.temperature:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}", "--min-p", "0",
-             *(["--seed", str(s.seed)] if s.seed is not None else [])])
+    argmax, after the penalties as in specgen; llama.cpp's own top-k default of 40 would otherwise
+    apply when sampling)."""
+    base = (["--temp", "0", "--top-k", "1"] if s.greedy else
+            ["--temp", f"{s.temperature:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}", "--min-p",
+             f"{s.min_p:g}", *(["--seed", str(s.seed)] if s.seed is not None else [])])
+    return base + penalty_flags(s.penalties)
+
+
+def penalty_flags(pen: Penalties) -> list[str]:
+    """logit_bias and the penalties in llama.cpp's flags (none when they are off)."""
+    out = [] if not pen.penalizes else [
+        "--repeat-penalty", repr(pen.repeat), "--repeat-last-n", str(pen.last_n),
+        "--presence-penalty", repr(pen.presence), "--frequency-penalty", repr(pen.frequency)]
+    for token, bias in pen.bias:
+        out += ["--logit-bias", f"{token}{'-' if bias < 0 else '+'}{abs(bias)!r}"]
+    return out
 
 
 def constraint_flags(spec: ConstraintSpec | None) -> list[str]:

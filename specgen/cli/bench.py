@@ -22,7 +22,9 @@ from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
                                  Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
-                                 Temperature, Threads, TopK, TopP, constraint_option)
+                                 Temperature, Threads, TopK, TopP, constraint_option,
+                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
+                                 sampling_options)
 from specgen.cli.render import count_progress, error
 from specgen.drafting import methods as M
 from specgen.errors import ConfigError
@@ -48,6 +50,12 @@ def bench(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
+    presence_penalty: PresencePenalty = None,
+    frequency_penalty: FrequencyPenalty = None,
+    logit_bias: LogitBias = None,
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -88,6 +96,7 @@ def bench(
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
     values = merged_settings(config, dict(
+        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
         target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,

@@ -14,7 +14,9 @@ from specgen.app.runner import Interrupted, Runner
 from specgen.app.session import load_session
 from specgen.cli.generate import shown
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Config, Ctx, Draft, MaxTokens, Seed, Store,
-                                 System, Target, Temperature, Threads, TopK, TopP)
+                                 System, Target, Temperature, Threads, TopK, TopP,
+                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
+                                 sampling_options)
 from specgen.cli.render import TextSink, error, stats_line
 from specgen.drafting.methods import METHODS
 from specgen.errors import ConfigError, SpecgenError
@@ -40,6 +42,12 @@ def chat(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
+    presence_penalty: PresencePenalty = None,
+    frequency_penalty: FrequencyPenalty = None,
+    logit_bias: LogitBias = None,
     threads: Threads = None,
     ctx: Ctx = None,
     config: Config = None,
@@ -57,6 +65,7 @@ def chat(
       printf 'Name a colour\\nAnother one\\n' | specgen chat -m smollm2-135m-instruct-q4_1
     """
     cfg = build_config(config, dict(
+        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, chat=True, system=system, threads=threads, ctx=ctx, store=store))
     runner = Runner(cfg, load_session(cfg))

@@ -15,7 +15,9 @@ from specgen.app.runner import Completion, Interrupted, Runner, Transcript
 from specgen.app.session import load_session
 from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers,
                                  GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
-                                 Temperature, Threads, TopK, TopP, constraint_option)
+                                 Temperature, Threads, TopK, TopP, constraint_option,
+                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
+                                 sampling_options)
 from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
 from specgen.drafting.methods import METHODS
 from specgen.errors import SpecgenError
@@ -45,6 +47,12 @@ def generate(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
+    presence_penalty: PresencePenalty = None,
+    frequency_penalty: FrequencyPenalty = None,
+    logit_bias: LogitBias = None,
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -74,6 +82,7 @@ def generate(
       specgen generate -m smollm2-135m-instruct-q4_1 -f jobs.jsonl --json   # records may carry response_format, tools
     """
     cfg = build_config(config, dict(
+        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout,

@@ -68,6 +68,28 @@ TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K",
                                              help="Sample from the k most likely tokens (0 = off) [0].")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", metavar="P", help="Nucleus sampling mass in (0, 1] [1].")]
 Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling: same seed, same output.")]
+MinP = Annotated[Optional[float], typer.Option("--min-p", metavar="P", help="Keep tokens at least P times as likely "
+                                              "as the most likely one (0 = off) [0].")]
+RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", metavar="X", help="Divide the logits of "
+                                                        "tokens in the last --repeat-last-n (1 = off) [1].")]
+RepeatLastN = Annotated[Optional[int], typer.Option("--repeat-last-n", metavar="N", help="Tokens the penalties look "
+                                                    "back over, prompt included (0 = off, -1 = the context) [64].")]
+PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty", metavar="X", help="Subtract X from "
+                                                          "the logit of a token already there, in [-2, 2] [0].")]
+FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty", metavar="X", help="Subtract X times "
+                                                           "its count from a token's logit, in [-2, 2] [0].")]
+LogitBias = Annotated[Optional[List[str]], typer.Option("--logit-bias", metavar="TOKEN_ID(+/-)BIAS", help="Add BIAS "
+                                                        "to a token's logit (e.g. 15043+1, 50256-inf); repeatable.")]
+
+
+def sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
+                     logit_bias) -> dict:
+    """The penalty and min-p options as config settings (None: not given)."""
+    return dict(min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                logit_bias=",".join(logit_bias) if logit_bias else None)
+
+
 Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the model's chat template "
                                               "[on when the model has one].")]
 System = Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help="System message (chat templates).")]

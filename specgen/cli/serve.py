@@ -12,7 +12,9 @@ import typer
 from specgen.app.config import build_config, read_yaml
 from specgen.app.session import load_session
 from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, MaxTokens, Rpc, Seed, Store,
-                                 System, Target, Temperature, Threads, TopK, TopP)
+                                 System, Target, Temperature, Threads, TopK, TopP,
+                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
+                                 sampling_options)
 from specgen.cli.render import note, warn
 from specgen.drafting.methods import METHODS
 from specgen.errors import ConfigError
@@ -46,6 +48,12 @@ def serve(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
+    repeat_last_n: RepeatLastN = None,
+    presence_penalty: PresencePenalty = None,
+    frequency_penalty: FrequencyPenalty = None,
+    logit_bias: LogitBias = None,
     system: System = None,
     config: Config = None,
     threads: Threads = None,
@@ -89,6 +97,7 @@ def serve(
     if max_queue < 0:
         raise ConfigError(f"--max-queue must be at least 0, found {max_queue}")
     cfg = build_config(config, dict(
+        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, seed=seed, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))

@@ -18,11 +18,13 @@ from typing import Iterator, Union
 from specgen.errors import PromptError
 from specgen.core.constraint import Constraint
 from specgen.core.kv import COMMITTED_SEQ, keep_branch, prefill
+from specgen.core.logprobs import TokenLogprob, token_logprob
+from specgen.core.penalties import Scoring
 from specgen.core.protocol import Batch, Context, Drafter, Model
 from specgen.core.sampling import Sampler, SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
-from specgen.core.verify import Verdict, choose, verify
+from specgen.core.verify import TargetRows, Verdict, choose, verify
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class GenerationRequest:
     sampling: SamplingParams
     # The output must match it (core/constraint.py): every target row is masked along its path.
     constraint: Constraint | None = None
+    # Log-probabilities of each emitted token and of its `logprobs` likeliest alternatives
+    # (core/logprobs.py); None: not computed.
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class TokenEvent:
     # Where the token came from: "target" (the target's own, a bonus or plain step), "forced" (a
     # grammar forced it), else the drafter's choice for the step that proposed it ("lookup", ...).
     source: str = "target"
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     stats.prefill_s, stats.n_prompt = clock() - t0, len(tokens)
 
     sampler = Sampler(request.sampling)
+    scoring = Scoring(request.sampling.penalties, tokens)
     decoder = TextDecoder(model)
     n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
     root = tokens[-1]
@@ -120,10 +127,10 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         if tree is None or tree.n_drafted == 0:
             # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
             # model every tenth of a millisecond here is a percent of plain decoding's speed).
-            logits = ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True]))
-            verdict = Verdict([], [choose(sampler, logits[0], request.constraint)])
+            rows = scoring.rows(ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True])))
+            verdict = Verdict([], [choose(sampler, rows[0], request.constraint)])
         else:
-            verdict = verify_tree(ctx, tree, n_past, sampler, request.constraint)
+            verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring)
         stats.target_calls += 1
         if tree is not None and tree.n_drafted:
             stats.drafted += tree.n_drafted
@@ -138,6 +145,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
 
         # 3. Commit the accepted tokens and the bonus token, up to an end-of-generation token.
         committed, events = [], []
+        nodes = [0, *verdict.path]  # token i was chosen from node i's row
         for i, token in enumerate(verdict.tokens):
             committed.append(token)
             stats.n_committed += 1
@@ -145,11 +153,13 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
                 reason = "stop"
                 break
             stats.n_tokens += 1
+            logprob = None if request.logprobs is None else token_logprob(rows[nodes[i]], token, request.logprobs)
             events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path),
-                                     source=token_source(tree, verdict, i, drafter)))
+                                     source=token_source(tree, verdict, i, drafter), logprob=logprob))
             if stats.n_tokens >= request.max_tokens:
                 break
         root = committed[-1]
+        scoring.commit(committed)
         if drafter is not None:
             t_draft = clock()
             drafter.observe(verdict, committed)
@@ -172,17 +182,18 @@ def token_source(tree: DraftTree | None, verdict: Verdict, i: int, drafter: Draf
     return "forced" if verdict.path[i] in tree.forced else drafter.last_choice
 
 
-def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler,
-                constraint: Constraint | None = None) -> Verdict:
+def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, constraint: Constraint | None,
+                scoring: Scoring) -> tuple[Verdict, TargetRows]:
     """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
-    sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path."""
+    sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path.
+    Returns the verdict and the rows the walk read (each node's, adjusted along its own path)."""
     seq_ids = tree.branch_seq_ids(first_seq=COMMITTED_SEQ)
     n_branches = max(max(ids) for ids in seq_ids) + 1
     if n_branches > ctx.n_seq_max:
         raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
     for seq in range(1, n_branches):
         ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
-    logits = ctx.decode(tree_batch(tree, n_past, seq_ids))
-    verdict = verify(tree, logits, sampler, constraint)
+    rows = scoring.rows(ctx.decode(tree_batch(tree, n_past, seq_ids)), tree)
+    verdict = verify(tree, rows, sampler, constraint)
     keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
-    return verdict
+    return verdict, rows

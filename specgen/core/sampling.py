@@ -6,9 +6,11 @@ plain sampling" reduces to "every emitted token is a draw from the same p" (see 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from specgen.core.penalties import Penalties
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,11 @@ class SamplingParams:
     top_k: int = 0  # 0 = whole vocabulary
     top_p: float = 1.0
     seed: int | None = None
+    # llama.cpp's min-p: keeps the tokens whose probability (before temperature) is at least
+    # min_p times the most likely one's, applied after top-p as llama.cpp's chain applies it.
+    min_p: float = 0.0
+    # logit_bias and the repetition penalties, applied to each row first (penalties.py).
+    penalties: Penalties = field(default_factory=Penalties)
 
     @property
     def greedy(self) -> bool:
@@ -25,8 +32,9 @@ class SamplingParams:
 
 def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
     """(ids, probabilities) of p's support: softmax(logits / T) restricted to the top-k, then to
-    the smallest top-p nucleus. ids None: the whole vocabulary, in id order."""
-    keep = None
+    the smallest top-p nucleus, then to the tokens min-p keeps. ids None: the whole vocabulary, in
+    id order."""
+    row, keep = logits, None
     if 0 < params.top_k < logits.shape[0]:
         keep = np.argpartition(-logits, params.top_k - 1)[:params.top_k]  # T > 0 keeps the order
         logits = logits[keep]
@@ -41,7 +49,22 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
         n_keep = int(np.searchsorted(cum, params.top_p - 1e-9, side="left")) + 1
         sel = order[:n_keep]
         keep, z = (sel if keep is None else keep[sel]), z[sel] / z[sel].sum()
+    if params.min_p > 0.0:
+        keep, z = _min_p(row, keep, z, params.min_p)
     return keep, z
+
+
+def _min_p(row: np.ndarray, keep: np.ndarray | None, z: np.ndarray,
+           min_p: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """(keep, z) restricted to the tokens with logit >= max logit + ln(min_p), i.e. untempered
+    probability >= min_p * the largest (llama.cpp's test); the most likely token always stays."""
+    floor = np.float64(row.max()) + np.log(min_p)
+    values = row if keep is None else row[keep]
+    ok = values.astype(np.float64) >= floor
+    if ok.all():
+        return keep, z
+    sel = np.flatnonzero(ok)
+    return (sel if keep is None else keep[sel]), z[sel] / z[sel].sum()
 
 
 def _nucleus_order(z: np.ndarray, top_p: float) -> np.ndarray:
@@ -83,7 +106,7 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
-        self._plain_softmax = 0 == params.top_k and params.top_p >= 1.0
+        self._plain_softmax = 0 == params.top_k and params.top_p >= 1.0 and params.min_p <= 0.0
 
     def sample(self, logits: np.ndarray) -> int:
         if self.params.greedy:

@@ -13,11 +13,12 @@ may hold deterministic nodes beside the drawn ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 
 from specgen.core.constraint import Constraint, masked, masked_argmax
+from specgen.core.penalties import PathRows
 from specgen.core.sampling import Sampler, SamplingParams, draw, truncated
 from specgen.core.tree import DraftTree
 
@@ -34,7 +35,10 @@ class Verdict:
         return self.path[-1] if self.path else 0
 
 
-def walk(tree: DraftTree, logits: np.ndarray, choose: Callable[[np.ndarray], int]) -> Verdict:
+TargetRows = Union[np.ndarray, PathRows]  # rows[i]: the target's row for node i, as the sampler reads it
+
+
+def walk(tree: DraftTree, logits: TargetRows, choose: Callable[[np.ndarray], int]) -> Verdict:
     """`logits[i]` is the target's row for node i; `choose` is the plain decoder's token choice."""
     kids = tree.children()
     node, path, tokens = 0, [], []
@@ -48,7 +52,7 @@ def walk(tree: DraftTree, logits: np.ndarray, choose: Callable[[np.ndarray], int
         node = match
 
 
-def walk_rejection(tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+def walk_rejection(tree: DraftTree, logits: TargetRows, params: SamplingParams, rng: np.random.Generator,
                    constraint: Constraint | None = None) -> Verdict:
     """Recursive rejection sampling, for children drawn from q without replacement, beside which
     a node may also have deterministic children (lookup drafts, fixed before anything was drawn).
@@ -183,7 +187,7 @@ def choose(sampler: Sampler, row: np.ndarray, constraint: Constraint | None = No
     return y
 
 
-def verify(tree: DraftTree, logits: np.ndarray, sampler: Sampler, constraint: Constraint | None = None) -> Verdict:
+def verify(tree: DraftTree, logits: TargetRows, sampler: Sampler, constraint: Constraint | None = None) -> Verdict:
     """Greedy or deterministic drafts: walk with the plain decoder (its very draws); sampled
     drafts, with or without deterministic nodes beside them: rejection sampling. A constraint
     masks every visited row and ends at the state after the verdict's tokens."""

@@ -18,9 +18,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from specgen.serve import routes
-from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
+from specgen.serve.logprobs import Shown, chat_content, completion_logprobs
+from specgen.serve.requests import (Request, RequestError, body_json, chat_request, check_vocabulary,
+                                    completion_request)
 from specgen.serve.routes import NativeReply, speculative, timings
-from specgen.serve.worker import Done, Job, Worker
+from specgen.serve.worker import Done, Job, Piece, Worker
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
 DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
@@ -138,6 +140,7 @@ class Server:
 
     async def _generate(self, http: HttpRequest, parse: Callable[..., Request], kind: str) -> Response:
         request = parse(body_json(await _body(http)), self.target.chat_template)
+        check_vocabulary(request, self.target.n_vocab)
         job = self.worker.submit(request, asyncio.get_running_loop())
         reply = self._reply(kind, request)
         try:
@@ -161,8 +164,8 @@ class Server:
             raise
         return JSONResponse(reply.whole(done))
 
-    async def _events(self, job: Job, reply: Reply | NativeReply, first: str | Done) -> AsyncIterator[str]:
-        async def items() -> AsyncIterator[str | Done]:
+    async def _events(self, job: Job, reply: Reply | NativeReply, first: Piece | Done) -> AsyncIterator[str]:
+        async def items() -> AsyncIterator[Piece | Done]:
             yield first
             if not isinstance(first, Done):
                 async for item in _pieces(job):
@@ -172,7 +175,7 @@ class Server:
             for chunk in reply.opening():
                 yield _sse(chunk)
             async for item in items():
-                for chunk in [reply.chunk(item)] if isinstance(item, str) else reply.closing(item):
+                for chunk in [reply.chunk(item.text, item.logprobs)] if isinstance(item, Piece) else reply.closing(item):
                     yield _sse(chunk)
         except RequestError as e:
             yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
@@ -200,7 +203,7 @@ async def _body(http: HttpRequest) -> bytes:
     return bytes(body)
 
 
-async def _pieces(job: Job) -> AsyncIterator[str | Done]:
+async def _pieces(job: Job) -> AsyncIterator[Piece | Done]:
     """The job's text pieces, then its Done; a RequestError the worker put is raised."""
     while True:
         item = await job.events.get()
@@ -229,18 +232,25 @@ class Reply:
     def _head(self, object_name: str) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
-    def _choice(self, content: str | dict, finish_reason: str | None, whole: bool) -> dict:
+    def _choice(self, content: str | dict, finish_reason: str | None, whole: bool,
+                logprobs: tuple[Shown, ...] | None = None) -> dict:
         if self.kind == "chat.completion":
             key = "message" if whole else "delta"
             body = {"role": "assistant", "content": content} if whole else content
-            return {"index": 0, key: body, "finish_reason": finish_reason, "logprobs": None}
-        return {"index": 0, "text": content, "finish_reason": finish_reason, "logprobs": None}
+            return {"index": 0, key: body, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
+        return {"index": 0, "text": content, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
+
+    def _logprobs(self, items: tuple[Shown, ...] | None) -> dict | None:
+        """The tokens' log-probabilities in this API's shape; None where none were asked (or none here)."""
+        if self.request.logprobs is None or items is None:
+            return None
+        return chat_content(list(items)) if self.kind == "chat.completion" else completion_logprobs(list(items))
 
     def _extras(self, done: Done) -> dict:
         return {"timings": timings(done), "speculative": speculative(self.method, done.stats)}
 
     def whole(self, done: Done) -> dict:
-        choice = self._choice(done.text, done.finish_reason, True)
+        choice = self._choice(done.text, done.finish_reason, True, done.logprobs)
         if done.answer is not None and self.kind == "chat.completion":
             choice["message"]["content"] = done.answer.content
             if done.answer.calls:
@@ -267,10 +277,10 @@ class Reply:
             out.append(self.chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}))
         return out
 
-    def chunk(self, piece: str | dict) -> dict:
+    def chunk(self, piece: str | dict, logprobs: tuple[Shown, ...] | None = None) -> dict:
         name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         content = ({"content": piece} if isinstance(piece, str) else piece) if self.kind == "chat.completion" else piece
-        return {**self._head(name), "choices": [self._choice(content, None, False)]}
+        return {**self._head(name), "choices": [self._choice(content, None, False, logprobs)]}
 
     def last(self, done: Done) -> dict:
         """The chunk that ends the choice: its finish_reason, and the numbers local clients read."""

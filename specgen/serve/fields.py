@@ -1,16 +1,15 @@
 """Every request field OpenAI and llama-server document that specgen does not act on: each is accepted
-only at a value that changes nothing (a penalty of 0, repeat_penalty 1, logprobs false, an empty
-logit_bias, ...) and otherwise refused by name with a 400, never silently ignored.
+only at a value that changes nothing (typical_p 1, mirostat 0, n 1, ...) and otherwise refused by
+name with a 400, never silently ignored.
 
 Three kinds:
 - REFUSED: a sampling or output setting specgen does not implement: its neutral value is accepted
   (it asks for nothing), any other is a 400 naming it.
-- DEPENDENT: a setting that only tunes another one (repeat_last_n tunes the penalties, dry_base the
-  DRY multiplier, ...): with that one neutral it changes nothing, whatever its value; else the 400
+- DEPENDENT: a setting that only tunes another one (dry_base tunes the DRY multiplier, ...): with that one neutral it changes nothing, whatever its value; else the 400
   names the setting that would act.
 - INERT: bookkeeping that never changes the text (user, metadata, cache_prompt, ...): accepted.
-The fields specgen acts on (temperature, top_p, top_k, seed, max_tokens, stop, response_format,
-json_schema, grammar, tools, ...) are read in requests.py.
+The fields specgen acts on (temperature, top_p, top_k, min_p, seed, the penalties, logit_bias,
+logprobs, max_tokens, stop, response_format, json_schema, grammar, tools, ...) are read in requests.py.
 """
 
 from __future__ import annotations
@@ -31,17 +30,8 @@ def _false(v: object) -> bool:
     return v is None or v is False
 
 
-def _off(v: object) -> bool:
-    """false, or (the completions API's integer logprobs) 0."""
-    return v is None or v is False or (type(v) is int and v == 0)
-
-
 # name: (neutral?, why it is refused)
 REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "presence_penalty": (_is(0), "penalties are not implemented (send 0)"),
-    "frequency_penalty": (_is(0), "penalties are not implemented (send 0)"),
-    "repeat_penalty": (_is(1), "penalties are not implemented (send 1)"),
-    "min_p": (_is(0), "min_p is not implemented (send 0)"),
     "typical_p": (_is(1), "locally typical sampling is not implemented (send 1)"),
     "typ_p": (_is(1), "locally typical sampling is not implemented (send 1)"),
     "top_n_sigma": (_is(-1), "top-n-sigma sampling is not implemented (send -1)"),
@@ -49,11 +39,7 @@ REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
     "mirostat": (_is(0), "mirostat is not implemented (send 0)"),
     "dry_multiplier": (_is(0), "DRY is not implemented (send 0)"),
     "xtc_probability": (_is(0), "XTC is not implemented (send 0)"),
-    "logit_bias": (_empty, "logit_bias is not implemented (send {})"),
-    "logprobs": (_off, "logprobs are not implemented (send false)"),
-    "top_logprobs": (_is(0), "logprobs are not implemented (send 0)"),
-    "n_probs": (_is(0), "token probabilities are not implemented (send 0)"),
-    "post_sampling_probs": (_false, "token probabilities are not implemented"),
+    "post_sampling_probs": (_false, "token probabilities are those before temperature and truncation (send false)"),
     "min_keep": (_is(0), "min_keep is not implemented (send 0)"),
     "ignore_eos": (_false, "ignore_eos is not implemented: generation ends at the model's end token"),
     "n": (_is(1), "only one completion choice is allowed"),
@@ -90,8 +76,6 @@ REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
 
 # name: the settings it tunes; it changes nothing while they are all neutral.
 DEPENDENT: dict[str, tuple[str, ...]] = {
-    "repeat_last_n": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
-    "penalty_last_n": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
     "dynatemp_exponent": ("dynatemp_range",),
     "mirostat_tau": ("mirostat",),
     "mirostat_eta": ("mirostat",),
@@ -110,8 +94,9 @@ INERT = ("user", "metadata", "store", "service_tier", "safety_identifier", "prom
 
 # llama.cpp's sampler names (and its one-letter forms) -> specgen's, for `samplers`.
 SAMPLER_NAMES = {"top_k": "top_k", "k": "top_k", "top_p": "top_p", "p": "top_p", "temperature": "temperature",
-                 "t": "temperature"}
-SPECGEN_ORDER = ("top_k", "temperature", "top_p")  # core/sampling.py: top-k, then T, then the nucleus
+                 "t": "temperature", "min_p": "min_p", "m": "min_p", "penalties": "penalties", "e": "penalties"}
+# core/penalties.py and sampling.py: logit_bias, the penalties, top-k, then T, the nucleus, min-p.
+SPECGEN_ORDER = ("penalties", "top_k", "temperature", "top_p", "min_p")
 
 
 class Refusal(Exception):
@@ -147,9 +132,13 @@ def _check_samplers(body: dict) -> None:
         raise Refusal("samplers", f"samplers expects a list of sampler names, found {_found(given)}")
     named = [SAMPLER_NAMES[s] for s in items if s in SAMPLER_NAMES]
     temperature, top_k, top_p = body.get("temperature"), body.get("top_k"), body.get("top_p")
-    acting = [s for s, on in (("top_k", isinstance(top_k, int) and top_k > 0),
+    penalties = any(body.get(name) not in (None, neutral) for name, neutral in (
+        ("repeat_penalty", 1), ("presence_penalty", 0), ("frequency_penalty", 0)))
+    acting = [s for s, on in (("penalties", penalties),
+                              ("top_k", isinstance(top_k, int) and top_k > 0),
                               ("temperature", temperature not in (None, 0, 1)),
-                              ("top_p", top_p is not None and top_p != 1)) if on]
+                              ("top_p", top_p is not None and top_p != 1),
+                              ("min_p", body.get("min_p") not in (None, 0))) if on]
     missing = [s for s in acting if s not in named]
     order = [s for s in SPECGEN_ORDER if s in named and s in acting]
     if missing or [s for s in dict.fromkeys(named) if s in acting] != order:

@@ -9,10 +9,11 @@ import json
 import math
 from dataclasses import dataclass
 
-from specgen.app.config import SEED_MAX
+from specgen.app.config import BIAS_MAX, PENALTY_MAX, SEED_MAX
 from specgen.app.prompts import Prompt, message_from, split_turns
 from specgen.app.structured import read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
+from specgen.core.logprobs import MAX_TOP
 from specgen.errors import SpecgenError
 from specgen.serve import fields
 
@@ -33,6 +34,12 @@ class Sampling:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # (token, added logit); -inf bans
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,9 @@ class Request:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    # Log-probabilities of each token and of that many alternatives (OpenAI's logprobs with
+    # top_logprobs, the completions API's logprobs, llama-server's n_probs); None: not asked.
+    logprobs: int | None = None
 
 
 def body_json(raw: bytes) -> dict:
@@ -83,8 +93,57 @@ def _number(body: dict, name: str, low: float, high: float, whole: bool = False,
 
 def _sampling(body: dict) -> Sampling:
     seed = None if body.get("seed") == -1 else _number(body, "seed", 0, SEED_MAX, whole=True)  # -1: llama's "random"
+    last_n = [v for v in (_number(body, name, -1, MAX_TOKENS, whole=True)
+                          for name in ("repeat_last_n", "penalty_last_n")) if v is not None]
     return Sampling(_number(body, "temperature", 0, 2), _number(body, "top_p", 0, 1, low_open=True),
-                    _number(body, "top_k", 0, 1 << 20, whole=True), seed)
+                    _number(body, "top_k", 0, 1 << 20, whole=True), seed, _number(body, "min_p", 0, 1),
+                    _number(body, "repeat_penalty", 0, 10, low_open=True), last_n[0] if last_n else None,
+                    _number(body, "presence_penalty", -PENALTY_MAX, PENALTY_MAX),
+                    _number(body, "frequency_penalty", -PENALTY_MAX, PENALTY_MAX), _logit_bias(body.get("logit_bias")))
+
+
+def _logit_bias(given: object) -> tuple[tuple[int, float], ...] | None:
+    """OpenAI's {"token id": bias} or llama-server's [[token id, bias], ...]; a bias in [-100, 100]
+    is added to the token's logit, false bans the token."""
+    if given is None:
+        return None
+    pairs = list(given.items()) if isinstance(given, dict) else given
+    if not isinstance(pairs, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise RequestError(400, f"logit_bias expects an object of token ids to biases, found {json.dumps(given)[:60]}",
+                           "logit_bias")
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        tid = int(token) if isinstance(token, str) and token.isdigit() else token
+        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+            raise RequestError(400, f"logit_bias expects token ids (\"50256\") as keys, found {json.dumps(token)[:40]}",
+                               "logit_bias")
+        if bias is False:
+            out[tid] = -math.inf
+        elif (isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias)
+              or abs(bias) > BIAS_MAX):
+            raise RequestError(400, f"logit_bias expects biases in [-{BIAS_MAX:g}, {BIAS_MAX:g}] (or false: never "
+                                    f"this token), found {json.dumps(bias)[:40]} for token {tid}", "logit_bias")
+        else:
+            out[tid] = float(bias)
+    return tuple(out.items())
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives to list beside each token's log-probability; None: none asked. Chat:
+    logprobs true with top_logprobs; completions: logprobs is the number; n_probs: llama-server's."""
+    given = body.get("logprobs")
+    if chat:
+        if given not in (None, False, True):
+            raise RequestError(400, f"logprobs expects true or false, found {json.dumps(given)[:40]}", "logprobs")
+        top = _number(body, "top_logprobs", 0, MAX_TOP, whole=True)
+        if top not in (None, 0) and given is not True:
+            raise RequestError(400, f"top_logprobs expects logprobs: true beside it, found logprobs: "
+                                    f"{json.dumps(given)}", "top_logprobs")
+        count = (top or 0) if given is True else None
+    else:
+        count = None if given in (None, False) else _number(body, "logprobs", 0, MAX_TOP, whole=True)
+    n_probs = _number(body, "n_probs", 0, MAX_TOP, whole=True)
+    return count if count is not None or not n_probs else n_probs
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -109,7 +168,7 @@ def _max_tokens(body: dict) -> int | None:
     return None
 
 
-def _common(body: dict, chat_template: str | None) -> dict:
+def _common(body: dict, chat_template: str | None, chat: bool) -> dict:
     _refuse_unsupported(body, chat_template)
     max_tokens = _max_tokens(body)
     stream = body.get("stream") or False
@@ -120,7 +179,8 @@ def _common(body: dict, chat_template: str | None) -> dict:
         raise RequestError(400, "stream_options expects an object", "stream_options")
     model = body.get("model")
     return dict(max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
-                include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None)
+                include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None,
+                logprobs=_logprobs(body, chat))
 
 
 def _constraint(body: dict) -> ConstraintSpec | None:
@@ -174,7 +234,7 @@ def chat_request(body: dict, chat_template: str | None = None) -> Request:
     except SpecgenError as e:
         raise RequestError(400, str(e), "messages") from None
     return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)),
-                   **_common(body, chat_template))
+                   **_common(body, chat_template, chat=True))
 
 
 def completion_request(body: dict, chat_template: str | None = None) -> Request:
@@ -185,4 +245,12 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
     if not isinstance(prompt, str) or not prompt:
         raise RequestError(400, f"prompt expects a non-empty string (token ids and several prompts are not "
                                 f"supported), found {json.dumps(prompt)[:60]}", "prompt")
-    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)), **_common(body, chat_template))
+    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)),
+                   **_common(body, chat_template, chat=False))
+
+
+def check_vocabulary(request: Request, n_vocab: int) -> None:
+    """logit_bias names tokens of the served model's vocabulary."""
+    bad = [t for t, _ in request.sampling.logit_bias or () if t >= n_vocab]
+    if bad:
+        raise RequestError(400, f"logit_bias expects token ids in [0, {n_vocab}), found {bad[0]}", "logit_bias")

@@ -4,6 +4,8 @@ Prometheus text, /completion's response and stream; and CORS for browser clients
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 from specgen import __version__
@@ -11,8 +13,9 @@ from specgen.app.config import RunConfig
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
 from specgen.serve.fields import SPECGEN_ORDER
+from specgen.serve.logprobs import Shown, native_probabilities
 from specgen.serve.requests import Request, RequestError
-from specgen.serve.worker import Done, Worker
+from specgen.serve.worker import Done, Worker, overrides
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
@@ -34,20 +37,23 @@ def speculative(method: str, s: RunStats) -> dict:
 def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
     """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or a
     request's), and every setting it does not implement at the value that turns it off."""
-    s = request.sampling if request is not None else None
-    pick = (lambda mine, default: default if s is None or mine is None else mine)
+    if request is not None:
+        cfg = dataclasses.replace(cfg, **overrides(request))
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
-    seed = pick(s and s.seed, cfg.seed)
+    pen = cfg.sampling.penalties
     return {
-        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if seed is None else seed,
-        "temperature": pick(s and s.temperature, cfg.temperature), "top_k": pick(s and s.top_k, cfg.top_k),
-        "top_p": pick(s and s.top_p, cfg.top_p), "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0,
+        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if cfg.seed is None else cfg.seed,
+        "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
+        "typical_p": 1.0, "top_n_sigma": -1.0,
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
-        "repeat_last_n": 64, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "repeat_last_n": pen.last_n, "repeat_penalty": pen.repeat, "presence_penalty": pen.presence,
+        "frequency_penalty": pen.frequency,
+        "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in pen.bias],
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
         "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "stop": list(request.stop) if request is not None else [], "max_tokens": -1 if n_predict is None else n_predict,
-        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream), "n_probs": 0,
+        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream),
+        "n_probs": request.logprobs or 0 if request is not None else 0,
         "min_keep": 0, "grammar": "", "samplers": list(SPECGEN_ORDER), "timings_per_token": False,
     }
 
@@ -181,8 +187,11 @@ class NativeReply:
     def opening(self) -> list[dict]:
         return []
 
-    def chunk(self, piece: str) -> dict:
-        return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+    def chunk(self, piece: str, logprobs: tuple[Shown, ...] = ()) -> dict:
+        out = {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+        if self.request.logprobs is not None:
+            out["completion_probabilities"] = native_probabilities(list(logprobs))
+        return out
 
     def whole(self, done: Done) -> dict:
         s = done.stats
@@ -193,10 +202,14 @@ class NativeReply:
                 "prompt": self.request.prompt.text, "has_new_line": "\n" in done.text,
                 "truncated": done.finish_reason == "length" and s.n_prompt + s.n_committed >= self.n_ctx - 1,
                 "stop_type": stop_type, "stopping_word": done.stopping_word, "tokens_cached": 0,
-                "timings": timings(done), "speculative": speculative(self.method, s)}
+                "timings": timings(done), "speculative": speculative(self.method, s),
+                **({"completion_probabilities": native_probabilities(list(done.logprobs))}
+                   if self.request.logprobs is not None else {})}
 
     def closing(self, done: Done) -> list[dict]:
-        return [{**self.whole(done), "content": ""}]
+        last = {**self.whole(done), "content": ""}
+        last.pop("completion_probabilities", None)  # each token's went with its own chunk
+        return [last]
 
 
 class Cors:

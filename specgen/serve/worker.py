@@ -12,13 +12,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from specgen.app.config import RunConfig
+from specgen.app.config import RunConfig, format_logit_bias
 from specgen.app.runner import Runner
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
 from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
+from specgen.serve.logprobs import Pending, Shown, shown
 from specgen.serve.requests import Request, RequestError
 
 log = logging.getLogger("specgen.serve")
@@ -51,12 +52,21 @@ class StopText:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """Text to show, and the tokens whose text starts in it (when the request asked for logprobs)."""
+
+    text: str
+    logprobs: tuple[Shown, ...] = ()
+
+
+@dataclass(frozen=True)
 class Done:
     text: str
     finish_reason: str  # stop | length | tool_calls
     stats: RunStats
     answer: ToolAnswer | None = None  # with tools: the text as content and calls
     stopping_word: str = ""  # the stop string that ended it, if one did
+    logprobs: tuple[Shown, ...] = ()  # every shown token's, when the request asked for them
 
 
 @dataclass
@@ -78,19 +88,27 @@ class Runners:
         self._kept: OrderedDict[tuple, Runner] = OrderedDict()
 
     def get(self, request: Request) -> Runner:
-        s = request.sampling
-        cfg = dataclasses.replace(
-            self.cfg, chat=None if request.chat else False,
-            temperature=self.cfg.temperature if s.temperature is None else float(s.temperature),
-            top_p=self.cfg.top_p if s.top_p is None else float(s.top_p),
-            top_k=self.cfg.top_k if s.top_k is None else s.top_k, seed=self.cfg.seed if s.seed is None else s.seed)
-        key = (cfg.chat, cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
+        cfg = dataclasses.replace(self.cfg, chat=None if request.chat else False, **overrides(request))
+        key = (cfg.chat, cfg.sampling)
         if key not in self._kept:
             self._kept[key] = Runner(cfg, self.session)
             while len(self._kept) > RUNNERS_KEPT:
                 self._kept.popitem(last=False)
         self._kept.move_to_end(key)
         return self._kept[key]
+
+
+def overrides(request: Request) -> dict:
+    """The request's sampling settings that replace the server's (those it gives)."""
+    s = request.sampling
+    given = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "min_p": s.min_p,
+             "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
+             "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty}
+    out = {k: float(v) if isinstance(v, (int, float)) and k not in ("top_k", "seed", "repeat_last_n") else v
+           for k, v in given.items() if v is not None}
+    if s.logit_bias is not None:
+        out["logit_bias"] = format_logit_bias(s.logit_bias)
+    return out
 
 
 @dataclass
@@ -176,21 +194,25 @@ class Worker:
             return Done("", reason, stats)
         # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
         held = request.prompt.tools is not None
-        events = runner.stream(request.prompt, stats, self._limit(request))
+        pending, target = Pending(), runner.session.target
+        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs)
         try:
             for event in events:
                 if job.cancelled.is_set():
                     break
                 if isinstance(event, TokenEvent):
-                    piece = stop.feed(event.text)
-                    if piece and not held:
+                    if event.logprob is not None:
+                        pending.add(shown(target, event.logprob, len(stop.text)))
+                    piece = Piece(stop.feed(event.text), tuple(pending.release(stop.sent)))
+                    if (piece.text or piece.logprobs) and not held:
                         job.put(piece)
                     if stop.hit:
                         reason = "stop"
                         break
                 elif isinstance(event, FinishEvent):
-                    piece = stop.feed(event.tail) + stop.flush()
-                    if piece and not held:
+                    text = stop.feed(event.tail) + stop.flush()
+                    piece = Piece(text, tuple(pending.release(stop.sent, inclusive=not stop.hit)))
+                    if (piece.text or piece.logprobs) and not held:
                         job.put(piece)
                     reason = "stop" if stop.hit else event.reason
         finally:
@@ -198,7 +220,7 @@ class Worker:
         answer = runner.answer(request.prompt, stop.text)
         if answer is not None and answer.calls and reason == "stop":
             reason = "tool_calls"
-        return Done(stop.text, reason, stats, answer, stop.word)
+        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent))
 
     def _limit(self, request: Request) -> int:
         """Tokens the request may generate: its max_tokens, else the server's default; -1 (or no
