@@ -34,8 +34,8 @@ DRAFTERS = {
                                            max_nodes=5, min_prob=0.0),
     "tree": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=3,
                                           max_nodes=8, max_depth=4),
-    "staged": lambda model, s: _staged(ModelDrafter, FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=2,
-                                       max_nodes=8, max_depth=6),
+    "staged": lambda model, s: Staged.build(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=2,
+                                            max_nodes=8, max_depth=6),
 }
 
 
@@ -94,11 +94,6 @@ def chi2_same_distribution(a, b, alpha=1e-3):
         return True, 0.0, 0.0
     chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()  # two-sample, equal sizes
     return chi2 < sps.chi2.ppf(1 - alpha, df), chi2, sps.chi2.ppf(1 - alpha, df)
-
-
-def _staged(cls, ctx, sampling, **kw):
-    lookup = LookupDrafter()
-    return Staged(cls(ctx, sampling, lookup=lookup, **kw), lookup)
 
 
 @pytest.mark.parametrize("method", ["lookup", "chain", "staged"])

@@ -17,7 +17,7 @@ from specgen.core.sampling import SamplingParams, distribution
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
 from specgen.drafting.lookup import LookupDrafter
-from specgen.drafting.model import ModelDrafter
+from specgen.drafting.model import ModelDrafter, Staged
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 DRAFTERS = {
@@ -26,8 +26,8 @@ DRAFTERS = {
                                            max_nodes=5, min_prob=0.0),
     "tree": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=3,
                                           max_nodes=8, max_depth=4),
-    "staged": lambda model, s: ModelDrafter(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=2,
-                                            max_nodes=8, max_depth=6, lookup=LookupDrafter()),
+    "staged": lambda model, s: Staged.build(FakeContext(NoisyDraft(model, 1.0), 512, 64), s, branching=2,
+                                            max_nodes=8, max_depth=6),
 }
 PENALTIES = [
     Penalties(repeat=3.0, last_n=8),

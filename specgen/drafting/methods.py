@@ -61,13 +61,11 @@ def _lookup(params: dict[str, Any], kit: DraftingKit) -> Drafter:
 
 
 def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
-    from specgen.drafting.lookup import LookupDrafter
     from specgen.drafting.model import ModelDrafter, Staged
 
     if not params.pop("lookup", False):
         return ModelDrafter(kit.draft_ctx, kit.sampling, **params)
-    lookup = LookupDrafter()
-    return Staged(ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, **params), lookup)
+    return Staged.build(kit.draft_ctx, kit.sampling, **params)
 
 
 def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:

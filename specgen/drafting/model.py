@@ -332,6 +332,11 @@ class Staged:
     def __init__(self, model: ModelDrafter, lookup: LookupDrafter):
         self.model, self.lookup = model, lookup
 
+    @classmethod
+    def build(cls, ctx: Context, params: SamplingParams, **kw) -> "Staged":
+        lookup = LookupDrafter()
+        return cls(ModelDrafter(ctx, params, lookup=lookup, **kw), lookup)
+
     def __getattr__(self, name: str):  # the draft's counters and cache, for stats and tests
         return getattr(self.model, name)
 
