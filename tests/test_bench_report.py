@@ -107,3 +107,20 @@ def test_a_llama_cpp_draft_row_says_which_draft_it_loaded():
         "llama.cpp draft-simple (-d self, whole vocabulary)"
     assert llamacpp.method_name("ngram-mod", "gemma-3-270m-q2_k") == "llama.cpp ngram-mod"
     assert llamacpp.method_name("draft-simple") == "llama.cpp draft-simple"
+
+
+def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
+    """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
+    import importlib.util
+    import re
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "auto.md").read_text()
+    found = re.search(r"<!-- oracle-table: (\S+) -->\n(.*?)\n<!-- oracle-table:end -->", text, re.S)
+    assert found is not None, "docs/auto.md has no oracle-table marker"
+    spec = importlib.util.spec_from_file_location("oracle", root / "scripts" / "oracle.py")
+    oracle = importlib.util.module_from_spec(spec)
+    sys.modules["oracle"] = oracle  # its dataclasses look their module up there
+    spec.loader.exec_module(oracle)
+    assert found.group(2) == oracle.table(root / found.group(1))
