@@ -9,22 +9,26 @@ import hmac
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specgen.serve import routes
 from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
 from specgen.serve.routes import NativeReply, speculative, timings
+from specgen.serve.marks import Piece
 from specgen.serve.worker import Done, Job, Worker
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
 DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
 RETRY_AFTER_S = 1
+PAGE = Path(__file__).parent / "static" / "index.html"
+PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"  # nothing from elsewhere
 
 
 def error_response(e: RequestError) -> JSONResponse:
@@ -48,7 +52,7 @@ class Server:
         self.target = worker.runners.session.target
         post, key = ["POST"], self._keyed
         self.app = routes.Cors(Starlette(routes=[
-            Route("/health", self.health), Route("/v1/health", self.health),
+            Route("/", self.page), Route("/health", self.health), Route("/v1/health", self.health),
             Route("/v1/models", key(self.models)), Route("/models", key(self.models)),
             Route("/v1/models/{model_id:path}", key(self.model)),
             Route("/v1/chat/completions", key(self.chat), methods=post),
@@ -84,6 +88,10 @@ class Server:
         if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
             raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key>",
                                kind="authentication_error")
+
+    async def page(self, request: HttpRequest) -> Response:
+        """The chat page (static/index.html): it calls the API from the browser, with the key it is given."""
+        return HTMLResponse(PAGE.read_bytes(), headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
 
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
@@ -161,8 +169,8 @@ class Server:
             raise
         return JSONResponse(reply.whole(done))
 
-    async def _events(self, job: Job, reply: Reply | NativeReply, first: str | Done) -> AsyncIterator[str]:
-        async def items() -> AsyncIterator[str | Done]:
+    async def _events(self, job: Job, reply: Reply | NativeReply, first: Piece | Done) -> AsyncIterator[str]:
+        async def items() -> AsyncIterator[Piece | Done]:
             yield first
             if not isinstance(first, Done):
                 async for item in _pieces(job):
@@ -172,7 +180,7 @@ class Server:
             for chunk in reply.opening():
                 yield _sse(chunk)
             async for item in items():
-                for chunk in [reply.chunk(item)] if isinstance(item, str) else reply.closing(item):
+                for chunk in [reply.piece(item)] if isinstance(item, Piece) else reply.closing(item):
                     yield _sse(chunk)
         except RequestError as e:
             yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
@@ -200,7 +208,7 @@ async def _body(http: HttpRequest) -> bytes:
     return bytes(body)
 
 
-async def _pieces(job: Job) -> AsyncIterator[str | Done]:
+async def _pieces(job: Job) -> AsyncIterator[Piece | Done]:
     """The job's text pieces, then its Done; a RequestError the worker put is raised."""
     while True:
         item = await job.events.get()
@@ -271,6 +279,10 @@ class Reply:
         name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         content = ({"content": piece} if isinstance(piece, str) else piece) if self.kind == "chat.completion" else piece
         return {**self._head(name), "choices": [self._choice(content, None, False)]}
+
+    def piece(self, piece: Piece) -> dict:
+        """A chunk of streamed text, with specgen's extension: the text by source, tok/s and τ so far."""
+        return {**self.chunk(piece.text), "specgen": piece.extension()}
 
     def last(self, done: Done) -> dict:
         """The chunk that ends the choice: its finish_reason, and the numbers local clients read."""

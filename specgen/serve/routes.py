@@ -11,6 +11,7 @@ from specgen.app.config import RunConfig
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
 from specgen.serve.fields import SPECGEN_ORDER
+from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError
 from specgen.serve.worker import Done, Worker
 
@@ -183,6 +184,9 @@ class NativeReply:
 
     def chunk(self, piece: str) -> dict:
         return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+
+    def piece(self, piece: Piece) -> dict:
+        return {**self.chunk(piece.text), "specgen": piece.extension()}
 
     def whole(self, done: Done) -> dict:
         s = done.stats

@@ -19,6 +19,7 @@ from specgen.app.session import Session
 from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
+from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
 log = logging.getLogger("specgen.serve")
@@ -169,7 +170,7 @@ class Worker:
                 job.put(outcome)
 
     def _generate(self, job: Job) -> Done:
-        """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
+        """Run the request, putting each showable Piece of text; a cancelled job stops at the next step."""
         request, runner = job.request, self.runners.get(job.request)
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
         if self._limit(request) == 0:  # llama-server's n_predict 0: nothing to generate
@@ -177,21 +178,26 @@ class Worker:
         # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
         held = request.prompt.tools is not None
         events = runner.stream(request.prompt, stats, self._limit(request))
+        sources = Sources()
+
+        def show(piece: str, sent: int) -> None:  # `piece` is stop.text[sent:sent + len(piece)]
+            if piece and not held:
+                job.put(Piece(piece, sources.cut(stop.text, sent, sent + len(piece)), Live.of(stats)))
+
         try:
             for event in events:
                 if job.cancelled.is_set():
                     break
                 if isinstance(event, TokenEvent):
-                    piece = stop.feed(event.text)
-                    if piece and not held:
-                        job.put(piece)
+                    sources.add(len(stop.text), event.source)
+                    sent = stop.sent
+                    show(stop.feed(event.text), sent)
                     if stop.hit:
                         reason = "stop"
                         break
                 elif isinstance(event, FinishEvent):
-                    piece = stop.feed(event.tail) + stop.flush()
-                    if piece and not held:
-                        job.put(piece)
+                    sent = stop.sent
+                    show(stop.feed(event.tail) + stop.flush(), sent)
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
