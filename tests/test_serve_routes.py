@@ -187,12 +187,6 @@ def test_metrics_count_requests_tokens_and_accepted_drafts(server):
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
 
 
-def test_embeddings_are_refused_in_one_clear_line(server):
-    for path in ("/v1/embeddings", "/embeddings"):
-        status, r = post(server, path, {"input": "hello", "model": "x"})
-        assert status == 501 and "no embedding model" in r["error"]["message"]
-
-
 def test_every_route_but_health_needs_the_key(server):
     for method, path in (("GET", "/props"), ("GET", "/metrics"), ("GET", "/models"), ("POST", "/tokenize"),
                          ("POST", "/completion"), ("POST", "/chat/completions")):

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from specgen.serve import routes
 from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
 from specgen.serve.routes import NativeReply, speculative, timings
+from specgen.serve.embeddings import Embeddings
 from specgen.serve.marks import Piece
 from specgen.serve.worker import Done, Job, Worker
 
@@ -50,6 +51,7 @@ class Server:
                  cors: tuple[str, ...] = ("*",)):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
         self.target = worker.runners.session.target
+        self.embedder = Embeddings(self.target, model_id, worker.n_ctx)
         post, key = ["POST"], self._keyed
         self.app = routes.Cors(Starlette(routes=[
             Route("/", self.page), Route("/health", self.health), Route("/v1/health", self.health),
@@ -91,7 +93,8 @@ class Server:
 
     async def page(self, request: HttpRequest) -> Response:
         """The chat page (static/index.html): it calls the API from the browser, with the key it is given."""
-        return HTMLResponse(PAGE.read_bytes(), headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
+        return HTMLResponse(PAGE.read_bytes(),
+                            headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
 
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
@@ -124,8 +127,10 @@ class Server:
         return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        raise RequestError(501, f"{request.url.path}: specgen serve has no embedding model: it serves "
-                                f"{self.model_id} for text generation only", kind="not_supported_error")
+        """/v1/embeddings in OpenAI's shape; /embedding and /embeddings in llama-server's."""
+        body = body_json(await _body(request))
+        native = request.url.path != "/v1/embeddings"
+        return JSONResponse(await asyncio.to_thread(self.embedder.run, body, native))
 
     async def chat(self, request: HttpRequest) -> Response:
         return await self._generate(request, chat_request, "chat.completion")
