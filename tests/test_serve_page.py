@@ -21,15 +21,17 @@ MAX_TOKENS = 64
 DRAFTED = {"lookup", "loop", "history", "store", "corpus", "draft", "staged", "draft+lookup"}
 
 
-def test_sources_split_a_stretch_of_text_by_the_tokens_that_wrote_it():
+def test_sources_split_a_stretch_of_text_by_the_tokens_that_wrote_it():  # and give their ids
     s = Sources()
     text = ""
-    for piece, source in [("ab", "target"), ("", "lookup"), ("cd", "lookup"), ("e", "lookup"), ("fg", "target")]:
-        s.add(len(text), source)
+    for token, (piece, source) in enumerate([("ab", "target"), ("", "lookup"), ("cd", "lookup"), ("e", "lookup"),
+                                             ("fg", "target")]):
+        s.add(len(text), source, token)
         text += piece
     assert s.cut(text, 0, len(text)) == (Mark("ab", "target"), Mark("cde", "lookup"), Mark("fg", "target"))
     assert s.cut(text, 1, 4) == (Mark("b", "target"), Mark("cd", "lookup"))
     assert s.cut(text, 5, 6) == (Mark("f", "target"),)
+    assert s.tokens(0, 2) == (0,) and s.tokens(2, 5) == (1, 2, 3) and s.tokens(5, 7) == (4,)
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +128,21 @@ def test_the_page_streams_the_answer_and_marks_each_tokens_source_in_a_browser(s
         assert browser.save_screenshot(str(SHOT))
     finally:
         browser.quit()
+
+
+@pytest.mark.real
+def test_llama_servers_stream_carries_the_token_ids_of_each_piece(server):
+    body = {"prompt": "a b c a b c a b c a b c", "n_predict": 16, "temperature": 0, "stream": True}
+    req = urllib.request.Request(server.url + "/completion", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer sesame"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        lines = [json.loads(e[len("data: "):]) for e in r.read().decode().split("\n\n") if e.startswith("data: ")]
+    pieces = [line for line in lines if not line["stop"]]
+    assert pieces and all(p["tokens"] for p in pieces)
+    ids = [t for p in pieces for t in p["tokens"]]
+    assert len(ids) == lines[-1]["tokens_predicted"] == 16
+    detok = urllib.request.Request(server.url + "/detokenize", data=json.dumps({"tokens": ids}).encode(),
+                                   method="POST", headers={"Authorization": "Bearer sesame"})
+    with urllib.request.urlopen(detok, timeout=30) as r:
+        assert json.loads(r.read())["content"] == "".join(p["content"] for p in pieces)
+    assert {s for p in pieces for _, s in p["specgen"]["sources"]} & DRAFTED  # lookup drafts the repeats

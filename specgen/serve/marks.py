@@ -38,6 +38,7 @@ class Piece:
     text: str
     marks: tuple[Mark, ...]
     live: Live
+    tokens: tuple[int, ...] = ()  # the ids of the tokens whose text starts in this piece
 
     def extension(self) -> dict:
         """The `specgen` object of a streamed chunk."""
@@ -53,13 +54,21 @@ class Sources:
     def __init__(self) -> None:
         self._starts: list[int] = []
         self._sources: list[str] = []
+        self._ids: list[tuple[int, int]] = []  # (where its text starts, token id), every token
 
-    def add(self, at: int, source: str) -> None:
+    def add(self, at: int, source: str, token: int = -1) -> None:
+        self._ids.append((at, token))
         if self._starts and self._starts[-1] == at:
             self._sources[-1] = source  # the previous token's text was empty
         else:
             self._starts.append(at)
             self._sources.append(source)
+
+    def tokens(self, start: int, end: int) -> tuple[int, ...]:
+        """The ids of the tokens whose text starts in [start, end) (an empty one: where the next starts)."""
+        first = bisect.bisect_left(self._ids, (start, -1 << 62))
+        last = bisect.bisect_left(self._ids, (end, -1 << 62))
+        return tuple(t for _, t in self._ids[first:last])
 
     def cut(self, text: str, start: int, end: int) -> tuple[Mark, ...]:
         """`text[start:end]` as marks, neighbours of one source merged."""

@@ -50,6 +50,7 @@ def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | No
         "stop": list(request.stop) if request is not None else [], "max_tokens": -1 if n_predict is None else n_predict,
         "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream), "n_probs": 0,
         "min_keep": 0, "grammar": "", "samplers": list(SPECGEN_ORDER), "timings_per_token": False,
+        "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama.cpp's adaptive-p sampler, off
     }
 
 
@@ -186,7 +187,8 @@ class NativeReply:
         return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
 
     def piece(self, piece: Piece) -> dict:
-        return {**self.chunk(piece.text), "specgen": piece.extension()}
+        """A streamed piece: its text, the ids of its tokens (as llama-server streams them) and specgen's object."""
+        return {**self.chunk(piece.text), "tokens": list(piece.tokens), "specgen": piece.extension()}
 
     def whole(self, done: Done) -> dict:
         s = done.stats

@@ -182,14 +182,15 @@ class Worker:
 
         def show(piece: str, sent: int) -> None:  # `piece` is stop.text[sent:sent + len(piece)]
             if piece and not held:
-                job.put(Piece(piece, sources.cut(stop.text, sent, sent + len(piece)), Live.of(stats)))
+                end = sent + len(piece)
+                job.put(Piece(piece, sources.cut(stop.text, sent, end), Live.of(stats), sources.tokens(sent, end)))
 
         try:
             for event in events:
                 if job.cancelled.is_set():
                     break
                 if isinstance(event, TokenEvent):
-                    sources.add(len(stop.text), event.source)
+                    sources.add(len(stop.text), event.source, event.token)
                     sent = stop.sent
                     show(stop.feed(event.text), sent)
                     if stop.hit:
