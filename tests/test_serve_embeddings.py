@@ -118,3 +118,28 @@ def test_a_model_that_cannot_embed_is_one_clear_4xx():  # the refusal alone, bef
     with pytest.raises(RequestError) as e:
         Embeddings(Reranker(), "rr", 64).run({"input": "hi"}, native_route=False)
     assert e.value.status == 400 and e.value.message.startswith("rr cannot embed: rr is a reranker")
+
+
+def test_embeddings_beside_a_generation_change_neither(server):
+    """The embedding context decodes on its own thread while the worker decodes a chat."""
+    import threading
+
+    chat = dict(model="x", messages=[{"role": "user", "content": "Count from one to twenty in words."}],
+                max_tokens=48, temperature=0)
+    alone = server.client.chat.completions.create(**chat).choices[0].message.content
+    vector = server.client.embeddings.create(model="x", input=OTHER).data[0].embedding
+    started, texts = threading.Event(), []
+
+    def generate():
+        text = ""
+        for chunk in server.client.chat.completions.create(**chat, stream=True):
+            started.set()
+            text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+        texts.append(text)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert started.wait(120)  # the generation is under way
+    beside = [server.client.embeddings.create(model="x", input=OTHER).data[0].embedding for _ in range(3)]
+    thread.join(120)
+    assert texts == [alone] and all(v == vector for v in beside)
