@@ -96,38 +96,77 @@ def chrome():
     return webdriver.Chrome(options=options, service=Service(executable_path=driver))
 
 
+@pytest.fixture(scope="module")
+def browser():
+    b = chrome()
+    yield b
+    b.quit()
+
+
+def ask(browser, server, text, max_tokens):
+    """Load the page, give it the key and a limit, send `text`; the reply's element."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.url + "/")
+    find = browser.find_element
+    key, tokens = find(By.ID, "key"), find(By.ID, "max-tokens")
+    key.clear()
+    key.send_keys("sesame")
+    tokens.clear()
+    tokens.send_keys(str(max_tokens))
+    find(By.ID, "prompt").send_keys(text)
+    find(By.ID, "send").click()
+    return find(By.CSS_SELECTOR, ".msg.assistant")
+
+
 @pytest.mark.real
-def test_the_page_streams_the_answer_and_marks_each_tokens_source_in_a_browser(server, expected):
+def test_the_page_streams_the_answer_and_marks_each_tokens_source_in_a_browser(server, expected, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = chrome()
-    try:
-        browser.get(server.url + "/")
-        find = browser.find_element
-        find(By.ID, "key").send_keys("sesame")
-        tokens = find(By.ID, "max-tokens")
-        tokens.clear()
-        tokens.send_keys(str(MAX_TOKENS))
-        find(By.ID, "prompt").send_keys(REPEAT)
-        find(By.ID, "send").click()
-        reply = WebDriverWait(browser, 120).until(
-            lambda b: b.find_element(By.CSS_SELECTOR, ".msg.assistant:not([data-state='streaming'])"))
-        stats = reply.find_element(By.CLASS_NAME, "stats").text
-        assert reply.get_attribute("data-state") == "done", stats
-        shown = reply.find_element(By.CLASS_NAME, "text").get_attribute("textContent")
-        assert shown == expected
-        marks = reply.find_elements(By.CSS_SELECTOR, ".tok[data-source]")
-        sources = {m.get_attribute("data-source") for m in marks}
-        assert "target" in sources and sources & DRAFTED, sources
-        assert "".join(m.get_attribute("textContent") for m in marks) == expected
-        assert float(find(By.ID, "tau").text) > 1.0 and float(find(By.ID, "tps").text) > 0
-        assert "τ" in stats and "tok/s" in stats
-        WebDriverWait(browser, 30).until(lambda b: "smollm2" in b.find_element(By.ID, "model").text)
-        SHOT.parent.mkdir(parents=True, exist_ok=True)
-        assert browser.save_screenshot(str(SHOT))
-    finally:
-        browser.quit()
+    reply = ask(browser, server, REPEAT, MAX_TOKENS)
+    WebDriverWait(browser, 120).until(lambda b: reply.get_attribute("data-state") != "streaming")
+    stats = reply.find_element(By.CLASS_NAME, "stats").text
+    assert reply.get_attribute("data-state") == "done", stats
+    shown = reply.find_element(By.CLASS_NAME, "text").get_attribute("textContent")
+    assert shown == expected
+    marks = reply.find_elements(By.CSS_SELECTOR, ".tok[data-source]")
+    sources = {m.get_attribute("data-source") for m in marks}
+    assert "target" in sources and sources & DRAFTED, sources
+    assert "".join(m.get_attribute("textContent") for m in marks) == expected
+    find = browser.find_element
+    assert float(find(By.ID, "tau").text) > 1.0 and float(find(By.ID, "tps").text) > 0
+    assert "τ" in stats and "tok/s" in stats
+    WebDriverWait(browser, 30).until(lambda b: "smollm2" in b.find_element(By.ID, "model").text)
+    SHOT.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(SHOT))
+
+
+@pytest.mark.real
+def test_stop_ends_the_answer_and_the_generation(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    reply = ask(browser, server, "Write a long story about a lighthouse keeper.", 2000)
+    WebDriverWait(browser, 120).until(lambda b: reply.find_elements(By.CSS_SELECTOR, ".tok"))
+    browser.find_element(By.ID, "stop").click()
+    WebDriverWait(browser, 30).until(lambda b: reply.get_attribute("data-state") != "streaming")
+    assert reply.get_attribute("data-state") == "stopped"
+    assert browser.find_element(By.ID, "send").is_enabled()
+    WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda b: idle(server))  # the server stopped too
+    shown = reply.find_element(By.CLASS_NAME, "text").get_attribute("textContent")
+    assert 0 < len(shown) and metric(server, "llamacpp:tokens_predicted_total") < 2000
+
+
+def metric(server, name):
+    req = urllib.request.Request(server.url + "/metrics", headers={"Authorization": "Bearer sesame"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+
+
+def idle(server):
+    return metric(server, "llamacpp:requests_processing") == 0
 
 
 @pytest.mark.real
