@@ -14,13 +14,14 @@ pytestmark = pytest.mark.real
 
 N_EMBD = 576  # smollm2-135m's hidden size
 CTX = 256
+ALIAS = "embedder"  # --alias: the model id the server lists and answers with
 SAME = "The cat sat on the mat."
 OTHER = "Quarterly revenue rose by four percent."
 
 
 @pytest.fixture(scope="module")
 def server():
-    served = Served("--ctx", str(CTX))
+    served = Served("--ctx", str(CTX), "--alias", ALIAS)
     yield served
     served.stop()
 
@@ -51,6 +52,8 @@ def test_openai_client_gets_one_normalised_vector_per_input_the_same_each_time(s
     assert status == 200 and raw["model"] == "m" and raw["object"] == "list"
     assert np.array_equal(np.array(raw["data"][0]["embedding"], dtype=np.float32), a.astype(np.float32))
     assert server.client.chat.completions.create(**chat).choices[0].message.content == before
+    assert [m.id for m in server.client.models.list()] == [ALIAS]
+    assert post(server, "/v1/embeddings", {"input": SAME})[1]["model"] == ALIAS  # none asked: the server's id
 
 
 def test_token_ids_and_llama_servers_own_shape(server):
