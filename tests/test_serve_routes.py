@@ -445,3 +445,13 @@ def test_each_field_acts_or_is_refused_by_name(server, baseline, name):
     else:
         status, r = chat(server, **{name: INERT[name]})
         assert status == 200 and _content(r) == baseline, r
+
+
+def test_apply_template_gives_the_text_a_chat_request_reads(server):
+    status, r = post(server, "/apply-template", {"messages": ASK})
+    assert status == 200 and r["prompt"].endswith("<|im_start|>assistant\n") and "Name three colours." in r["prompt"]
+    status, tokens = post(server, "/tokenize", {"content": r["prompt"], "add_special": True})
+    status, chat_r = chat(server, max_tokens=1)
+    assert len(tokens["tokens"]) == chat_r["usage"]["prompt_tokens"]  # the very text the model reads
+    status, r = post(server, "/apply-template", {"messages": []})
+    assert status == 400 and r["error"]["param"] == "messages"

@@ -65,6 +65,7 @@ class Server:
             Route("/props", key(self.props)),
             Route("/tokenize", key(self.tokenize), methods=post),
             Route("/detokenize", key(self.detokenize), methods=post),
+            Route("/apply-template", key(self.apply_template), methods=post),
             Route("/metrics", key(self.metrics)),
             *(Route(path, key(self.embeddings), methods=post)
               for path in ("/v1/embeddings", "/embeddings", "/embedding")),
@@ -122,6 +123,10 @@ class Server:
 
     async def detokenize(self, request: HttpRequest) -> Response:
         return JSONResponse(routes.detokenize(self.target, body_json(await _body(request))))
+
+    async def apply_template(self, request: HttpRequest) -> Response:
+        body = body_json(await _body(request))
+        return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
         return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")

@@ -1,6 +1,6 @@
 """llama-server's own routes and shapes, for the clients written against it (llama.cpp's web UI,
-SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /metrics in
-Prometheus text, /completion's response and stream; and CORS for browser clients."""
+SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /apply-template,
+/metrics in Prometheus text, /completion's response and stream; and CORS for browser clients."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import time
 
 from specgen import __version__
 from specgen.app.config import RunConfig
+from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
+from specgen.errors import SpecgenError
 from specgen.serve.fields import SPECGEN_ORDER
 from specgen.serve.marks import Piece
-from specgen.serve.requests import Request, RequestError
+from specgen.serve.requests import Request, RequestError, chat_request
 from specgen.serve.worker import Done, Worker
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
@@ -110,6 +112,16 @@ def detokenize(model: Model, body: dict) -> dict:
     if bad:
         raise RequestError(400, f"tokens expects ids in [0, {model.n_vocab}), found {bad[0]}", "tokens")
     return {"content": b"".join(_bytes(model, t) for t in tokens).decode("utf-8", "replace")}
+
+
+def apply_template(model: Model, cfg: RunConfig, body: dict) -> dict:
+    """POST /apply-template: a chat request's `messages` (and `tools`) as the text the model would
+    read, through its chat template and the server's --system, without generating: {"prompt": text}."""
+    request = chat_request(body, model.chat_template)
+    try:
+        return {"prompt": render_prompt(model, request.prompt, bool(model.chat_template), cfg.system)}
+    except SpecgenError as e:
+        raise RequestError(400, str(e), "messages") from None
 
 
 def _bytes(model: Model, token: int) -> bytes:
