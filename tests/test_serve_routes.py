@@ -192,6 +192,10 @@ def test_every_route_but_health_needs_the_key(server):
                          ("POST", "/completion"), ("POST", "/chat/completions")):
         status, _, raw = call(server, method, path, {} if method == "POST" else None)
         assert status == 401 and "Authorization" in json.loads(raw)["error"]["message"], path
+    status, _, raw = call(server, "GET", "/props", headers={"X-Api-Key": "sesame"})  # Anthropic's header
+    assert status == 200 and json.loads(raw)["total_slots"] == 1
+    status, _, raw = call(server, "GET", "/props", headers={"X-Api-Key": "sesame2"})
+    assert status == 401
 
 
 # --- CORS ------------------------------------------------------------------------------------

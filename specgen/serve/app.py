@@ -88,9 +88,11 @@ class Server:
         if self.api_key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-            raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key>",
-                               kind="authentication_error")
+        anthropic = request.headers.get("x-api-key")  # Anthropic's clients (llama-server takes it too)
+        if not (hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+                or anthropic is not None and hmac.compare_digest(anthropic.encode(), self.api_key.encode())):
+            raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key> "
+                                    "(or X-Api-Key: <key>)", kind="authentication_error")
 
     async def page(self, request: HttpRequest) -> Response:
         """The chat page (static/index.html): it calls the API from the browser, with the key it is given."""
