@@ -4,6 +4,7 @@ field OpenAI and llama-server document for chat completions, each acting or refu
 server process on the real smollm2 model, driven over raw HTTP."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -185,6 +186,13 @@ def test_metrics_count_requests_tokens_and_accepted_drafts(server):
     assert sum(by_source.values()) == after["llamacpp:spec_decode_num_accepted_tokens_total"]
     assert after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"] == r["speculative"]["target_calls"]
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
+    assert after["llamacpp:prompt_tokens_cached_total"] == 0 and after["llamacpp:n_busy_slots_per_decode"] == 1
+    _, headers, _ = call(server, "GET", "/metrics", headers=KEY)
+    assert 0 < time.time() - int(headers["Process-Start-Time-Unix"]) < 3600
+    t = r["timings"]  # llama-server's derived figures, as its web UI shows them
+    assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / t["predicted_n"], abs=1e-3)
+    assert t["prompt_per_token_ms"] == pytest.approx(t["prompt_ms"] / t["prompt_n"], abs=1e-3)
+    assert t["prompt_per_second"] == pytest.approx(1000 / t["prompt_per_token_ms"], rel=1e-2)
 
 
 def test_every_route_but_health_needs_the_key(server):

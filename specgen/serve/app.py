@@ -28,6 +28,7 @@ from specgen.serve.worker import Done, Job, Worker
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
 DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
 RETRY_AFTER_S = 1
+STARTED = int(time.time())  # /metrics' Process-Start-Time-Unix, as llama-server sends
 PAGE = Path(__file__).parent / "static" / "index.html"
 PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"  # nothing from elsewhere
 
@@ -131,7 +132,8 @@ class Server:
         return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
-        return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(STARTED)})
 
     async def embeddings(self, request: HttpRequest) -> Response:
         """/v1/embeddings in OpenAI's shape; /embedding and /embeddings in llama-server's."""

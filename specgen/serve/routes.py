@@ -22,9 +22,17 @@ SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
 def timings(done: Done) -> dict:
     s = done.stats
-    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
-            "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
+    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3),
+            "prompt_per_token_ms": round(_per(s.prefill_s * 1000, s.n_prompt), 3),
+            "prompt_per_second": round(_rate(s.n_prompt, s.prefill_s), 3), "predicted_n": s.n_tokens,
+            "predicted_ms": round(s.decode_s * 1000, 3),
+            "predicted_per_token_ms": round(_per(s.decode_s * 1000, s.n_tokens), 3),
+            "predicted_per_second": round(s.tokens_per_s, 3),
             "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
+
+
+def _per(ms: float, n: int) -> float:
+    return ms / n if n else 0.0
 
 
 def speculative(method: str, s: RunStats) -> dict:
@@ -137,6 +145,7 @@ def metrics(worker: Worker) -> str:
     m, t = worker.metrics, worker.metrics.total
     counters = [
         ("prompt_tokens_total", "Number of prompt tokens processed", t.n_prompt),
+        ("prompt_tokens_cached_total", "Prompt tokens reused from a cache (specgen reads every prompt whole)", 0),
         ("prompt_seconds_total", "Total time spent processing prompts", t.prefill_s),
         ("tokens_predicted_total", "Number of generation tokens processed", t.n_tokens),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", t.decode_s),
@@ -151,6 +160,7 @@ def metrics(worker: Worker) -> str:
         ("predicted_tokens_seconds", "Average generation throughput in tokens/s", _rate(t.n_tokens, t.decode_s)),
         ("requests_processing", "Number of requests processing", int(worker.busy)),
         ("requests_deferred", "Number of requests deferred", worker.deferred),
+        ("n_busy_slots_per_decode", "Average number of busy slots per decode (one slot)", int(t.target_calls > 0)),
     ]
     lines: list[str] = []
 
