@@ -1,6 +1,7 @@
 """The HTTP face: OpenAI's routes and response shapes (plus llama-server's `timings` and a
-`speculative` object), llama-server's own routes (routes.py), server-sent events for streams, an
-API key, CORS, body and queue limits."""
+`speculative` object), llama-server's own routes (routes.py), embeddings (embeddings.py), the chat
+page at / (static/index.html), server-sent events for streams (each piece with where its tokens came
+from: marks.py), an API key, CORS, body and queue limits."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from specgen.serve import routes
-from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
-from specgen.serve.routes import NativeReply, speculative, timings
 from specgen.serve.embeddings import Embeddings
 from specgen.serve.marks import Piece
+from specgen.serve.requests import Request, RequestError, body_json, chat_request, completion_request
+from specgen.serve.routes import NativeReply, speculative, timings
 from specgen.serve.worker import Done, Job, Worker
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
