@@ -78,8 +78,8 @@ class Embeddings:
             self._check_dimensions(body.get("dimensions"), embedder.n_embd)
             for i, tokens in enumerate(prompts):
                 if len(tokens) > embedder.n_ctx:
-                    raise RequestError(400, f"input[{i}] has {len(tokens)} tokens; this server embeds at most "
-                                            f"{embedder.n_ctx} (--ctx)", "input")
+                    raise RequestError(400, f"input[{i}] is too large: {len(tokens)} tokens, and this server "
+                                            f"embeds at most {embedder.n_ctx} (--ctx)", "input")
             vectors = [normalized(embedder.embed(tokens).vector, norm) for tokens in prompts]
         if native:  # llama-server's own shape: one list of vectors per input (one, pooled)
             return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
