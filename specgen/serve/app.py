@@ -133,8 +133,10 @@ class Server:
         return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
-        return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": str(STARTED)})
+        response = PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
+        # Spelt as llama-server spells it (Starlette would lower-case it; some clients compare exactly).
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(STARTED).encode()))
+        return response
 
     async def embeddings(self, request: HttpRequest) -> Response:
         """/v1/embeddings in OpenAI's shape; /embedding and /embeddings in llama-server's."""
