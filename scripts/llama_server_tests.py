@@ -45,6 +45,8 @@ def translate(argv: list[str]) -> list[str]:
         flag = argv[i]
         value = argv[i + 1] if flag in TAKES_VALUE and i + 1 < len(argv) else None
         i += 2 if flag in TAKES_VALUE else 1
+        if flag == "--n-predict" and value is not None and int(value) < 0:
+            continue  # llama-server's -1, no limit: specgen's default without -n
         if flag in RENAMED:
             out += [RENAMED[flag], value]
         elif flag in ("--model", "--hf-repo", "--hf-file") and value:
