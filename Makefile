@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TEST_MODELS := smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m smollm2-135m-instruct-f32 smollm2-135m-instruct-q4_0 smollm2-135m-instruct-q5_1 gemma-3-270m-f32 gemma-3-270m-q2_k gemma-3-270m-f32-self
 
-.PHONY: setup models run test clean
+.PHONY: setup models browser run test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ run: setup
 	$(BIN)/specgen models pull $(DEMO_MODELS)
 	$(BIN)/specgen demo
 
-test: models
+# The page's test (tests/test_serve_page.py) drives Debian's chromium through chromedriver: installed
+# here (Debian, as root) unless both are already on PATH.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+test: models browser
 	SPECGEN_REQUIRE_INVARIANT=1 $(BIN)/python -m pytest -q
 
 clean:

@@ -4,6 +4,7 @@ field OpenAI and llama-server document for chat completions, each acting or refu
 server process on the real smollm2 model, driven over raw HTTP."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -185,12 +186,13 @@ def test_metrics_count_requests_tokens_and_accepted_drafts(server):
     assert sum(by_source.values()) == after["llamacpp:spec_decode_num_accepted_tokens_total"]
     assert after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"] == r["speculative"]["target_calls"]
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
-
-
-def test_embeddings_are_refused_in_one_clear_line(server):
-    for path in ("/v1/embeddings", "/embeddings"):
-        status, r = post(server, path, {"input": "hello", "model": "x"})
-        assert status == 501 and "no embedding model" in r["error"]["message"]
+    assert after["llamacpp:prompt_tokens_cached_total"] == 0 and after["llamacpp:n_busy_slots_per_decode"] == 1
+    _, headers, _ = call(server, "GET", "/metrics", headers=KEY)
+    assert 0 < time.time() - int(headers["Process-Start-Time-Unix"]) < 3600
+    t = r["timings"]  # llama-server's derived figures, as its web UI shows them
+    assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / t["predicted_n"], abs=1e-3)
+    assert t["prompt_per_token_ms"] == pytest.approx(t["prompt_ms"] / t["prompt_n"], abs=1e-3)
+    assert t["prompt_per_second"] == pytest.approx(1000 / t["prompt_per_token_ms"], rel=1e-2)
 
 
 def test_every_route_but_health_needs_the_key(server):
@@ -198,6 +200,10 @@ def test_every_route_but_health_needs_the_key(server):
                          ("POST", "/completion"), ("POST", "/chat/completions")):
         status, _, raw = call(server, method, path, {} if method == "POST" else None)
         assert status == 401 and "Authorization" in json.loads(raw)["error"]["message"], path
+    status, _, raw = call(server, "GET", "/props", headers={"X-Api-Key": "sesame"})  # Anthropic's header
+    assert status == 200 and json.loads(raw)["total_slots"] == 1
+    status, _, raw = call(server, "GET", "/props", headers={"X-Api-Key": "sesame2"})
+    assert status == 401
 
 
 # --- CORS ------------------------------------------------------------------------------------
@@ -515,3 +521,13 @@ def test_each_field_acts_or_is_refused_by_name(server, baseline, name):
     else:
         status, r = chat(server, **{name: INERT[name]})
         assert status == 200 and _content(r) == baseline, r
+
+
+def test_apply_template_gives_the_text_a_chat_request_reads(server):
+    status, r = post(server, "/apply-template", {"messages": ASK})
+    assert status == 200 and r["prompt"].endswith("<|im_start|>assistant\n") and "Name three colours." in r["prompt"]
+    status, tokens = post(server, "/tokenize", {"content": r["prompt"], "add_special": True})
+    status, chat_r = chat(server, max_tokens=1)
+    assert len(tokens["tokens"]) == chat_r["usage"]["prompt_tokens"]  # the very text the model reads
+    status, r = post(server, "/apply-template", {"messages": []})
+    assert status == 400 and r["error"]["param"] == "messages"

@@ -71,6 +71,8 @@ def serve(
                                           help="Require `Authorization: Bearer KEY` on every route but /health."),
     max_queue: int = typer.Option(16, "--max-queue", metavar="N", help="Requests that may wait while one is "
                                   "decoded; more get 503 with Retry-After."),
+    alias: Optional[str] = typer.Option(None, "--alias", metavar="NAME", help="The model id /v1/models lists and "
+                                        "responses name [the model's name]."),
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", metavar="ORIGIN", help="A web origin "
                                                     "browsers may call from (repeatable) [any: *]."),
 ) -> None:
@@ -94,6 +96,8 @@ def serve(
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port expects 1..65535, found {port}")
+    if alias is not None and not alias.strip():
+        raise ConfigError("--alias expects a name, found nothing")
     if max_queue < 0:
         raise ConfigError(f"--max-queue must be at least 0, found {max_queue}")
     cfg = build_config(config, dict(
@@ -111,8 +115,9 @@ def serve(
     default_max = cfg.max_tokens if given else None
     worker = Worker(Runners(cfg, session), max_queue, default_max)
     warm_grammar(session.target)
-    server = Server(worker, session.target_label, cfg.method, api_key, tuple(cors_origin or ("*",)))
-    note(f"serving {session.target_label} ({cfg.method}) at http://{host}:{port}/v1")
+    model_id = alias or session.target_label
+    server = Server(worker, model_id, cfg.method, api_key, tuple(cors_origin or ("*",)))
+    note(f"serving {model_id} ({cfg.method}) at http://{host}:{port}/v1")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler
     # it found: a quiet one makes that a clean exit 0 rather than death by signal.
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -26,6 +26,7 @@ from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
 if TYPE_CHECKING:
     from specgen.core.constraint import Constraint, ConstraintSpec
+    from specgen.llama.embed import Embedder
 from specgen.errors import ModelError, SpecgenError
 from specgen import host
 from specgen.host import default_threads
@@ -187,6 +188,13 @@ class LlamaModel:
         from specgen.llama.grammar import GuidanceConstraint
 
         return GuidanceConstraint(self, spec)
+
+    def embedder(self, n_ctx: int, n_threads: int | None = None) -> "Embedder":
+        """A second context that embeds texts of up to `n_ctx` tokens (llama/embed.py; ModelError if
+        this model cannot embed)."""
+        from specgen.llama.embed import Embedder
+
+        return Embedder(self, n_ctx, n_threads)
 
     def new_context(self, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
                     n_threads: int | None = None, n_outputs: int = 1) -> "LlamaContext":

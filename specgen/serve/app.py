@@ -1,6 +1,7 @@
 """The HTTP face: OpenAI's routes and response shapes (plus llama-server's `timings` and a
-`speculative` object), llama-server's own routes (routes.py), server-sent events for streams, an
-API key, CORS, body and queue limits."""
+`speculative` object), llama-server's own routes (routes.py), embeddings (embeddings.py), the chat
+page at / (static/index.html), server-sent events for streams (each piece with where its tokens came
+from: marks.py), an API key, CORS, body and queue limits."""
 
 from __future__ import annotations
 
@@ -9,24 +10,30 @@ import hmac
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specgen.serve import routes
+from specgen.serve.embeddings import Embeddings
 from specgen.serve.logprobs import Shown, chat_content, completion_logprobs
+from specgen.serve.marks import Piece
 from specgen.serve.requests import (Request, RequestError, body_json, chat_request, check_vocabulary,
                                     completion_request)
 from specgen.serve.routes import NativeReply, speculative, timings
-from specgen.serve.worker import Done, Job, Piece, Worker
+from specgen.serve.worker import Done, Job, Worker
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
 DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
 RETRY_AFTER_S = 1
+STARTED = int(time.time())  # /metrics' Process-Start-Time-Unix, as llama-server sends
+PAGE = Path(__file__).parent / "static" / "index.html"
+PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"  # nothing from elsewhere
 
 
 def error_response(e: RequestError) -> JSONResponse:
@@ -48,9 +55,10 @@ class Server:
                  cors: tuple[str, ...] = ("*",)):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
         self.target = worker.runners.session.target
+        self.embedder = Embeddings(self.target, model_id, worker.n_ctx)
         post, key = ["POST"], self._keyed
         self.app = routes.Cors(Starlette(routes=[
-            Route("/health", self.health), Route("/v1/health", self.health),
+            Route("/", self.page), Route("/health", self.health), Route("/v1/health", self.health),
             Route("/v1/models", key(self.models)), Route("/models", key(self.models)),
             Route("/v1/models/{model_id:path}", key(self.model)),
             Route("/v1/chat/completions", key(self.chat), methods=post),
@@ -61,6 +69,7 @@ class Server:
             Route("/props", key(self.props)),
             Route("/tokenize", key(self.tokenize), methods=post),
             Route("/detokenize", key(self.detokenize), methods=post),
+            Route("/apply-template", key(self.apply_template), methods=post),
             Route("/metrics", key(self.metrics)),
             *(Route(path, key(self.embeddings), methods=post)
               for path in ("/v1/embeddings", "/embeddings", "/embedding")),
@@ -83,9 +92,16 @@ class Server:
         if self.api_key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-            raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key>",
-                               kind="authentication_error")
+        anthropic = request.headers.get("x-api-key")  # Anthropic's clients (llama-server takes it too)
+        if not (hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+                or anthropic is not None and hmac.compare_digest(anthropic.encode(), self.api_key.encode())):
+            raise RequestError(401, "expected the header Authorization: Bearer <the server's --api-key> "
+                                    "(or X-Api-Key: <key>)", kind="authentication_error")
+
+    async def page(self, request: HttpRequest) -> Response:
+        """The chat page (static/index.html): it calls the API from the browser, with the key it is given."""
+        return HTMLResponse(PAGE.read_bytes(),
+                            headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"})
 
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
@@ -114,12 +130,21 @@ class Server:
     async def detokenize(self, request: HttpRequest) -> Response:
         return JSONResponse(routes.detokenize(self.target, body_json(await _body(request))))
 
+    async def apply_template(self, request: HttpRequest) -> Response:
+        body = body_json(await _body(request))
+        return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
+
     async def metrics(self, request: HttpRequest) -> Response:
-        return PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
+        response = PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
+        # Spelt as llama-server spells it (Starlette would lower-case it; some clients compare exactly).
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(STARTED).encode()))
+        return response
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        raise RequestError(501, f"{request.url.path}: specgen serve has no embedding model: it serves "
-                                f"{self.model_id} for text generation only", kind="not_supported_error")
+        """/v1/embeddings in OpenAI's shape; /embedding and /embeddings in llama-server's."""
+        body = body_json(await _body(request))
+        native = request.url.path != "/v1/embeddings"
+        return JSONResponse(await asyncio.to_thread(self.embedder.run, body, native))
 
     async def chat(self, request: HttpRequest) -> Response:
         return await self._generate(request, chat_request, "chat.completion")
@@ -175,7 +200,7 @@ class Server:
             for chunk in reply.opening():
                 yield _sse(chunk)
             async for item in items():
-                for chunk in [reply.chunk(item.text, item.logprobs)] if isinstance(item, Piece) else reply.closing(item):
+                for chunk in [reply.piece(item)] if isinstance(item, Piece) else reply.closing(item):
                     yield _sse(chunk)
         except RequestError as e:
             yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
@@ -281,6 +306,10 @@ class Reply:
         name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         content = ({"content": piece} if isinstance(piece, str) else piece) if self.kind == "chat.completion" else piece
         return {**self._head(name), "choices": [self._choice(content, None, False, logprobs)]}
+
+    def piece(self, piece: Piece) -> dict:
+        """A chunk of streamed text, with specgen's extension: the text by source, tok/s and τ so far."""
+        return {**self.chunk(piece.text, piece.logprobs), "specgen": piece.extension()}
 
     def last(self, done: Done) -> dict:
         """The chunk that ends the choice: its finish_reason, and the numbers local clients read."""

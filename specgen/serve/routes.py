@@ -1,6 +1,6 @@
 """llama-server's own routes and shapes, for the clients written against it (llama.cpp's web UI,
-SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /metrics in
-Prometheus text, /completion's response and stream; and CORS for browser clients."""
+SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /apply-template,
+/metrics in Prometheus text, /completion's response and stream; and CORS for browser clients."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import time
 
 from specgen import __version__
 from specgen.app.config import RunConfig
+from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
+from specgen.errors import SpecgenError
 from specgen.serve.fields import SPECGEN_ORDER
 from specgen.serve.logprobs import Shown, native_probabilities
-from specgen.serve.requests import Request, RequestError
+from specgen.serve.marks import Piece
+from specgen.serve.requests import Request, RequestError, chat_request
 from specgen.serve.worker import Done, Worker, overrides
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
@@ -22,9 +25,17 @@ SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
 def timings(done: Done) -> dict:
     s = done.stats
-    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3), "predicted_n": s.n_tokens,
-            "predicted_ms": round(s.decode_s * 1000, 3), "predicted_per_second": round(s.tokens_per_s, 3),
+    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3),
+            "prompt_per_token_ms": round(_per(s.prefill_s * 1000, s.n_prompt), 3),
+            "prompt_per_second": round(_rate(s.n_prompt, s.prefill_s), 3), "predicted_n": s.n_tokens,
+            "predicted_ms": round(s.decode_s * 1000, 3),
+            "predicted_per_token_ms": round(_per(s.decode_s * 1000, s.n_tokens), 3),
+            "predicted_per_second": round(s.tokens_per_s, 3),
             "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
+
+
+def _per(ms: float, n: int) -> float:
+    return ms / n if n else 0.0
 
 
 def speculative(method: str, s: RunStats) -> dict:
@@ -55,6 +66,7 @@ def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | No
         "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream),
         "n_probs": request.logprobs or 0 if request is not None else 0,
         "min_keep": 0, "grammar": "", "samplers": list(SPECGEN_ORDER), "timings_per_token": False,
+        "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama.cpp's adaptive-p sampler, off
     }
 
 
@@ -116,6 +128,16 @@ def detokenize(model: Model, body: dict) -> dict:
     return {"content": b"".join(_bytes(model, t) for t in tokens).decode("utf-8", "replace")}
 
 
+def apply_template(model: Model, cfg: RunConfig, body: dict) -> dict:
+    """POST /apply-template: a chat request's `messages` (and `tools`) as the text the model would
+    read, through its chat template and the server's --system, without generating: {"prompt": text}."""
+    request = chat_request(body, model.chat_template)
+    try:
+        return {"prompt": render_prompt(model, request.prompt, bool(model.chat_template), cfg.system)}
+    except SpecgenError as e:
+        raise RequestError(400, str(e), "messages") from None
+
+
 def _bytes(model: Model, token: int) -> bytes:
     """A token's text; a special token (whose piece is empty) as the vocabulary writes it."""
     raw = model.piece(token)
@@ -129,6 +151,7 @@ def metrics(worker: Worker) -> str:
     m, t = worker.metrics, worker.metrics.total
     counters = [
         ("prompt_tokens_total", "Number of prompt tokens processed", t.n_prompt),
+        ("prompt_tokens_cached_total", "Prompt tokens reused from a cache (specgen reads every prompt whole)", 0),
         ("prompt_seconds_total", "Total time spent processing prompts", t.prefill_s),
         ("tokens_predicted_total", "Number of generation tokens processed", t.n_tokens),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", t.decode_s),
@@ -143,6 +166,7 @@ def metrics(worker: Worker) -> str:
         ("predicted_tokens_seconds", "Average generation throughput in tokens/s", _rate(t.n_tokens, t.decode_s)),
         ("requests_processing", "Number of requests processing", int(worker.busy)),
         ("requests_deferred", "Number of requests deferred", worker.deferred),
+        ("n_busy_slots_per_decode", "Average number of busy slots per decode (one slot)", int(t.target_calls > 0)),
     ]
     lines: list[str] = []
 
@@ -192,6 +216,10 @@ class NativeReply:
         if self.request.logprobs is not None:
             out["completion_probabilities"] = native_probabilities(list(logprobs))
         return out
+
+    def piece(self, piece: Piece) -> dict:
+        """A streamed piece: its text, the ids of its tokens (as llama-server streams them) and specgen's object."""
+        return {**self.chunk(piece.text, piece.logprobs), "tokens": list(piece.tokens), "specgen": piece.extension()}
 
     def whole(self, done: Done) -> dict:
         s = done.stats

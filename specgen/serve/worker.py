@@ -20,6 +20,7 @@ from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
 from specgen.serve.logprobs import Pending, Shown, shown
+from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
 log = logging.getLogger("specgen.serve")
@@ -49,14 +50,6 @@ class StopText:
     def flush(self) -> str:
         out, self.sent = self.text[self.sent:], len(self.text)
         return out
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Text to show, and the tokens whose text starts in it (when the request asked for logprobs)."""
-
-    text: str
-    logprobs: tuple[Shown, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,7 +180,7 @@ class Worker:
                 job.put(outcome)
 
     def _generate(self, job: Job) -> Done:
-        """Run the request, putting each showable piece of text; a cancelled job stops at the next step."""
+        """Run the request, putting each showable Piece of text; a cancelled job stops at the next step."""
         request, runner = job.request, self.runners.get(job.request)
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
         if self._limit(request) == 0:  # llama-server's n_predict 0: nothing to generate
@@ -196,6 +189,14 @@ class Worker:
         held = request.prompt.tools is not None
         pending, target = Pending(), runner.session.target
         events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs)
+        sources = Sources()
+
+        def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
+            if (text or logprobs) and not held:
+                end = sent + len(text)
+                job.put(Piece(text, sources.cut(stop.text, sent, end), Live.of(stats), sources.tokens(sent, end),
+                              logprobs))
+
         try:
             for event in events:
                 if job.cancelled.is_set():
@@ -203,17 +204,17 @@ class Worker:
                 if isinstance(event, TokenEvent):
                     if event.logprob is not None:
                         pending.add(shown(target, event.logprob, len(stop.text)))
-                    piece = Piece(stop.feed(event.text), tuple(pending.release(stop.sent)))
-                    if (piece.text or piece.logprobs) and not held:
-                        job.put(piece)
+                    sources.add(len(stop.text), event.source, event.token)
+                    sent = stop.sent
+                    text = stop.feed(event.text)
+                    show(text, sent, tuple(pending.release(stop.sent)))
                     if stop.hit:
                         reason = "stop"
                         break
                 elif isinstance(event, FinishEvent):
+                    sent = stop.sent
                     text = stop.feed(event.tail) + stop.flush()
-                    piece = Piece(text, tuple(pending.release(stop.sent, inclusive=not stop.hit)))
-                    if (piece.text or piece.logprobs) and not held:
-                        job.put(piece)
+                    show(text, sent, tuple(pending.release(stop.sent, inclusive=not stop.hit)))
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
