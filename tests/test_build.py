@@ -107,3 +107,95 @@ def test_doctor_names_the_kernels_state():
     assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on |")  # a CPU without AVX2
     assert "SPECGEN_KERNELS=0" in kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = off | SPECGEN_KERNELS = off |")
     assert kernels("CPU : AVX2 = 1 | REPACK = 1 |").startswith("not in this build")
+
+
+# --- CUDA builds for named architectures, on a host with nvcc and no driver (build_cuda.py) --------
+
+def fake_toolkit(root, cublas_in_toolkit=False):
+    """A CUDA toolkit as this host has it (nvcc, no cuBLAS) and a `pip install --target` of nvidia-cublas."""
+    (root / "cuda/bin").mkdir(parents=True)
+    (root / "cuda/bin/nvcc").write_text("")
+    (root / "cuda/include").mkdir()
+    if cublas_in_toolkit:
+        (root / "cuda/include/cublas_v2.h").write_text("")
+    lib, inc = root / "cublas/nvidia/cu13/lib", root / "cublas/nvidia/cu13/include"
+    lib.mkdir(parents=True)
+    inc.mkdir(parents=True)
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (lib / name).write_text("")
+    (inc / "cublas_v2.h").write_text("")
+    return {"CUDA_HOME": str(root / "cuda"), "SPECGEN_CUBLAS_DIR": str(root / "cublas")}
+
+
+def test_a_cuda_build_for_named_architectures_needs_no_driver(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: pytest.fail("a named-architecture build probed for a GPU"))
+    plan = plan_for(monkeypatch, {"avx2", "avx512f"}, nvcc=True, gpu=False, env={**env, "SPECGEN_CUDA_ARCH": "90-real"})
+    args = plan.cmake_args
+    assert args[:2] == ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90-real"]
+    assert {"-DGGML_CUDA_FA_QUANTS=f16-f16", "-DGGML_CUDA_NO_VMM=ON", "-DGGML_RPC=ON"} <= set(args)
+    # the CPU part is portable (the runner's CPU is not the builder's): AVX2, never AVX-512 or AMX
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"} <= set(args)
+    cublas = tmp_path / "cublas/nvidia/cu13"
+    assert plan.local_args == (f"-DCUDAToolkit_ROOT={tmp_path / 'cuda'}", f"-DCMAKE_CUDA_COMPILER={tmp_path / 'cuda/bin/nvcc'}",
+                               f"-DCUDA_cublas_LIBRARY={cublas / 'lib/libcublas.so.13'}",
+                               f"-DCUDA_cublasLt_LIBRARY={cublas / 'lib/libcublasLt.so.13'}",
+                               f"-DCMAKE_CUDA_FLAGS=-I{cublas / 'include'}")
+
+
+def test_a_cuda_wheel_has_its_own_key_and_the_cpu_key_stays(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    cpu = plan_for(monkeypatch, {"avx2"}, env=env)
+    cuda = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "90-real"})
+    other_arch = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "89-real;90-real"})
+    assert len({cpu.key, cuda.key, other_arch.key}) == 3
+    assert cpu.local_args == () and "-DGGML_CUDA=ON" not in cpu.cmake_args
+    # where this host keeps its toolkit reaches CMake, not the key
+    moved = fake_toolkit(tmp_path / "elsewhere", cublas_in_toolkit=True)
+    again = plan_for(monkeypatch, {"avx2"}, env={**moved, "SPECGEN_CUDA_ARCH": "90-real"})
+    assert again.key == cuda.key and again.local_args != cuda.local_args
+    assert not any("cublas" in a for a in again.local_args)  # the toolkit's own cuBLAS: nothing to add
+
+
+def test_cuda_build_inputs_are_checked_in_one_line(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    with pytest.raises(SystemExit, match="not a CUDA architecture list"):
+        plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "hopper"})
+    (tmp_path / "cublas/nvidia/cu13/include/cublas_v2.h").unlink()
+    with pytest.raises(SystemExit, match="no cuBLAS.*SPECGEN_CUBLAS_DIR"):
+        plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "90"})
+    with pytest.raises(SystemExit, match="needs CUDA's compiler"):
+        plan_for(monkeypatch, {"avx2"}, env={"CUDA_HOME": str(tmp_path / "none"), "SPECGEN_CUDA_ARCH": "90"})
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
+    with pytest.raises(SystemExit, match="needs --cuda-arch"):
+        build.main(["--cuda"])
+
+
+def test_cuda_without_a_driver_builds_the_wheel_and_installs_nothing(monkeypatch, tmp_path, capsys):
+    env = fake_toolkit(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECGEN_CMAKE_ARGS", raising=False)
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
+    built = []
+    monkeypatch.setattr(build, "build_wheel", lambda plan, cache: built.append((plan, cache)) or cache / "x.whl")
+    monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: pytest.fail("installed a CUDA wheel without a driver"))
+    build.main(["--cuda", "--cuda-arch", "90-real"])
+    (plan, cache), = built
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in plan.cmake_args and cache.name.endswith(plan.key)
+    assert capsys.readouterr().out.strip() == str(cache / "x.whl")  # the path, for scripts/gpu-check.sh
+
+
+def test_the_patches_touch_no_cuda_source_and_apply_the_same_to_a_cuda_build(tmp_path):
+    """specgen's kernels and invariance are the CPU backend's (docs/gpu.md); the KV cache's cell order
+    is llama.cpp's own code, so a CUDA build keeps it too. Nothing under ggml-cuda is changed."""
+    assert all("ggml-cuda" not in rel for rel, *_ in build.HOOKS)
+    assert all(rel.startswith(build.CPU_DIR) for _, rel in build.HEADERS)
+    assert {rel for rel, *_ in build.HOOKS} - {r for r, *_ in build.HOOKS if r.startswith(build.CPU_DIR)} == {build.KV_CACHE}
+    cuda_file = tmp_path / "vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+    cuda_file.parent.mkdir(parents=True)
+    cuda_file.write_text("// untouched\n")
+    build.patch_llama_cpp(fake_sdist(tmp_path))
+    assert cuda_file.read_text() == "// untouched\n"
+    assert (tmp_path / build.KV_CACHE).read_text().count("!specgen::invariant(1)") == 4
