@@ -248,7 +248,8 @@ def run(args) -> int:
     step("derive-q4_1", [*py, "-c", derive, str(f32), str(q4_1), "Q4_1"], 120)
     pairs = f"{f32}:{q4_0},{q4_0}:{q4_1}"
     step.env = dict(env, SPECGEN_CHECK_PAIRS=pairs, SPECGEN_CHECK_GPU_LAYERS=layers)
-    step("tests", [*py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device_check.py",
+    step("tests", [*py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                   "tests/test_device_check.py",
                    f"--junitxml={out / 'junit.xml'}"], args.test_timeout)
     step.env = env
     specgen = [*py, "-m", "specgen"]
