@@ -35,7 +35,7 @@ from specgen.llama.backend import LlamaModel
 pytestmark = pytest.mark.real
 
 PAIRS = [tuple(pair.split(":", 1)) for pair in os.environ.get(
-    "SPECGEN_CHECK_PAIRS", "smollm2-135m-instruct-f32:smollm2-135m-instruct-q4_1").split(",")]
+    "SPECGEN_CHECK_PAIRS", "smollm2-135m-instruct-q4_1:smollm2-135m-instruct-q4_0").split(",")]
 GPU_LAYERS = int(os.environ.get("SPECGEN_CHECK_GPU_LAYERS", "0"))
 PROMPTS = ["The three primary colours are", "def fibonacci(n):"]
 METHODS = ["lookup", "chain", "tree", "staged", "auto"]
