@@ -1,6 +1,6 @@
 import pytest
 
-from specgen.llama import build
+from specgen.llama import build, build_cuda
 
 
 def plan_for(monkeypatch, flags, system="Linux", machine="x86_64", nvcc=False, gpu=False, env=None):
@@ -137,10 +137,10 @@ def test_a_cuda_build_for_named_architectures_needs_no_driver(monkeypatch, tmp_p
     # the CPU part is portable (the runner's CPU is not the builder's): AVX2, never AVX-512 or AMX
     assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"} <= set(args)
     cublas = tmp_path / "cublas/nvidia/cu13"
-    assert plan.local_args == (f"-DCUDAToolkit_ROOT={tmp_path / 'cuda'}", f"-DCMAKE_CUDA_COMPILER={tmp_path / 'cuda/bin/nvcc'}",
+    assert plan.cuda_toolkit and build_cuda.local_args(env) == [f"-DCUDAToolkit_ROOT={tmp_path / 'cuda'}", f"-DCMAKE_CUDA_COMPILER={tmp_path / 'cuda/bin/nvcc'}",
                                f"-DCUDA_cublas_LIBRARY={cublas / 'lib/libcublas.so.13'}",
                                f"-DCUDA_cublasLt_LIBRARY={cublas / 'lib/libcublasLt.so.13'}",
-                               f"-DCMAKE_CUDA_FLAGS=-I{cublas / 'include'}")
+                               f"-DCMAKE_CUDA_FLAGS=-I{cublas / 'include'}"]
 
 
 def test_a_cuda_wheel_has_its_own_key_and_the_cpu_key_stays(monkeypatch, tmp_path):
@@ -149,12 +149,14 @@ def test_a_cuda_wheel_has_its_own_key_and_the_cpu_key_stays(monkeypatch, tmp_pat
     cuda = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "90-real"})
     other_arch = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "89-real;90-real"})
     assert len({cpu.key, cuda.key, other_arch.key}) == 3
-    assert cpu.local_args == () and "-DGGML_CUDA=ON" not in cpu.cmake_args
-    # where this host keeps its toolkit reaches CMake, not the key
+    assert not cpu.cuda_toolkit and "-DGGML_CUDA=ON" not in cpu.cmake_args
+    # where this host keeps its toolkit reaches CMake, not the key; nor is it looked for by the plan
+    # (`specgen doctor` asks for it), only by the build
+    nowhere = plan_for(monkeypatch, {"avx2"}, env={"CUDA_HOME": str(tmp_path / "none"), "SPECGEN_CUDA_ARCH": "90-real"})
+    assert nowhere.key == cuda.key
     moved = fake_toolkit(tmp_path / "elsewhere", cublas_in_toolkit=True)
-    again = plan_for(monkeypatch, {"avx2"}, env={**moved, "SPECGEN_CUDA_ARCH": "90-real"})
-    assert again.key == cuda.key and again.local_args != cuda.local_args
-    assert not any("cublas" in a for a in again.local_args)  # the toolkit's own cuBLAS: nothing to add
+    assert build_cuda.local_args(moved) != build_cuda.local_args(env)
+    assert not any("cublas" in a for a in build_cuda.local_args(moved))  # the toolkit's own cuBLAS: nothing to add
 
 
 def test_cuda_build_inputs_are_checked_in_one_line(monkeypatch, tmp_path):
@@ -163,9 +165,9 @@ def test_cuda_build_inputs_are_checked_in_one_line(monkeypatch, tmp_path):
         plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "hopper"})
     (tmp_path / "cublas/nvidia/cu13/include/cublas_v2.h").unlink()
     with pytest.raises(SystemExit, match="no cuBLAS.*SPECGEN_CUBLAS_DIR"):
-        plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "90"})
+        build_cuda.local_args(env)
     with pytest.raises(SystemExit, match="needs CUDA's compiler"):
-        plan_for(monkeypatch, {"avx2"}, env={"CUDA_HOME": str(tmp_path / "none"), "SPECGEN_CUDA_ARCH": "90"})
+        build_cuda.local_args({"CUDA_HOME": str(tmp_path / "none")})
     monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
     with pytest.raises(SystemExit, match="needs --cuda-arch"):
         build.main(["--cuda"])
@@ -185,6 +187,28 @@ def test_cuda_without_a_driver_builds_the_wheel_and_installs_nothing(monkeypatch
     (plan, cache), = built
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in plan.cmake_args and cache.name.endswith(plan.key)
     assert capsys.readouterr().out.strip() == str(cache / "x.whl")  # the path, for scripts/gpu-check.sh
+
+
+def test_the_build_passes_the_toolkits_place_to_cmake(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    seen = {}
+
+    def run(cmd, env, log_path):
+        seen.update(env)
+        log_path.write_text("stopped here\n")
+        return 1
+
+    monkeypatch.setattr(build, "fetch_sdist", lambda tmp: tmp)
+    monkeypatch.setattr(build, "patch_llama_cpp", lambda source: source)
+    monkeypatch.setattr(build, "_run_with_progress", run)
+    plan = build.plan_build({"SPECGEN_CUDA_ARCH": "90-real"})
+    with pytest.raises(SystemExit, match="build failed"):
+        build.build_wheel(plan, tmp_path / "wheels" / plan.key)
+    cmake = seen["CMAKE_ARGS"].split()
+    assert cmake[:len(plan.cmake_args)] == plan.cmake_args
+    assert cmake[len(plan.cmake_args):] == build_cuda.local_args(env)
 
 
 def test_the_patches_touch_no_cuda_source_and_apply_the_same_to_a_cuda_build(tmp_path):

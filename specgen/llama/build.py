@@ -163,8 +163,9 @@ def kernel_digest() -> str:
 class BuildPlan:
     cmake_args: list[str]
     reason: str
-    # Where this host keeps a toolchain (build_cuda.local_args): passed to CMake, not in the key.
-    local_args: tuple[str, ...] = ()
+    # A CUDA build for named architectures (build_cuda.py): where this host keeps its toolkit is
+    # found when building (build_cuda.local_args), passed to CMake and not in the key.
+    cuda_toolkit: bool = False
 
     @property
     def key(self) -> str:
@@ -182,7 +183,7 @@ def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
     if env.get("SPECGEN_CUDA_ARCH"):  # a CUDA build for named GPUs, driver or not (build_cuda.py)
         from specgen.llama.build_cuda import plan_cuda
 
-        return plan_cuda(env["SPECGEN_CUDA_ARCH"], env)
+        return plan_cuda(env["SPECGEN_CUDA_ARCH"])
     system, machine = platform.system(), platform.machine().lower()
     if system == "Darwin":
         return BuildPlan(["-DGGML_METAL=ON", RPC_ON], "macOS: Metal (llama.cpp's default there)")
@@ -282,7 +283,12 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     print(f"specgen: building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source "
           f"(no wheel cached for these flags; takes minutes)", file=sys.stderr)
     print(f"  CMAKE_ARGS={' '.join(plan.cmake_args)}", file=sys.stderr)
-    env = dict(os.environ, CMAKE_ARGS=" ".join([*plan.cmake_args, *plan.local_args]), FORCE_CMAKE="1")
+    local: list[str] = []
+    if plan.cuda_toolkit:
+        from specgen.llama.build_cuda import local_args
+
+        local = local_args(dict(os.environ))
+    env = dict(os.environ, CMAKE_ARGS=" ".join([*plan.cmake_args, *local]), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
         source = patch_llama_cpp(fetch_sdist(Path(tmp)))

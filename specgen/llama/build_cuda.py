@@ -7,12 +7,12 @@ x86-64 (AVX2, no AVX-512): the machine that runs it is not the one that built it
 for what specgen's patches do and do not do on the CUDA backend.
 
 Flags that only say where this host keeps its toolkit (nvcc's path, a cuBLAS from the
-nvidia-cublas wheel) are `local_args`: they reach CMake but not the wheel cache's key.
+nvidia-cublas wheel) are `local_args`, found when building (not when `specgen doctor` asks for the
+plan): they reach CMake but not the wheel cache's key.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import site
 import sys
@@ -99,11 +99,10 @@ def local_args(env: dict[str, str]) -> list[str]:
     return args
 
 
-def plan_cuda(arch: str, env: dict[str, str] | None = None):
+def plan_cuda(arch: str):
     """A BuildPlan for a CUDA build that needs no driver: the architectures are named, not probed."""
     from specgen.llama.build import BuildPlan
 
-    env = dict(os.environ if env is None else env)
     arch = check_arch(arch)
     return BuildPlan(cuda_args(arch), f"CUDA build for architectures {arch} (no driver needed to build)",
-                     local_args=tuple(local_args(env)))
+                     cuda_toolkit=True)
