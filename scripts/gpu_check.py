@@ -225,7 +225,8 @@ def run(args) -> int:
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", SPECGEN_HOME=str(home), PYTHONUNBUFFERED="1",
                SPECGEN_SCREEN="0")  # no screened copies: the GPU takes another route (session.screenable)
     if not args.cpu:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*cuda_library_dirs(args.python), env.get("LD_LIBRARY_PATH", "")])
+        found = [*cuda_library_dirs(args.python), env.get("LD_LIBRARY_PATH")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, found))
     step = Runner(out, env, started + args.deadline)
     py = [args.python]
     wheels = sorted(str(p) for p in (args.dir / "wheels").glob("*.whl"))
