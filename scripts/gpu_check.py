@@ -63,7 +63,8 @@ def cached_wheel(cpu: bool) -> Path:
     cache = specgen_home() / "wheels" / f"llama_cpp_python-{build.LLAMA_CPP_PYTHON_VERSION}-{plan.key}"
     wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        how = "python -m specgen.llama.build --wheel-only" if cpu else f"python -m specgen.llama.build --cuda --cuda-arch {CUDA_ARCH}"
+        how = "--wheel-only" if cpu else f"--cuda --cuda-arch {CUDA_ARCH}"
+        how = f"python -m specgen.llama.build {how}"
         sys.exit(f"gpu-check: no {'CPU' if cpu else 'CUDA'} wheel cached in {cache}: build it first ({how})")
     return wheels[0]
 
@@ -208,7 +209,8 @@ def cuda_library_dirs(python: str) -> list[str]:
     code = "import site,glob;print('\\n'.join(sorted({p.rsplit('/',1)[0] for s in site.getsitepackages() " \
            "for p in glob.glob(s+'/nvidia/*/lib/libcu*.so*')})))"
     found = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
-    return [*found, *(d for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib") if Path(d).is_dir())]
+    toolkit = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib")
+    return [*found, *(d for d in toolkit if Path(d).is_dir())]
 
 
 def run(args) -> int:
@@ -256,7 +258,8 @@ def run(args) -> int:
     specgen = [*py, "-m", "specgen"]
     step("calibrate", [*specgen, "calibrate", str(f32), "--gpu-layers", layers, "--refresh"], 180)
     step("bench", [*specgen, "bench", "-m", str(f32), "-d", str(q4_0), "--gpu-layers", layers, "--draft-gpu-layers",
-                   layers, "--per-group", "1", "-n", str(args.tokens), "--json", str(out / "bench.json")], args.bench_timeout)
+                   layers, "--per-group", "1", "-n", str(args.tokens), "--json", str(out / "bench.json")],
+         args.bench_timeout)
     curves = {p.name: json.loads(p.read_text()) for p in sorted((home / "calibration").glob("*.json"))}
     (out / "calibration.json").write_text(json.dumps(curves, indent=1))
     return finish(out, step, started, None)
