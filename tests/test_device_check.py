@@ -75,12 +75,14 @@ def test_every_method_equals_plain_with_the_layers_offloaded(target, draft):
 
 
 def load(target):
-    """The model, and how far a row may move between batch shapes: F32 weights round alike to ~1e-3;
-    quantized activations move more (up to ~9e-2 on the CPU before specgen's kernels, test_backend.py)."""
+    """The model, and how far a row may move between batch shapes. On the CPU F32 weights round alike
+    to ~1e-3 and quantized activations move more (up to ~9e-2 before specgen's kernels,
+    test_backend.py). On a GPU nothing is measured yet: 0.15 for both, far below what a wrong
+    position or sequence mask does (the row of another token), and the figures go to junit.xml."""
     from specgen.app import models
 
-    return (LlamaModel(models.resolve(target), gpu_layers=GPU_LAYERS),
-            1e-3 if "f32" in os.path.basename(target).lower() else 0.15)
+    f32 = "f32" in os.path.basename(target).lower()
+    return LlamaModel(models.resolve(target), gpu_layers=GPU_LAYERS), 1e-3 if f32 and GPU_LAYERS == 0 else 0.15
 
 
 @pytest.mark.parametrize("target", sorted({t for t, _ in PAIRS}))
