@@ -199,3 +199,19 @@ def test_a_context_has_room_for_its_largest_decode_from_the_start(smollm2):
     rows = [ctx.decode(Batch(prompt, list(range(len(prompt))), [(0,)] * len(prompt), [True] * len(prompt))).copy()
             for ctx in (roomy, plain)]
     assert rows[0].shape == (len(prompt), smollm2.n_vocab) and np.array_equal(rows[0], rows[1])
+
+
+def test_a_model_kept_on_the_cpu_keeps_its_batches_there(smollm2, monkeypatch):
+    """In a GPU build llama.cpp runs the products of a 32+ token decode on the GPU even for a model
+    with no layer offloaded (op offload), which would undo the CPU kernels' invariance."""
+    from specgen.llama import backend
+
+    seen = []
+    real = backend.L.llama_init_from_model
+    monkeypatch.setattr(backend.L, "llama_init_from_model", lambda model, params: seen.append(params.op_offload)
+                        or real(model, params))
+    smollm2.new_context(64).close()
+    assert smollm2.gpu_layers == 0 and seen == [False]
+    monkeypatch.setattr(smollm2, "gpu_layers", 99)  # what --gpu-layers 99 loads (the flag alone)
+    smollm2.new_context(64).close()
+    assert seen == [False, True]

@@ -1,6 +1,6 @@
 import pytest
 
-from specgen.llama import build
+from specgen.llama import build, build_cuda
 
 
 def plan_for(monkeypatch, flags, system="Linux", machine="x86_64", nvcc=False, gpu=False, env=None):
@@ -107,3 +107,122 @@ def test_doctor_names_the_kernels_state():
     assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on |")  # a CPU without AVX2
     assert "SPECGEN_KERNELS=0" in kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = off | SPECGEN_KERNELS = off |")
     assert kernels("CPU : AVX2 = 1 | REPACK = 1 |").startswith("not in this build")
+
+
+# --- CUDA builds for named architectures, on a host with nvcc and no driver (build_cuda.py) --------
+
+def fake_toolkit(root, cublas_in_toolkit=False):
+    """A CUDA toolkit as this host has it (nvcc, no cuBLAS) and a `pip install --target` of nvidia-cublas."""
+    (root / "cuda/bin").mkdir(parents=True)
+    (root / "cuda/bin/nvcc").write_text("")
+    (root / "cuda/include").mkdir()
+    if cublas_in_toolkit:
+        (root / "cuda/include/cublas_v2.h").write_text("")
+    lib, inc = root / "cublas/nvidia/cu13/lib", root / "cublas/nvidia/cu13/include"
+    lib.mkdir(parents=True)
+    inc.mkdir(parents=True)
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (lib / name).write_text("")
+    (inc / "cublas_v2.h").write_text("")
+    return {"CUDA_HOME": str(root / "cuda"), "SPECGEN_CUBLAS_DIR": str(root / "cublas")}
+
+
+def test_a_cuda_build_for_named_architectures_needs_no_driver(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: pytest.fail("a named-architecture build probed for a GPU"))
+    plan = plan_for(monkeypatch, {"avx2", "avx512f"}, nvcc=True, gpu=False, env={**env, "SPECGEN_CUDA_ARCH": "90-real"})
+    args = plan.cmake_args
+    assert args[:2] == ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90-real"]
+    assert {"-DGGML_CUDA_FA_QUANTS=f16-f16", "-DGGML_CUDA_NO_VMM=ON", "-DGGML_RPC=ON"} <= set(args)
+    # the CPU part is portable (the runner's CPU is not the builder's): AVX2, never AVX-512 or AMX
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"} <= set(args)
+    cublas = tmp_path / "cublas/nvidia/cu13"
+    assert plan.cuda_toolkit
+    assert build_cuda.local_args(env) == [f"-DCUDAToolkit_ROOT={tmp_path / 'cuda'}",
+                                          f"-DCMAKE_CUDA_COMPILER={tmp_path / 'cuda/bin/nvcc'}",
+                                          f"-DCUDA_cublas_LIBRARY={cublas / 'lib/libcublas.so.13'}",
+                                          f"-DCUDA_cublasLt_LIBRARY={cublas / 'lib/libcublasLt.so.13'}",
+                                          f"-DCMAKE_CUDA_FLAGS=-I{cublas / 'include'}"]
+
+
+def test_a_cuda_wheel_has_its_own_key_and_the_cpu_key_stays(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    cpu = plan_for(monkeypatch, {"avx2"}, env=env)
+    cuda = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "90-real"})
+    other_arch = plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "89-real;90-real"})
+    assert len({cpu.key, cuda.key, other_arch.key}) == 3
+    assert not cpu.cuda_toolkit and "-DGGML_CUDA=ON" not in cpu.cmake_args
+    # where this host keeps its toolkit reaches CMake, not the key; nor is it looked for by the plan
+    # (`specgen doctor` asks for it), only by the build
+    nowhere = plan_for(monkeypatch, {"avx2"}, env={"CUDA_HOME": str(tmp_path / "none"), "SPECGEN_CUDA_ARCH": "90-real"})
+    assert nowhere.key == cuda.key
+    moved = fake_toolkit(tmp_path / "elsewhere", cublas_in_toolkit=True)
+    assert build_cuda.local_args(moved) != build_cuda.local_args(env)
+    assert not any("cublas" in a for a in build_cuda.local_args(moved))  # the toolkit's own cuBLAS: nothing to add
+
+
+def test_cuda_build_inputs_are_checked_in_one_line(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    with pytest.raises(SystemExit, match="not a CUDA architecture list"):
+        plan_for(monkeypatch, {"avx2"}, env={**env, "SPECGEN_CUDA_ARCH": "hopper"})
+    (tmp_path / "cublas/nvidia/cu13/include/cublas_v2.h").unlink()
+    with pytest.raises(SystemExit, match="no cuBLAS.*SPECGEN_CUBLAS_DIR"):
+        build_cuda.local_args(env)
+    with pytest.raises(SystemExit, match="needs CUDA's compiler"):
+        build_cuda.local_args({"CUDA_HOME": str(tmp_path / "none")})
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
+    with pytest.raises(SystemExit, match="needs --cuda-arch"):
+        build.main(["--cuda"])
+
+
+def test_cuda_without_a_driver_builds_the_wheel_and_installs_nothing(monkeypatch, tmp_path, capsys):
+    env = fake_toolkit(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECGEN_CMAKE_ARGS", raising=False)
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
+    built = []
+    monkeypatch.setattr(build, "build_wheel", lambda plan, cache: built.append((plan, cache)) or cache / "x.whl")
+    monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: pytest.fail("installed a CUDA wheel without a driver"))
+    build.main(["--cuda", "--cuda-arch", "90-real"])
+    (plan, cache), = built
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in plan.cmake_args and cache.name.endswith(plan.key)
+    assert capsys.readouterr().out.strip() == str(cache / "x.whl")  # the path, for scripts/gpu-check.sh
+
+
+def test_the_build_passes_the_toolkits_place_to_cmake(monkeypatch, tmp_path):
+    env = fake_toolkit(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    seen = {}
+
+    def run(cmd, env, log_path):
+        seen.update(env)
+        log_path.write_text("stopped here\n")
+        return 1
+
+    monkeypatch.setattr(build, "fetch_sdist", lambda tmp: tmp)
+    monkeypatch.setattr(build, "patch_llama_cpp", lambda source: source)
+    monkeypatch.setattr(build, "_run_with_progress", run)
+    plan = build.plan_build({"SPECGEN_CUDA_ARCH": "90-real"})
+    with pytest.raises(SystemExit, match="build failed"):
+        build.build_wheel(plan, tmp_path / "wheels" / plan.key)
+    cmake = seen["CMAKE_ARGS"].split()
+    assert cmake[:len(plan.cmake_args)] == plan.cmake_args
+    assert cmake[len(plan.cmake_args):] == build_cuda.local_args(env)
+
+
+def test_the_patches_touch_no_cuda_source_and_apply_the_same_to_a_cuda_build(tmp_path):
+    """specgen's kernels and invariance are the CPU backend's (docs/gpu.md); the KV cache's cell order
+    is llama.cpp's own code, so a CUDA build keeps it too. Nothing under ggml-cuda is changed."""
+    assert all("ggml-cuda" not in rel for rel, *_ in build.HOOKS)
+    assert all(rel.startswith(build.CPU_DIR) for _, rel in build.HEADERS)
+    outside_cpu = {rel for rel, *_ in build.HOOKS if not rel.startswith(build.CPU_DIR)}
+    assert outside_cpu == {build.KV_CACHE}
+    cuda_file = tmp_path / "vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+    cuda_file.parent.mkdir(parents=True)
+    cuda_file.write_text("// untouched\n")
+    build.patch_llama_cpp(fake_sdist(tmp_path))
+    assert cuda_file.read_text() == "// untouched\n"
+    assert (tmp_path / build.KV_CACHE).read_text().count("!specgen::invariant(1)") == 4

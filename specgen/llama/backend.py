@@ -91,7 +91,7 @@ class LlamaModel:
         self.source_path = self.path  # a screened copy's: the target it was made from
         check_gguf_file(Path(path))
         params = L.llama_model_default_params()
-        params.n_gpu_layers = gpu_layers
+        params.n_gpu_layers = self.gpu_layers = gpu_layers
         self._model = L.llama_model_load_from_file(self.path.encode(), params)
         if not self._model:
             detail = _last_error()
@@ -234,6 +234,10 @@ class LlamaContext:
         params.kv_unified = True  # without it each sequence only gets n_ctx / n_seq_max cells
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        # A model kept on the CPU stays there: in a GPU build llama.cpp would run the products of
+        # a decode of 32+ tokens (a verification tree) on the GPU (its op offload), which rounds
+        # otherwise than the one-token decode that specgen's CPU kernels make each row equal.
+        params.op_offload = model.gpu_layers > 0
         self.screen = model.screen
         if self.screen is not None:  # each output row's hidden state too, room reserved now
             params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_NONE

@@ -163,6 +163,9 @@ def kernel_digest() -> str:
 class BuildPlan:
     cmake_args: list[str]
     reason: str
+    # A CUDA build for named architectures (build_cuda.py): where this host keeps its toolkit is
+    # found when building (build_cuda.local_args), passed to CMake and not in the key.
+    cuda_toolkit: bool = False
 
     @property
     def key(self) -> str:
@@ -177,6 +180,10 @@ def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
     override = env.get("SPECGEN_CMAKE_ARGS")
     if override is not None:
         return BuildPlan(override.split(), "SPECGEN_CMAKE_ARGS is set")
+    if env.get("SPECGEN_CUDA_ARCH"):  # a CUDA build for named GPUs, driver or not (build_cuda.py)
+        from specgen.llama.build_cuda import plan_cuda
+
+        return plan_cuda(env["SPECGEN_CUDA_ARCH"])
     system, machine = platform.system(), platform.machine().lower()
     if system == "Darwin":
         return BuildPlan(["-DGGML_METAL=ON", RPC_ON], "macOS: Metal (llama.cpp's default there)")
@@ -276,7 +283,12 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     print(f"specgen: building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} from source "
           f"(no wheel cached for these flags; takes minutes)", file=sys.stderr)
     print(f"  CMAKE_ARGS={' '.join(plan.cmake_args)}", file=sys.stderr)
-    env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args), FORCE_CMAKE="1")
+    local: list[str] = []
+    if plan.cuda_toolkit:
+        from specgen.llama.build_cuda import local_args
+
+        local = local_args(dict(os.environ))
+    env = dict(os.environ, CMAKE_ARGS=" ".join([*plan.cmake_args, *local]), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
         source = patch_llama_cpp(fetch_sdist(Path(tmp)))
@@ -293,8 +305,30 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     return final
 
 
-def main() -> None:
-    plan = plan_build()
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specgen.llama.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--cuda", action="store_true", help="a CUDA build, with or without a driver here")
+    parser.add_argument("--cuda-arch", metavar="ARCHS", help="CMAKE_CUDA_ARCHITECTURES, e.g. 90-real "
+                        "(H100/H200); needed without a driver (env: SPECGEN_CUDA_ARCH)")
+    parser.add_argument("--wheel-only", action="store_true", help="build and cache the wheel, print its "
+                        "path, install nothing (implied by --cuda on a host without an NVIDIA driver)")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    if args.cuda_arch or args.cuda:
+        env["SPECGEN_CUDA_ARCH"] = args.cuda_arch or env.get("SPECGEN_CUDA_ARCH") or (
+            "native" if has_nvidia_gpu() else "")
+        if not env["SPECGEN_CUDA_ARCH"]:
+            sys.exit("specgen: --cuda on a host without an NVIDIA driver needs --cuda-arch (e.g. 90-real "
+                     "for H100/H200)")
+    plan = plan_build(env)
+    wheel_only = args.wheel_only or ("-DGGML_CUDA=ON" in plan.cmake_args and not has_nvidia_gpu())
+    if wheel_only:
+        cache = specgen_home() / "wheels" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}-{plan.key}"
+        print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}: {plan.reason}; wheel only", file=sys.stderr)
+        print(build_wheel(plan, cache))
+        return
     if installed_for(plan):
         print(f"specgen: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} already built for this host "
               f"({plan.reason})", file=sys.stderr)
