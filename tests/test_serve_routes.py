@@ -46,7 +46,15 @@ def events(raw: bytes) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server():
-    served = Served(api_key="sesame")
+    served = Served("--cors", "*", api_key="sesame")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    """Served as a user first starts it: no flags."""
+    served = Served("--method", "plain", "--ctx", str(CTX))
     yield served
     served.stop()
 
@@ -209,7 +217,7 @@ def test_every_route_but_health_needs_the_key(server):
 # --- CORS ------------------------------------------------------------------------------------
 
 
-def test_cors_any_origin_by_default(server):
+def test_cors_star_lets_any_origin_call(server):
     asked = "authorization, content-type, x-stainless-os, x-stainless-retry-count"
     status, headers, raw = call(server, "OPTIONS", "/v1/chat/completions", headers={
         "Origin": "http://app.test", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked})
@@ -225,6 +233,16 @@ def test_cors_any_origin_by_default(server):
             ("GET", "/nothing", None, KEY, 404)):
         status, headers, _ = call(server, method, path, body, {**headers_, **origin})
         assert status == want and headers["Access-Control-Allow-Origin"] == "*", (path, status)
+
+
+def test_cors_is_off_unless_asked(plain_server):
+    """Without --cors no page of another site may call the server from a browser: a preflight is
+    refused in one line that names the flag, and no answer carries Access-Control-Allow-Origin."""
+    preflight = {"Origin": "http://app.test", "Access-Control-Request-Method": "POST"}
+    status, headers, raw = call(plain_server, "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert status == 403 and b"--cors" in raw and headers.get("Access-Control-Allow-Origin") is None
+    status, headers, _ = call(plain_server, "GET", "/v1/models", headers={"Origin": "http://app.test"})
+    assert status == 200 and headers.get("Access-Control-Allow-Origin") is None
 
 
 def test_cors_origin_limits_browsers_to_the_origins_given(small):
@@ -297,7 +315,7 @@ LLAMA_SERVER_FIELDS = (
     "t_max_predict_ms", "id_slot", "cache_prompt", "return_tokens", "samplers", "timings_per_token",
     "return_progress", "sse_ping_interval", "post_sampling_probs", "response_fields", "lora", "top_n_sigma",
     "chat_template_kwargs", "reasoning_effort", "reasoning_format", "reasoning_control", "generation_prompt",
-    "parse_tool_calls", "parallel_tool_calls", "n_discard")
+    "parse_tool_calls", "parallel_tool_calls", "n_discard", "continue_final_message")
 
 # Refused: (a value that asks for something, the neutral value accepted silently).
 REFUSED = {
@@ -305,7 +323,7 @@ REFUSED = {
     "dry_multiplier": (0.8, 0), "xtc_probability": (0.5, 0), "post_sampling_probs": (True, False),
     "min_keep": (5, 0), "ignore_eos": (True, False), "n": (2, 1), "n_cmpl": (2, 1), "n_indent": (4, 0),
     "t_max_predict_ms": (100, 0), "functions": ([WEATHER["function"]], []), "function_call": ("auto", "none"),
-    "parallel_tool_calls": (False, True), "parse_tool_calls": (False, True),
+    "parallel_tool_calls": (False, True), "parse_tool_calls": (False, True), "continue_final_message": (False, True),
     "audio": ({"voice": "alloy", "format": "wav"}, None), "modalities": (["text", "audio"], ["text"]),
     "prediction": ({"type": "content", "content": "Red"}, None), "reasoning_effort": ("low", None),
     "verbosity": ("low", None), "web_search_options": ({"search_context_size": "low"}, None),

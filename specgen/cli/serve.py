@@ -73,8 +73,9 @@ def serve(
                                   "decoded; more get 503 with Retry-After."),
     alias: Optional[str] = typer.Option(None, "--alias", metavar="NAME", help="The model id /v1/models lists and "
                                         "responses name [the model's name]."),
-    cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", metavar="ORIGIN", help="A web origin "
-                                                    "browsers may call from (repeatable) [any: *]."),
+    cors: Optional[list[str]] = typer.Option(None, "--cors", "--cors-origin", metavar="ORIGIN", help="Let web pages "
+                                             "from ORIGIN call the server from a browser (repeatable; * for any) "
+                                             "[none: browsers keep pages of other sites out]."),
 ) -> None:
     """Serve the model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models;
     and llama-server's: /completion, /props, /tokenize, /detokenize, /metrics.
@@ -116,7 +117,7 @@ def serve(
     worker = Worker(Runners(cfg, session), max_queue, default_max)
     warm_grammar(session.target)
     model_id = alias or session.target_label
-    server = Server(worker, model_id, cfg.method, api_key, tuple(cors_origin or ("*",)))
+    server = Server(worker, model_id, cfg.method, api_key, tuple(cors or ()))
     note(f"serving {model_id} ({cfg.method}) at http://{host}:{port}/v1")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler
     # it found: a quiet one makes that a clean exit 0 rather than death by signal.

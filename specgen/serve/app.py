@@ -49,10 +49,10 @@ def usage(done: Done) -> dict:
 
 class Server:
     """Routes over one Worker; `model_id` is what /v1/models lists and responses name; `cors`: the
-    origins browsers may call from ("*": any)."""
+    origins browsers may call from ("*": any; none: cross-origin calls are refused)."""
 
     def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None,
-                 cors: tuple[str, ...] = ("*",)):
+                 cors: tuple[str, ...] = ()):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
         self.target = worker.runners.session.target
         self.embedder = Embeddings(self.target, model_id, worker.n_ctx)

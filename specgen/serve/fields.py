@@ -55,6 +55,8 @@ REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
     "function_call": (_is("none"), "the legacy function_call field is not supported: use tool_choice"),
     "parallel_tool_calls": (_is(True), "a tool answer may hold several calls; false is not supported"),
     "parse_tool_calls": (_is(True), "tool calls are always parsed"),
+    "continue_final_message": (_is(True), "a conversation that ends in an assistant message is always continued "
+                                          "from it (send true)"),
     "audio": (_empty, "audio output is not supported"),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "prediction": (_empty, "predicted outputs are not supported"),

@@ -243,11 +243,12 @@ class NativeReply:
 class Cors:
     """CORS for browser clients, as pure ASGI (streams pass through untouched): a preflight OPTIONS
     is answered 204 with the methods and the headers it asks for; every response gets
-    Access-Control-Allow-Origin. `origins`: "*" allows any; else only those listed."""
+    Access-Control-Allow-Origin. `origins`: "*" allows any; else only those listed (none: every
+    preflight is refused, and no response lets a page of another origin read it)."""
 
     METHODS = "GET, POST, OPTIONS"
 
-    def __init__(self, app, origins: tuple[str, ...] = ("*",)):
+    def __init__(self, app, origins: tuple[str, ...] = ()):
         self.app, self.origins = app, tuple(o.rstrip("/") for o in origins)
 
     def _allowed(self, origin: str | None) -> str | None:
@@ -265,7 +266,7 @@ class Cors:
             cors.append((b"vary", b"Origin"))
         if scope["method"] == "OPTIONS":
             if allow is None:
-                return await _plain(send, 403, b"this origin is not allowed (specgen serve --cors-origin)", [])
+                return await _plain(send, 403, b"cross-origin calls from this origin are off: allow it with specgen serve --cors ORIGIN", [])
             asked = headers.get("access-control-request-headers", "Authorization, Content-Type")
             return await _plain(send, 204, b"", cors + [
                 (b"access-control-allow-methods", self.METHODS.encode()),
