@@ -56,10 +56,9 @@ def cached_wheel(cpu: bool) -> Path:
     sys.path.insert(0, str(REPO))
     from specgen.host import specgen_home
     from specgen.llama import build
-    from specgen.llama.build_cuda import cuda_args
 
     env = {k: v for k, v in os.environ.items() if k not in ("SPECGEN_CUDA_ARCH", "SPECGEN_CMAKE_ARGS")}
-    plan = build.plan_build(env) if cpu else build.BuildPlan(cuda_args(CUDA_ARCH), "CUDA")
+    plan = build.plan_build(env) if cpu else build.plan_cuda(CUDA_ARCH)
     cache = specgen_home() / "wheels" / f"llama_cpp_python-{build.LLAMA_CPP_PYTHON_VERSION}-{plan.key}"
     wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
     if not wheels:

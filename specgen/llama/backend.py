@@ -8,11 +8,8 @@ alone).
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -28,40 +25,12 @@ if TYPE_CHECKING:
     from specgen.core.constraint import Constraint, ConstraintSpec
     from specgen.llama.embed import Embedder
 from specgen.errors import ModelError, SpecgenError
+from specgen.llama.runtime import init as _init, last_error as _last_error
 from specgen import host
 from specgen.host import default_threads
 
 GGUF_MAGIC = b"GGUF"
 
-# llama.cpp logs a great deal while loading; keep the last lines to explain failures and show
-# everything only when SPECGEN_DEBUG is set.
-_recent_log: collections.deque[str] = collections.deque(maxlen=20)
-
-
-@L.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", errors="replace")
-    _recent_log.append(line.rstrip())
-    if os.environ.get("SPECGEN_DEBUG"):
-        sys.stderr.write(line)
-
-
-_initialized = False
-
-
-def _init() -> None:
-    global _initialized
-    if not _initialized:
-        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        L.llama_backend_init()
-        _initialized = True
-
-
-def _last_error() -> str:
-    for line in reversed(_recent_log):
-        if "error" in line.lower() or "failed" in line.lower():
-            return line.strip()
-    return ""
 
 
 def check_gguf_file(path: Path) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.host import cpu_flags, has_nvidia_gpu, specgen_home
+from specgen.llama import build_cuda
 
 
 def pinned_llama_version() -> str:
@@ -174,6 +175,13 @@ class BuildPlan:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def plan_cuda(arch: str) -> BuildPlan:
+    """A CUDA build that needs no driver: the architectures are named, not probed."""
+    arch = build_cuda.check_arch(arch)
+    return BuildPlan([*build_cuda.cuda_args(arch), *AMX_OFF, RPC_ON],
+                     f"CUDA build for architectures {arch} (no driver needed to build)", cuda_toolkit=True)
+
+
 def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
     """Choose CMake flags for this host; SPECGEN_CMAKE_ARGS overrides everything."""
     env = os.environ if env is None else env
@@ -181,8 +189,6 @@ def plan_build(env: dict[str, str] | None = None) -> BuildPlan:
     if override is not None:
         return BuildPlan(override.split(), "SPECGEN_CMAKE_ARGS is set")
     if env.get("SPECGEN_CUDA_ARCH"):  # a CUDA build for named GPUs, driver or not (build_cuda.py)
-        from specgen.llama.build_cuda import plan_cuda
-
         return plan_cuda(env["SPECGEN_CUDA_ARCH"])
     system, machine = platform.system(), platform.machine().lower()
     if system == "Darwin":
@@ -285,9 +291,7 @@ def build_wheel(plan: BuildPlan, cache: Path) -> Path:
     print(f"  CMAKE_ARGS={' '.join(plan.cmake_args)}", file=sys.stderr)
     local: list[str] = []
     if plan.cuda_toolkit:
-        from specgen.llama.build_cuda import local_args
-
-        local = local_args(dict(os.environ))
+        local = build_cuda.local_args(dict(os.environ))
     env = dict(os.environ, CMAKE_ARGS=" ".join([*plan.cmake_args, *local]), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:

@@ -41,11 +41,9 @@ def check_arch(arch: str) -> str:
 
 
 def cuda_args(arch: str) -> list[str]:
-    """The CMake flags that make a CUDA build for `arch` (these, and only these, key its wheel)."""
-    from specgen.llama.build import AMX_OFF, RPC_ON
-
-    return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={check_arch(arch)}", *CUDA_TRIMS,
-            *PORTABLE_X86, *AMX_OFF, RPC_ON]
+    """The CMake flags that make a build a CUDA build for `arch` (build.plan_cuda adds the ones every
+    build shares; together, and only they, key its wheel)."""
+    return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={check_arch(arch)}", *CUDA_TRIMS, *PORTABLE_X86]
 
 
 def toolkit_root(env: dict[str, str]) -> Path:
@@ -97,12 +95,3 @@ def local_args(env: dict[str, str]) -> list[str]:
                  f"-DCUDA_cublasLt_LIBRARY={_library(lib, 'cublasLt')}",
                  f"-DCMAKE_CUDA_FLAGS=-I{include}"]
     return args
-
-
-def plan_cuda(arch: str):
-    """A BuildPlan for a CUDA build that needs no driver: the architectures are named, not probed."""
-    from specgen.llama.build import BuildPlan
-
-    arch = check_arch(arch)
-    return BuildPlan(cuda_args(arch), f"CUDA build for architectures {arch} (no driver needed to build)",
-                     cuda_toolkit=True)

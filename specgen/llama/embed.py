@@ -1,6 +1,8 @@
 """Embeddings from a loaded model: a second llama.cpp context with embeddings on, pooled as the GGUF
 says (`<arch>.pooling_type`; mean where it says none or nothing, as a generative model does).
-Each text is read whole in one batch (pooling needs every token of a sequence in one ubatch)."""
+Each text is read whole in one batch (pooling needs every token of a sequence in one ubatch).
+`model` is a backend.LlamaModel, which makes its Embedder (LlamaModel.embedder): this module reads
+it and never imports backend, as grammar.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import llama_cpp as L
 
 from specgen import host
 from specgen.errors import ModelError, SpecgenError
-from specgen.llama.backend import LlamaModel, _last_error
+from specgen.llama.runtime import last_error as _last_error
 
 OUTPUT_BYTES = 64 << 20  # a causal model's logits rows per batch: about this many bytes of them
 POOLING_NAMES = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls",
@@ -25,7 +27,7 @@ class Embedding:
     n_tokens: int
 
 
-def gguf_pooling(model: LlamaModel) -> int:
+def gguf_pooling(model) -> int:
     """The pooling the GGUF declares (llama.cpp's enum), LLAMA_POOLING_TYPE_NONE if it declares none."""
     arch = model.meta("general.architecture") or ""
     value = model.meta(f"{arch}.pooling_type")
@@ -35,7 +37,7 @@ def gguf_pooling(model: LlamaModel) -> int:
         return L.LLAMA_POOLING_TYPE_NONE
 
 
-def _causal(model: LlamaModel) -> bool:
+def _causal(model) -> bool:
     arch = model.meta("general.architecture") or ""
     return not L.llama_model_has_encoder(model._model) and model.meta(f"{arch}.attention.causal") != "false"
 
@@ -50,7 +52,7 @@ class Embedder:
     per token: 1 MB each for gemma's 262k vocabulary). Any other model is read whole in one batch,
     pooled by llama.cpp, as its attention needs."""
 
-    def __init__(self, model: LlamaModel, n_ctx: int, n_threads: int | None = None, batch: int | None = None):
+    def __init__(self, model, n_ctx: int, n_threads: int | None = None, batch: int | None = None):
         declared = gguf_pooling(model)
         if declared == L.LLAMA_POOLING_TYPE_RANK:
             raise ModelError(f"{model.name} is a reranker (pooling: rank): it scores pairs of texts and does "

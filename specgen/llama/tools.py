@@ -14,7 +14,7 @@ import llama_cpp as L
 
 from specgen.errors import ModelError
 from specgen.host import default_threads
-from specgen.llama.backend import _init, _last_error
+from specgen.llama.runtime import init as _init, last_error as _last_error
 
 
 _FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16": L.LLAMA_FTYPE_MOSTLY_BF16,
