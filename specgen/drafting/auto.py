@@ -153,7 +153,7 @@ class AutoDrafter:
         best = max(plans, key=lambda p: p.score)
         allowed = self.guards.allowed(tuple({_guard_kind(p) for p in plans[1:]}))
         plan = max((p for p in plans if p is plain or _guard_kind(p) in allowed), key=lambda p: p.score)
-        if self.model is not None and not plan.uses_draft:
+        if self.model is not None and self.c_draft is not None and not plan.uses_draft:
             self._relax_draft(s.context)
         return self._run(s, plan, "guard" if plan is plain and best is not plain else None, offer)
 
