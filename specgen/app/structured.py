@@ -18,6 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from specgen.app.schemas import closed
 from specgen.core.constraint import ConstraintSpec
 from specgen.errors import ConstraintError
 
@@ -53,21 +54,6 @@ def _schema_spec(schema: object, where: str) -> ConstraintSpec:
     if not isinstance(schema, dict):
         raise ConstraintError(f"{where} expects a JSON Schema object, found {json.dumps(schema)[:60]}")
     return ConstraintSpec("json_schema", json.dumps(closed(schema)))
-
-
-def closed(schema: object) -> object:
-    """The schema with `additionalProperties: false` wherever an object lists its properties and
-    says nothing of others, as llama.cpp's converter reads a schema (and OpenAI's strict mode asks):
-    otherwise a small model pads its objects with keys nobody asked for."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: (v if k in ("const", "enum", "default", "examples") else closed(v)) for k, v in schema.items()}
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    return out
 
 
 @dataclass(frozen=True)
