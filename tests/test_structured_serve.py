@@ -50,6 +50,27 @@ def test_json_schema_answer_is_valid_and_says_what_it_forced(server):
     assert r.model_extra["timings"]["draft_n_forced"] == r.model_extra["speculative"]["accepted_by"]["forced"]
 
 
+NAME, AGE = {"name": {"type": "string", "maxLength": 24}}, {"age": {"type": "integer", "minimum": 0}}
+COMBINED = [{"allOf": [{"type": "object", "properties": NAME, "required": ["name"]},
+                       {"type": "object", "properties": AGE, "required": ["age"]}]},
+            {"type": "object", "properties": NAME, "required": ["name"],
+             "anyOf": [{"properties": AGE, "required": ["age"]}, {"properties": {"city": {"type": "string"}},
+                                                                    "required": ["city"]}]},
+            {"allOf": [{"type": "object", "properties": NAME}, {"properties": AGE}]}]
+
+
+def test_combined_schemas_answer_their_parts_keys(server):
+    """allOf of two objects and base properties beside anyOf were refused (400), allOf with nothing
+    required admitted only {}: each part's object was closed on its own keys."""
+    for schema in COMBINED:
+        r = server.client.chat.completions.create(
+            model="m", messages=EXTRACT, temperature=0, max_tokens=64,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+        obj = json.loads(r.choices[0].message.content)
+        jsonschema.validate(obj, schema)
+        assert obj and set(obj) <= {"name", "age", "city"}, obj
+
+
 def test_parse_with_a_pydantic_model(server):
     r = server.client.chat.completions.parse(model="m", messages=EXTRACT, response_format=Person, temperature=0)
     person = r.choices[0].message.parsed
