@@ -201,17 +201,18 @@ def test_the_wrapped_drafter_hears_of_its_own_nodes():
 
 
 def test_tool_answers_parse_in_both_formats():
-    from specgen.app.structured import GENERIC, HERMES, parse_answer
+    from specgen.app.structured import GENERIC, HERMES, parse_answer, read_tools
 
-    hermes = parse_answer('Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
-                          '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', HERMES)
-    assert hermes.content == "Sure." and [c.name for c in hermes.calls] == ["f", "g"]
+    tools = read_tools([{"type": "function", "function": {"name": n}} for n in ("f", "g")], "auto")
+    hermes = parse_answer('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+                          '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', HERMES, tools)
+    assert hermes.content is None and [c.name for c in hermes.calls] == ["f", "g"]
     assert json.loads(hermes.calls[0].arguments) == {"x": 1} and hermes.calls[0].id != hermes.calls[1].id
-    assert parse_answer("just text", HERMES).calls == ()
-    generic = parse_answer('{"tool_call": {"name": "f", "arguments": {"x": 1}}}', GENERIC)
+    assert parse_answer("just text", HERMES, tools).calls == ()
+    generic = parse_answer('{"tool_call": {"name": "f", "arguments": {"x": 1}}}', GENERIC, tools)
     assert generic.content is None and generic.calls[0].name == "f"
-    assert parse_answer('{"response": "hello"}', GENERIC).content == "hello"
-    assert parse_answer('{"tool_call": {"na', GENERIC).content == '{"tool_call": {"na'  # cut at the limit
+    assert parse_answer('{"response": "hello"}', GENERIC, tools).content == "hello"
+    assert parse_answer('{"tool_call": {"na', GENERIC, tools).content == '{"tool_call": {"na'  # cut at the limit
 
 
 def test_closed_schemas_and_response_formats():

@@ -105,6 +105,27 @@ def test_tool_loop_call_result_answer(server):
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+def test_a_tool_loop_reads_the_same_every_run(server):
+    """tool_choice none after a call: the history as the generic format shows it, each result named
+    by its function (not by the call's random id), so the same loop gives the same prompt each run."""
+    prompts = []
+    for _ in range(2):
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        r = server.client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, TIME],
+                                                  tool_choice="required", temperature=0)
+        message = r.choices[0].message
+        messages += [message.model_dump(exclude_none=True),
+                     *({"role": "tool", "tool_call_id": c.id, "content": "18 C"} for c in message.tool_calls)]
+        status, reply, _ = server.post("/apply-template", json.dumps(
+            {"messages": messages, "tools": [WEATHER, TIME], "tool_choice": "none"}).encode())
+        assert status == 200, reply
+        assert all(c.id not in reply["prompt"] for c in message.tool_calls)
+        prompts.append(reply["prompt"])
+    name = message.tool_calls[0].function.name
+    assert prompts[0] == prompts[1] and f"Result of {name}: 18 C" in prompts[0]
+    assert json.dumps({"tool_call": {"name": name}})[:-2] in prompts[0]
+
+
 def test_named_tool_streamed_as_openai_fragments(server):
     stream = server.client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER, TIME],

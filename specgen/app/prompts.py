@@ -115,10 +115,12 @@ def _conversation(messages: object, where: str) -> tuple[str, tuple[Message, ...
 
 
 def _structured(record: dict, where: str) -> dict:
-    """A record's response_format, tools and tool_choice (OpenAI's fields), as Prompt fields."""
+    """A record's response_format, tools, tool_choice and parallel_tool_calls (OpenAI's fields), as
+    Prompt fields."""
     try:
         return dict(constraint=response_format(record.get("response_format")),
-                    tools=read_tools(record.get("tools"), record.get("tool_choice")))
+                    tools=read_tools(record.get("tools"), record.get("tool_choice"),
+                                     record.get("parallel_tool_calls", True)))
     except ConstraintError as e:
         raise PromptError(f"{where}: {e}") from None
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
-from specgen.app.structured import (GENERIC, ToolAnswer, generic_message, generic_system_prompt, parse_answer,
+from specgen.app.structured import (GENERIC, ToolAnswer, generic_messages, generic_system_prompt, parse_answer,
                                     tool_constraint, tool_format)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
@@ -31,14 +31,17 @@ def use_chat(cfg: RunConfig, model: Model) -> bool:
 def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
     """The prompt as text: through the chat template, or (base models) the turns joined by blank
     lines. Tools go to a template that renders them, else into a system message (structured.py);
-    a last assistant message is continued (prefill), as llama-server does."""
+    there, a history's calls and results are written as that format shows them, tools offered or
+    not (tool_choice none after a tool loop). A last assistant message is continued (prefill), as
+    llama-server does."""
     messages = prompt.messages(system)
     tools = None
-    if prompt.tools is not None:
-        if tools_format(model, chat) == GENERIC:
-            messages = _with_system([generic_message(m) for m in messages], generic_system_prompt(prompt.tools))
-        else:
-            tools = prompt.tools.openai()
+    if tools_format(model, chat) == GENERIC:
+        messages = generic_messages(messages)
+        if prompt.tools is not None:
+            messages = _with_system(messages, generic_system_prompt(prompt.tools))
+    elif prompt.tools is not None:
+        tools = prompt.tools.openai()
     if not chat:
         return "\n\n".join(m["content"] for m in messages)
     prefill = messages.pop()["content"] if messages[-1]["role"] == "assistant" else ""
@@ -210,7 +213,7 @@ class Runner:
         """With tools: the text as content and tool calls (None without tools)."""
         if prompt.tools is None:
             return None
-        return parse_answer(text, tools_format(self.session.target, self.chat))
+        return parse_answer(text, tools_format(self.session.target, self.chat), prompt.tools)
 
     def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
         """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""

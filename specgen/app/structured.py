@@ -63,6 +63,11 @@ class Tools:
     functions: tuple[dict, ...]  # {"name", "description", "parameters"}
     choice: str = "auto"
     only: str | None = None  # tool_choice named a function
+    parallel: bool = True  # parallel_tool_calls: false allows at most one call
+
+    def names(self) -> frozenset[str]:
+        """The functions an answer may call."""
+        return frozenset(f["name"] for f in self.allowed())
 
     @property
     def must_call(self) -> bool:
@@ -76,8 +81,10 @@ class Tools:
         return [{"type": "function", "function": f} for f in self.allowed()]
 
 
-def read_tools(tools: object, tool_choice: object) -> Tools | None:
-    """OpenAI's `tools` and `tool_choice`, checked; None when no tool may be called."""
+def read_tools(tools: object, tool_choice: object, parallel: object = True) -> Tools | None:
+    """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None when no tool may be called."""
+    if not isinstance(parallel, bool):
+        raise ConstraintError(f"parallel_tool_calls expects true or false, found {json.dumps(parallel)[:60]}")
     if tools is None or tools == []:
         if tool_choice not in (None, "none", "auto"):
             raise ConstraintError(f"tool_choice {json.dumps(tool_choice)[:60]} needs tools, found none")
@@ -97,16 +104,16 @@ def read_tools(tools: object, tool_choice: object) -> Tools | None:
                                   f"{json.dumps(params)[:60]}")
         functions.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
     if tool_choice in (None, "auto"):
-        return Tools(tuple(functions))
+        return Tools(tuple(functions), parallel=parallel)
     if tool_choice == "none":
         return None
     if tool_choice == "required":
-        return Tools(tuple(functions), "required")
+        return Tools(tuple(functions), "required", parallel=parallel)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if not isinstance(name, str) or name not in {f["name"] for f in functions}:
         raise ConstraintError(f"tool_choice expects none, auto, required or {{\"type\": \"function\", \"function\": "
                               f"{{\"name\": one of the tools}}}}, found {json.dumps(tool_choice)[:80]}")
-    return Tools(tuple(functions), "function", name)
+    return Tools(tuple(functions), "function", name, parallel)
 
 
 def tool_format(chat_template: str | None) -> str:
@@ -124,7 +131,7 @@ def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
     """The grammar the answer is generated under. The hermes tags are matched as text: where a
     vocabulary makes `<tool_call>` a control token, the grammar writes it in its ordinary tokens."""
     call = _call_schema(tools)
-    if fmt == GENERIC:
+    if fmt == GENERIC:  # one object: at most one call, whatever parallel_tool_calls says
         options = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
                     "additionalProperties": False}]
         if not tools.must_call:
@@ -132,12 +139,15 @@ def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
                             "required": ["response"], "additionalProperties": False})
         return ConstraintSpec("json_schema", json.dumps(options[0] if len(options) == 1 else {"anyOf": options}))
     opener, closer = json.dumps(OPEN), json.dumps(CLOSE)
-    lines = [f"call: {opener} \"\\n\" args \"\\n\" {closer}",
+    lines = ["calls: call (\"\\n\" call)*" if tools.parallel else "calls: call",
+             f"call: {opener} \"\\n\" args \"\\n\" {closer}",
              "args: %json " + json.dumps(call)]
     if tools.must_call:
-        return ConstraintSpec("lark", "\n".join(["start: call (\"\\n\" call)*", *lines]))
-    # Free text that does not open with "<", or calls: a call is chosen by its first character.
-    return ConstraintSpec("lark", "\n".join(["start: TEXT | call (\"\\n\" call)*", "TEXT: /[^<](.|\\n)*/", *lines]))
+        return ConstraintSpec("lark", "\n".join(["start: calls", *lines]))
+    # Free text that does not open with "<" and never holds the opener (a call in it would be one
+    # the schemas never checked), or calls: a call is chosen by its first character.
+    text = f"TEXT: /[^<](?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"
+    return ConstraintSpec("lark", "\n".join(["start: TEXT | calls", text, *lines]))
 
 
 def generic_system_prompt(tools: Tools) -> str:
@@ -166,54 +176,94 @@ class ToolAnswer:
     calls: tuple[ToolCall, ...] = ()
 
 
-def _call(obj: object) -> ToolCall | None:
-    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
+def _call(obj: object, tools: Tools) -> ToolCall | None:
+    """A call to one of the tools with an object of arguments; None for anything else (a name the
+    request did not offer is never returned)."""
+    if not (isinstance(obj, dict) and obj.get("name") in tools.names()):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, dict):
+        return None
     return ToolCall("call_" + uuid.uuid4().hex[:24], obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-def parse_answer(text: str, fmt: str) -> ToolAnswer:
-    """The generated text as content and/or tool calls (text the grammar did not finish stays content)."""
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+_DECODER, _SPACE = json.JSONDecoder(), re.compile(r"\s*")
+
+
+def _block(text: str, pos: int) -> tuple[object, int] | None:
+    """The JSON of the `<tool_call>` block at `pos` and where the block ends (None: no whole block
+    there). The JSON is read as JSON, so a string in it that holds the closing tag cannot cut it."""
+    pos = _SPACE.match(text, pos).end()
+    if not text.startswith(OPEN, pos):
+        return None
+    try:
+        obj, end = _DECODER.raw_decode(text, _SPACE.match(text, pos + len(OPEN)).end())
+    except ValueError:
+        return None
+    end = _SPACE.match(text, end).end()
+    return (obj, end + len(CLOSE)) if text.startswith(CLOSE, end) else None
+
+
+def parse_answer(text: str, fmt: str, tools: Tools) -> ToolAnswer:
+    """The generated text as content and/or tool calls. Calls are read only where the grammar's
+    call branch wrote them (the generic object's "tool_call"; hermes blocks from the first
+    character on), each naming one of `tools`; text the grammar did not finish stays content."""
     if fmt == GENERIC:
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return ToolAnswer(text)
-        if isinstance(obj, dict) and "tool_call" in obj and (call := _call(obj["tool_call"])) is not None:
+        obj = _json(text)
+        if isinstance(obj, dict) and "tool_call" in obj and (call := _call(obj["tool_call"], tools)) is not None:
             return ToolAnswer(None, (call,))
         if isinstance(obj, dict) and isinstance(obj.get("response"), str):
             return ToolAnswer(obj["response"])
         return ToolAnswer(text)
-    calls, rest, pos = [], [], 0
-    for m in re.finditer(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), text, re.S):
-        try:
-            call = _call(json.loads(m.group(1)))
-        except ValueError:
-            call = None
-        if call is None:
-            continue
-        rest.append(text[pos:m.start()])
-        pos = m.end()
+    if not text.startswith(OPEN):  # the free-text branch: never a call
+        return ToolAnswer(text.strip() or None)
+    calls: list[ToolCall] = []
+    pos = 0
+    while (not calls or tools.parallel) and (block := _block(text, pos)) is not None:
+        if (call := _call(block[0], tools)) is None:
+            break
         calls.append(call)
-    rest.append(text[pos:])
-    content = "".join(rest).strip()
-    return ToolAnswer(content or None, tuple(calls))
+        pos = block[1]
+    return ToolAnswer(text[pos:].strip() or None, tuple(calls))
 
 
-def generic_message(message: dict) -> dict:
-    """A history message as the generic format's model reads it: an assistant's tool calls as the
-    JSON it would have written, a tool's result as a user message that names the call."""
-    if message.get("role") == "assistant" and message.get("tool_calls"):
-        call = message["tool_calls"][0].get("function", {})
-        args = call.get("arguments", "{}")
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            pass
-        return {"role": "assistant",
-                "content": json.dumps({"tool_call": {"name": call.get("name"), "arguments": args}}, ensure_ascii=False)}
-    if message.get("role") == "tool":
-        name = message.get("name") or message.get("tool_call_id") or "tool"
-        return {"role": "user", "content": f"Result of {name}: {message.get('content') or ''}"}
-    return message
+def _arguments(fn: dict) -> object:
+    """A history call's arguments as the object the model would have written (text kept if not JSON)."""
+    args = fn.get("arguments", "{}")
+    parsed = _json(args) if isinstance(args, str) else args
+    return args if parsed is None else parsed
+
+
+def generic_messages(messages: list[dict]) -> list[dict]:
+    """A history as the generic format's model reads it: an assistant's tool calls as the JSON it
+    would have written (one object a line), the tools' results as one user message, a line each
+    naming the function called (one message: templates that want roles to alternate refuse two
+    user turns in a row). Names, not call ids: ids are random, and the same conversation must read
+    the same every run."""
+    names = {c.get("id"): c.get("function", {}).get("name")
+             for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or ()}
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            lines = [json.dumps({"response": m["content"]}, ensure_ascii=False)] if m.get("content") else []
+            lines += [json.dumps({"tool_call": {"name": c.get("function", {}).get("name"),
+                                                "arguments": _arguments(c.get("function", {}))}}, ensure_ascii=False)
+                      for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(lines)})
+        elif m.get("role") == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id")) or "a tool"
+            line = f"Result of {name}: {m.get('content') or ''}"
+            if i and messages[i - 1].get("role") == "tool":
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + line}
+            else:
+                out.append({"role": "user", "content": line})
+        else:
+            out.append(m)
+    return out
