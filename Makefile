@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-TEST_MODELS := smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m smollm2-135m-instruct-f32 smollm2-135m-instruct-q4_0 smollm2-135m-instruct-q5_1 gemma-3-270m-f32 gemma-3-270m-q2_k gemma-3-270m-f32-self
+TEST_MODELS := smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m smollm2-135m-instruct-f32 smollm2-135m-instruct-q4_0 smollm2-135m-instruct-q5_1 gemma-3-270m-f32 gemma-3-270m-q2_k gemma-3-270m-f32-self smollm2-135m-instruct-hermes
 
 .PHONY: setup models browser run test clean
 

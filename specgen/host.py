@@ -17,6 +17,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 MANIFEST = PACKAGE_DIR / "models.txt"
 DEFAULT_CONFIG = PACKAGE_DIR / "configs" / "default.yaml"
+TEMPLATES = PACKAGE_DIR / "templates"  # chat templates that models.txt `template:` entries write into a GGUF
 
 
 def specgen_home() -> Path:

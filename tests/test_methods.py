@@ -64,7 +64,8 @@ def test_an_installed_wheel_finds_the_manifest_and_the_default_config(tmp_path):
     assert build.returncode == 0, build.stderr
     wheel = next(wheels.glob("specgen-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"specgen/models.txt", "specgen/configs/default.yaml", "specgen/suites/builtin.jsonl"} <= names
+    assert {"specgen/models.txt", "specgen/configs/default.yaml", "specgen/suites/builtin.jsonl",
+            "specgen/templates/hermes-tools.jinja"} <= names  # models.txt's template: entries read it
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                               str(wheel)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr

@@ -47,8 +47,9 @@ def test_manifest_parses_every_source_kind():
         "four  https://example.org/m.gguf  -  internet=yes",
         "five  path:/models/x.gguf  -",
         "six  self:three  -  head=Q4_0  vocab=32768",
+        "seven  template:one:hermes-tools  -",
     ])
-    assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path", "self"]
+    assert [e.kind for e in parsed.values()] == ["pypi", "pypi", "derive", "url", "path", "self", "template"]
     assert parsed["six"].self_of == "three" and parsed["six"].options == {"head": "Q4_0", "vocab": "32768"}
     assert parsed["one"].size == 3004 and parsed["one"].sha256 == sha(A)
     assert parsed["two"].pypi_files() == [manifest.PypiFile("p1==1", "a.part"), manifest.PypiFile("p2==1", "b.part")]

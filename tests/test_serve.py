@@ -28,10 +28,10 @@ def free_port() -> int:
 
 
 class Served:
-    def __init__(self, *args, api_key=None):
+    def __init__(self, *args, api_key=None, model=SMOLLM2):
         self.port = free_port()
         key = ["--api-key", api_key] if api_key else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", SMOLLM2, "--no-store",
+        self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", model, "--no-store",
                                       "--port", str(self.port), *key, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.port}"

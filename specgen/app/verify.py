@@ -120,7 +120,7 @@ def shown(path: Path) -> str:
 
 
 def fix(entry: ModelEntry) -> str:
-    does = "derives it again" if entry.kind == "derive" else "fetches it again"
+    does = "derives it again" if entry.kind in ("derive", "template") else "fetches it again"
     return f"`specgen models pull --force {entry.name}` {does}"
 
 

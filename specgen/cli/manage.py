@@ -62,6 +62,9 @@ def models_list() -> None:
             source = "{1} of {0}".format(*entry.derive_from())
         elif entry.kind == "self":
             source = f"self-draft of {entry.self_of}" + "".join(f" {k}={v}" for k, v in entry.options.items())
+        elif entry.kind == "template":
+            t = entry.template_from()
+            source = f"{t.base} with the {t.template} chat template"
         present = is_present(entry)
         size = cached_path(entry).stat().st_size if present else entry.size
         table.add_row(entry.name, source, human_size(size), "yes" if present else "no")

@@ -1,6 +1,6 @@
 """GGUF surgery with llama.cpp's own gguf library: one writer for every copy specgen makes (a
-vocabulary cut for -d self drafts, a screened target's new output layer), the tokenizer's arrays,
-and which tokens a cut must keep."""
+vocabulary cut for -d self drafts, a screened target's new output layer, a models.txt `template:`
+entry's new chat template), the tokenizer's arrays, and which tokens a cut must keep."""
 
 from __future__ import annotations
 
@@ -88,6 +88,20 @@ def cut_vocabulary(src: Path, dst: Path, keep: np.ndarray) -> None:
 
 
 SKIP = object()  # copy_metadata's edit: leave this key out
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+def with_strings(src: Path, dst: Path, values: dict[str, str]) -> None:
+    """Write `src` with the string metadata `values` set (replaced, or added after the others) and
+    every tensor as it was: the same input gives the same bytes, so such a copy can be pinned."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(src)
+    writer = copy_metadata(reader, dst, lambda key, value: values.get(key, value))
+    for key, value in values.items():
+        if reader.get_field(key) is None:
+            writer.add_string(key, value)
+    write_tensors(writer, [(t.name, t.data, t.tensor_type) for t in reader.tensors])
 
 
 def copy_metadata(reader, dst: Path, edit: Callable[[str, Any], Any] | None = None):
