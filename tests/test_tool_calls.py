@@ -148,3 +148,31 @@ def test_hermes_grammar_allows_one_call_unless_parallel(smollm2, choice):
     generic = tool_constraint(tools(choice), GENERIC)  # one JSON object: one call at most, always
     assert not accepts(smollm2, generic, '{"tool_call": {"name": "get_time", "arguments": {"city": "Oslo"}}}'
                                          '{"tool_call": {"name": "get_time", "arguments": {"city": "Oslo"}}}')
+
+
+NESTED = {"type": "function", "function": {"name": "book", "parameters": {
+    "$defs": {"Guest": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    "type": "object", "properties": {"guests": {"type": "array", "items": {"$ref": "#/$defs/Guest"}}},
+    "required": ["guests"]}}}
+OTHER = {"type": "function", "function": {"name": "invite", "parameters": {
+    "$defs": {"Guest": {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}},
+    "type": "object", "properties": {"guest": {"$ref": "#/$defs/Guest"}}, "required": ["guest"]}}}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fmt", [HERMES, GENERIC])
+def test_tool_parameters_with_defs_keep_their_references(smollm2, fmt):
+    """A Pydantic model's parameters carry `$defs`; nested under the call's `arguments` its
+    `#/$defs/...` references must still reach them, each function its own (same names apart)."""
+    from specgen.llama.grammar import GuidanceConstraint
+
+    chosen = read_tools([NESTED, OTHER], "required")
+    booked = {"name": "book", "arguments": {"guests": [{"name": "Ada"}]}}
+    invited = {"name": "invite", "arguments": {"guest": {"email": "a@b.c"}}}
+    wrong = {"name": "invite", "arguments": {"guest": {"name": "Ada"}}}  # book's Guest, not invite's
+    for obj, ok in ((booked, True), (invited, True), (wrong, False)):
+        text = (f"<tool_call>\n{json.dumps(obj)}\n</tool_call>" if fmt == HERMES
+                else json.dumps({"tool_call": obj}))
+        matcher = GuidanceConstraint(smollm2, tool_constraint(chosen, fmt))
+        tokens = smollm2.tokenize(text, add_special=False, parse_special=False)
+        assert (matcher.valid_prefix(tokens) == len(tokens)) is ok, text

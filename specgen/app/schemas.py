@@ -282,3 +282,34 @@ def _def_key(ref: object) -> tuple | None:
         return None
     path = [urllib.parse.unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
     return tuple(path) if len(path) == 2 and path[0] in DEFS else None
+
+
+def hoisted(schema: object, prefix: str) -> tuple[object, dict]:
+    """`schema` without its `$defs` (or `definitions`), and those definitions renamed `prefix__NAME`
+    with every `#/$defs/NAME` reference in it rewritten to match: a schema nested under another
+    (a tool's parameters under a call's `arguments`) keeps reaching its definitions once they sit at
+    the outer root, and two schemas' same-named definitions stay apart."""
+    if not isinstance(schema, dict) or not any(isinstance(schema.get(k), dict) for k in DEFS):
+        return schema, {}
+    defs = {f"{prefix}__{name}": body for k in DEFS if isinstance(schema.get(k), dict)
+            for name, body in schema[k].items()}
+    body = {k: v for k, v in schema.items() if k not in DEFS}
+    return _renamed(body, prefix), {name: _renamed(d, prefix) for name, d in defs.items()}
+
+
+def _renamed(node: object, prefix: str) -> object:
+    if isinstance(node, list):
+        return [_renamed(v, prefix) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "$ref" and isinstance(v, str):
+            for word in DEFS:
+                if v.startswith(f"#/{word}/"):
+                    v = f"#/$defs/{prefix}__" + v[len(word) + 3:]
+                    break
+            out[k] = v
+        else:
+            out[k] = v if k in LITERALS else _renamed(v, prefix)
+    return out

@@ -18,7 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from specgen.app.schemas import closed
+from specgen.app.schemas import closed, hoisted
 from specgen.core.constraint import ConstraintSpec
 from specgen.errors import ConstraintError
 
@@ -122,9 +122,15 @@ def tool_format(chat_template: str | None) -> str:
 
 
 def _call_schema(tools: Tools) -> dict:
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": closed(f["parameters"])},
-              "required": ["name", "arguments"], "additionalProperties": False} for f in tools.allowed()]
-    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+    """One call to one of the allowed functions; each function's `$defs` hoisted to the root."""
+    calls, defs = [], {}
+    for f in tools.allowed():
+        params, own = hoisted(closed(f["parameters"]), f["name"])
+        defs.update(own)
+        calls.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
+                      "required": ["name", "arguments"], "additionalProperties": False})
+    root = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**root, "$defs": defs} if defs else root
 
 
 def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
@@ -132,12 +138,14 @@ def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
     vocabulary makes `<tool_call>` a control token, the grammar writes it in its ordinary tokens."""
     call = _call_schema(tools)
     if fmt == GENERIC:  # one object: at most one call, whatever parallel_tool_calls says
+        defs = call.pop("$defs", None)
         options = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
                     "additionalProperties": False}]
         if not tools.must_call:
             options.append({"type": "object", "properties": {"response": {"type": "string"}},
                             "required": ["response"], "additionalProperties": False})
-        return ConstraintSpec("json_schema", json.dumps(options[0] if len(options) == 1 else {"anyOf": options}))
+        root = options[0] if len(options) == 1 else {"anyOf": options}
+        return ConstraintSpec("json_schema", json.dumps({**root, "$defs": defs} if defs else root))
     opener, closer = json.dumps(OPEN), json.dumps(CLOSE)
     lines = ["calls: call (\"\\n\" call)*" if tools.parallel else "calls: call",
              f"call: {opener} \"\\n\" args \"\\n\" {closer}",
