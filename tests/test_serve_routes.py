@@ -319,7 +319,8 @@ REFUSED = {
     "typical_p": (0.5, 1), "typ_p": (0.5, 1), "top_n_sigma": (1.0, -1), "dynatemp_range": (0.5, 0), "mirostat": (2, 0),
     "dry_multiplier": (0.8, 0), "xtc_probability": (0.5, 0), "post_sampling_probs": (True, False),
     "min_keep": (5, 0), "ignore_eos": (True, False), "n": (2, 1), "n_cmpl": (2, 1), "best_of": (2, 1),
-    "echo": (True, False), "suffix": ("x", ""), "input_prefix": ("x", ""), "input_suffix": ("x", ""), "n_indent": (4, 0),
+    "echo": (True, False), "suffix": ("x", ""), "input_prefix": ("x", ""), "input_suffix": ("x", ""),
+    "n_indent": (4, 0),
     "t_max_predict_ms": (100, 0), "functions": ([WEATHER["function"]], []), "function_call": ("auto", "none"),
     "parse_tool_calls": (False, True), "continue_final_message": (False, True),
     "audio": ({"voice": "alloy", "format": "wav"}, None), "modalities": (["text", "audio"], ["text"]),
@@ -608,6 +609,19 @@ def test_a_misspelt_field_is_refused_by_name_on_every_route(server):
     assert status == 400 and r["error"]["param"] == "add_specials", r
     assert r["error"]["message"] == ("Unrecognized request arguments supplied: add_specials (did you mean "
                                      "add_special?), xyz")
+
+
+def test_a_reader_cannot_read_a_field_its_route_does_not_declare():
+    """Every read goes through the route's table: a field read and not declared would be refused as
+    unknown when sent, so the read itself raises (any request a test sends would show it)."""
+    from specgen.serve.requests import body_json
+
+    body = body_json(b'{"content": "hi"}', fields.ROUTES["/tokenize"])
+    assert body.get("content") == "hi" and body.get("add_special", False) is False
+    with pytest.raises(LookupError, match="'temperature'"):
+        body.get("temperature")
+    with pytest.raises(LookupError, match="'tokens'"):
+        body["tokens"]
 
 
 def test_every_declared_field_at_a_neutral_value_is_accepted(server):
