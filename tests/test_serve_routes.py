@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from specgen.serve import fields
 from test_serve import Served
 
 pytestmark = pytest.mark.real
@@ -111,12 +112,8 @@ def test_props_say_what_the_web_ui_reads(server):
     params = settings["params"]
     assert params["n_predict"] == -1 and params["temperature"] == 0 and params["min_p"] == 0
     assert params["repeat_penalty"] == 1 and params["presence_penalty"] == 0
-    # The defaults /props reports are accepted back as a request (what the web UI sends).
-    sent = {k: params[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-                                   "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier",
-                                   "dry_base", "dry_allowed_length", "dry_penalty_last_n", "xtc_probability",
-                                   "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "samplers")}
-    status, r = chat(server, **sent)
+    # Every default /props reports is accepted back as a request (the web UI sends its settings).
+    status, r = chat(server, **{**params, "max_tokens": 8, "n_predict": 8})
     assert status == 200, r
 
 
@@ -319,30 +316,37 @@ LLAMA_SERVER_FIELDS = (
 
 # Refused: (a value that asks for something, the neutral value accepted silently).
 REFUSED = {
-    "typical_p": (0.5, 1), "top_n_sigma": (1.0, -1), "dynatemp_range": (0.5, 0), "mirostat": (2, 0),
+    "typical_p": (0.5, 1), "typ_p": (0.5, 1), "top_n_sigma": (1.0, -1), "dynatemp_range": (0.5, 0), "mirostat": (2, 0),
     "dry_multiplier": (0.8, 0), "xtc_probability": (0.5, 0), "post_sampling_probs": (True, False),
-    "min_keep": (5, 0), "ignore_eos": (True, False), "n": (2, 1), "n_cmpl": (2, 1), "n_indent": (4, 0),
+    "min_keep": (5, 0), "ignore_eos": (True, False), "n": (2, 1), "n_cmpl": (2, 1), "best_of": (2, 1),
+    "echo": (True, False), "suffix": ("x", ""), "input_prefix": ("x", ""), "input_suffix": ("x", ""),
+    "n_indent": (4, 0),
     "t_max_predict_ms": (100, 0), "functions": ([WEATHER["function"]], []), "function_call": ("auto", "none"),
-    "parallel_tool_calls": (False, True), "parse_tool_calls": (False, True), "continue_final_message": (False, True),
+    "parse_tool_calls": (False, True), "continue_final_message": (False, True),
     "audio": ({"voice": "alloy", "format": "wav"}, None), "modalities": (["text", "audio"], ["text"]),
     "prediction": ({"type": "content", "content": "Red"}, None), "reasoning_effort": ("low", None),
     "verbosity": ("low", None), "web_search_options": ({"search_context_size": "low"}, None),
     "chat_template_kwargs": ({"enable_thinking": False}, {}), "return_tokens": (True, False),
     "response_fields": (["content"], []), "lora": ([{"id": 0, "scale": 0.5}], []), "id_slot": (3, -1),
     "reasoning_format": ("deepseek", "none"), "reasoning_control": (True, False), "generation_prompt": ("x", ""),
+    "add_generation_prompt": (False, True), "grammar_lazy": (True, False),
+    "grammar_triggers": ([{"type": "word", "value": "x"}], []), "preserved_tokens": (["<x>"], []),
+    "verbose": (True, False), "adaptive_target": (0.5, -1),
     "samplers": (["top_p", "temperature"], ["top_k", "temperature", "top_p"]),
 }
+CHECKED = ("reasoning_format", "samplers")  # read by requests.py, refused there unless neutral
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 1}  # what makes `samplers` matter
 # Tune a refused setting: no effect while it is neutral; with it on, the 400 names it.
 DEPENDENT = {"dynatemp_exponent": (2.0, "dynatemp_range"),
              "mirostat_tau": (3.0, "mirostat"), "mirostat_eta": (0.2, "mirostat"), "dry_base": (2.0, "dry_multiplier"),
              "dry_allowed_length": (4, "dry_multiplier"), "dry_penalty_last_n": (32, "dry_multiplier"),
-             "dry_sequence_breakers": (["\n"], "dry_multiplier"), "xtc_threshold": (0.2, "xtc_probability")}
+             "dry_sequence_breakers": (["\n"], "dry_multiplier"), "xtc_threshold": (0.2, "xtc_probability"),
+             "adaptive_decay": (0.5, "adaptive_target")}
 # Never change the text.
 INERT = {"user": "u1", "metadata": {"k": "v"}, "store": True, "service_tier": "default", "safety_identifier": "s",
          "prompt_cache_key": "k", "prompt_cache_retention": "24h", "cache_prompt": False, "n_keep": 10,
          "n_discard": 5, "n_cache_reuse": 256, "timings_per_token": True, "return_progress": True,
-         "sse_ping_interval": 5}
+         "sse_ping_interval": 5, "backend_sampling": True}
 
 
 def _content(r):
@@ -425,6 +429,12 @@ def acts_repeat_last_n(server, baseline):
     assert _repeated(server, repeat_penalty=1.8, repeat_last_n=2) != _repeated(server, repeat_penalty=1.8)
 
 
+def acts_penalty_last_n(server, baseline):  # llama.cpp's other name for repeat_last_n
+    assert _repeated(server, repeat_penalty=1.8, penalty_last_n=2) == _repeated(server, repeat_penalty=1.8,
+                                                                                 repeat_last_n=2)
+    assert _repeated(server, repeat_penalty=1.8, penalty_last_n=2) != _repeated(server, repeat_penalty=1.8)
+
+
 def acts_presence_penalty(server, baseline):
     assert _repeated(server, presence_penalty=2) != _repeated(server)
 
@@ -499,6 +509,19 @@ def acts_tool_choice(server, baseline):
     assert r["choices"][0]["finish_reason"] == "tool_calls"
 
 
+TWO_CITIES = [{"role": "user", "content": "What is the weather in Rome and in Paris? Call the tool for each city."}]
+
+
+def acts_parallel_tool_calls(server, baseline):
+    """false: one call at most in the answer (with tool_choice required: exactly one)."""
+    status, r = post(server, "/v1/chat/completions", {"messages": TWO_CITIES, "max_tokens": 96, "temperature": 0,
+                                                      "tools": [WEATHER], "tool_choice": "required",
+                                                      "parallel_tool_calls": False})
+    assert status == 200 and len(r["choices"][0]["message"]["tool_calls"]) == 1, r
+    status, r = chat(server, parallel_tool_calls="no")
+    assert status == 400 and r["error"]["param"] == "parallel_tool_calls" and "true or false" in r["error"]["message"]
+
+
 def acts_model(server, baseline):
     assert chat(server, model="my-model")[1]["model"] == "my-model"
 
@@ -510,13 +533,23 @@ def acts_messages(server, baseline):
 
 
 ACTS = {name[len("acts_"):]: f for name, f in globals().items() if name.startswith("acts_")}
-EVERY_FIELD = sorted(set(OPENAI_FIELDS) | set(LLAMA_SERVER_FIELDS))
+CHAT_FIELDS = fields.ROUTES["/v1/chat/completions"]
+EVERY_FIELD = sorted(CHAT_FIELDS)
 
 
-def test_every_documented_field_is_classified():
-    kinds = [set(ACTS), set(REFUSED), set(DEPENDENT), set(INERT)]
-    for name in EVERY_FIELD:
-        assert sum(name in k for k in kinds) == 1, name
+def test_every_documented_field_is_known_and_classified_once():
+    """The chat route's table (fields.py) holds every field OpenAI and llama-server document; each is
+    read by requests.py (and tested to act here), or refused, dependent or inert in fields.py, once."""
+    assert set(OPENAI_FIELDS) | set(LLAMA_SERVER_FIELDS) <= CHAT_FIELDS
+    real = [CHAT_FIELDS - set(fields.REFUSED) - set(fields.DEPENDENT) - set(fields.INERT), set(fields.REFUSED),
+            set(fields.DEPENDENT), set(fields.INERT)]
+    for name in CHAT_FIELDS:
+        assert sum(name in k for k in real) == 1, name
+    # This file's values cover the real tables exactly: every field of the chat route is sent below.
+    assert set(ACTS) | set(CHECKED) == real[0]
+    assert set(REFUSED) == set(fields.REFUSED) | set(CHECKED)
+    assert {k: (t,) for k, (_, t) in DEPENDENT.items()} == fields.DEPENDENT
+    assert set(INERT) == set(fields.INERT)
 
 
 @pytest.mark.parametrize("name", EVERY_FIELD)
@@ -539,6 +572,64 @@ def test_each_field_acts_or_is_refused_by_name(server, baseline, name):
     else:
         status, r = chat(server, **{name: INERT[name]})
         assert status == 200 and _content(r) == baseline, r
+
+
+# --- a field a route does not know is refused by name ------------------------------------------
+
+# A request each route answers 200.
+VALID = {**dict.fromkeys(("/v1/chat/completions", "/chat/completions"), {"messages": ASK, "max_tokens": 2}),
+         **dict.fromkeys(("/v1/completions", "/completions", "/completion"), {"prompt": "1, 2,", "max_tokens": 2}),
+         "/apply-template": {"messages": ASK}, "/tokenize": {"content": "hi"}, "/detokenize": {"tokens": [1]},
+         **dict.fromkeys(("/v1/embeddings", "/embeddings", "/embedding"), {"input": "hi"})}
+# A value of each field the routes read that asks for nothing beyond the request's own (fields.py's
+# refused, dependent and inert ones: their neutral values above).
+NEUTRAL = {"messages": ASK, "prompt": "1, 2,", "model": "m", "max_tokens": 4, "max_completion_tokens": 4,
+           "n_predict": 4, "temperature": 0, "top_p": 1, "top_k": 40, "min_p": 0, "seed": 1, "repeat_penalty": 1,
+           "repeat_last_n": 64, "penalty_last_n": 64, "presence_penalty": 0, "frequency_penalty": 0,
+           "logit_bias": {}, "stop": [], "stream": False, "stream_options": {}, "logprobs": False,
+           "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "json_schema": None, "grammar": "",
+           "tools": [], "tool_choice": "none", "parallel_tool_calls": True, "content": "hi", "add_special": False,
+           "parse_special": True, "with_pieces": False, "tokens": [1], "input": "hi", "encoding_format": "float",
+           "dimensions": None, "embd_normalize": 2,
+           **{k: neutral for k, (_, neutral) in REFUSED.items()}, **{k: v for k, (v, _) in DEPENDENT.items()}, **INERT}
+
+
+def test_a_misspelt_field_is_refused_by_name_on_every_route(server):
+    assert set(VALID) == set(fields.ROUTES)
+    for path, body in VALID.items():
+        assert post(server, path, body)[0] == 200, path
+        status, r = post(server, path, {**body, "temprature": 0.5})
+        e = r["error"]
+        assert status == 400 and e["param"] == "temprature" and e["code"] == "unknown_parameter", (path, r)
+        assert e["type"] == "invalid_request_error" and \
+            e["message"].startswith("Unrecognized request argument supplied: temprature"), (path, r)
+    status, r = chat(server, temprature=0.5)  # the chat route knows temperature: the message says so
+    assert r["error"]["message"] == "Unrecognized request argument supplied: temprature (did you mean temperature?)"
+    status, r = post(server, "/tokenize", {"content": "hi", "add_specials": True, "xyz": 1})
+    assert status == 400 and r["error"]["param"] == "add_specials", r
+    assert r["error"]["message"] == ("Unrecognized request arguments supplied: add_specials (did you mean "
+                                     "add_special?), xyz")
+
+
+def test_a_reader_cannot_read_a_field_its_route_does_not_declare():
+    """Every read goes through the route's table: a field read and not declared would be refused as
+    unknown when sent, so the read itself raises (any request a test sends would show it)."""
+    from specgen.serve.requests import body_json
+
+    body = body_json(b'{"content": "hi"}', fields.ROUTES["/tokenize"])
+    assert body.get("content") == "hi" and body.get("add_special", False) is False
+    with pytest.raises(LookupError, match="'temperature'"):
+        body.get("temperature")
+    with pytest.raises(LookupError, match="'tokens'"):
+        body["tokens"]
+
+
+def test_every_declared_field_at_a_neutral_value_is_accepted(server):
+    """Each route's table (fields.ROUTES) sent whole, every field at a value that asks for nothing."""
+    for path, known in fields.ROUTES.items():
+        assert known <= set(NEUTRAL), (path, known - set(NEUTRAL))
+        status, r = post(server, path, {name: NEUTRAL[name] for name in known})
+        assert status == 200, (path, r)
 
 
 def test_apply_template_gives_the_text_a_chat_request_reads(server):

@@ -172,6 +172,9 @@ def test_langchain_structured_output_and_bind_tools(server):
                                       max_retries=0)
     person = llm.with_structured_output(Person, method="json_schema").invoke(EXTRACT[0]["content"])
     assert isinstance(person, Person) and person.name
+    # function_calling: one forced tool call, sent with parallel_tool_calls false
+    person = llm.with_structured_output(Person, method="function_calling").invoke(EXTRACT[0]["content"])
+    assert isinstance(person, Person) and person.name
     ai = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Rome?")
     assert ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather" and "city" in ai.tool_calls[0]["args"]
 

@@ -19,7 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specgen.serve import routes
+from specgen.serve import fields, routes
 from specgen.serve.embeddings import Embeddings
 from specgen.serve.logprobs import Shown, chat_content, completion_logprobs
 from specgen.serve.marks import Piece
@@ -38,8 +38,11 @@ PAGE_POLICY = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe
 
 def error_response(e: RequestError) -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 503 else None
-    return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}},
-                        status_code=e.status, headers=headers)
+    return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+
+
+def error_body(e: RequestError) -> dict:
+    return {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
 
 
 def usage(done: Done) -> dict:
@@ -51,6 +54,12 @@ class Server:
     """Routes over one Worker; `model_id` is what /v1/models lists and responses name; `cors`: the
     origins browsers may call from ("*": any; none: cross-origin calls are refused)."""
 
+    # The routes that take a JSON body -> the method answering each; the fields each knows: fields.ROUTES.
+    POSTED = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions",
+              "/completions": "completions", "/completion": "completion", "/tokenize": "tokenize",
+              "/detokenize": "detokenize", "/apply-template": "apply_template", "/v1/embeddings": "embeddings",
+              "/embeddings": "embeddings", "/embedding": "embeddings"}
+
     def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None,
                  cors: tuple[str, ...] = ()):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
@@ -61,18 +70,9 @@ class Server:
             Route("/", self.page), Route("/health", self.health), Route("/v1/health", self.health),
             Route("/v1/models", key(self.models)), Route("/models", key(self.models)),
             Route("/v1/models/{model_id:path}", key(self.model)),
-            Route("/v1/chat/completions", key(self.chat), methods=post),
-            Route("/chat/completions", key(self.chat), methods=post),
-            Route("/v1/completions", key(self.completions), methods=post),
-            Route("/completions", key(self.completions), methods=post),
-            Route("/completion", key(self.completion), methods=post),
-            Route("/props", key(self.props)),
-            Route("/tokenize", key(self.tokenize), methods=post),
-            Route("/detokenize", key(self.detokenize), methods=post),
-            Route("/apply-template", key(self.apply_template), methods=post),
-            Route("/metrics", key(self.metrics)),
-            *(Route(path, key(self.embeddings), methods=post)
-              for path in ("/v1/embeddings", "/embeddings", "/embedding")),
+            Route("/props", key(self.props)), Route("/metrics", key(self.metrics)),
+            *(Route(path, key(self._posted(getattr(self, name), path)), methods=post)
+              for path, name in self.POSTED.items()),
         ], exception_handlers={HTTPException: self._http_error}), cors)
 
     async def _http_error(self, request: HttpRequest, exc: HTTPException) -> Response:
@@ -86,6 +86,14 @@ class Server:
                 return await handler(request)
             except RequestError as e:
                 return error_response(e)
+        return route
+
+    def _posted(self, handler: Callable, path: str) -> Callable:
+        """The handler with its body read, every field checked against the route's (fields.ROUTES)."""
+        known = fields.ROUTES[path]
+
+        async def route(request: HttpRequest) -> Response:
+            return await handler(request, body_json(await _body(request), known))
         return route
 
     def _authorized(self, request: HttpRequest) -> None:
@@ -124,14 +132,13 @@ class Server:
     async def props(self, request: HttpRequest) -> Response:
         return JSONResponse(routes.props(self.worker, self.model_id, self.method))
 
-    async def tokenize(self, request: HttpRequest) -> Response:
-        return JSONResponse(routes.tokenize(self.target, body_json(await _body(request))))
+    async def tokenize(self, request: HttpRequest, body: dict) -> Response:
+        return JSONResponse(routes.tokenize(self.target, body))
 
-    async def detokenize(self, request: HttpRequest) -> Response:
-        return JSONResponse(routes.detokenize(self.target, body_json(await _body(request))))
+    async def detokenize(self, request: HttpRequest, body: dict) -> Response:
+        return JSONResponse(routes.detokenize(self.target, body))
 
-    async def apply_template(self, request: HttpRequest) -> Response:
-        body = body_json(await _body(request))
+    async def apply_template(self, request: HttpRequest, body: dict) -> Response:
         return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
@@ -140,21 +147,20 @@ class Server:
         response.raw_headers.append((b"Process-Start-Time-Unix", str(STARTED).encode()))
         return response
 
-    async def embeddings(self, request: HttpRequest) -> Response:
+    async def embeddings(self, request: HttpRequest, body: dict) -> Response:
         """/v1/embeddings in OpenAI's shape; /embedding and /embeddings in llama-server's."""
-        body = body_json(await _body(request))
         native = request.url.path != "/v1/embeddings"
         return JSONResponse(await asyncio.to_thread(self.embedder.run, body, native))
 
-    async def chat(self, request: HttpRequest) -> Response:
-        return await self._generate(request, chat_request, "chat.completion")
+    async def chat(self, request: HttpRequest, body: dict) -> Response:
+        return await self._generate(body, chat_request, "chat.completion")
 
-    async def completions(self, request: HttpRequest) -> Response:
-        return await self._generate(request, completion_request, "text_completion")
+    async def completions(self, request: HttpRequest, body: dict) -> Response:
+        return await self._generate(body, completion_request, "text_completion")
 
-    async def completion(self, request: HttpRequest) -> Response:
+    async def completion(self, request: HttpRequest, body: dict) -> Response:
         """llama-server's native /completion."""
-        return await self._generate(request, completion_request, "completion")
+        return await self._generate(body, completion_request, "completion")
 
     def _reply(self, kind: str, request: Request) -> Reply | NativeReply:
         if kind != "completion":
@@ -163,8 +169,8 @@ class Server:
         return NativeReply(self.model_id, self.method, request,
                            routes.params(w.runners.cfg, w.default_max_tokens, request), w.n_ctx)
 
-    async def _generate(self, http: HttpRequest, parse: Callable[..., Request], kind: str) -> Response:
-        request = parse(body_json(await _body(http)), self.target.chat_template)
+    async def _generate(self, body: dict, parse: Callable[..., Request], kind: str) -> Response:
+        request = parse(body, self.target.chat_template)
         check_vocabulary(request, self.target.n_vocab)
         job = self.worker.submit(request, asyncio.get_running_loop())
         reply = self._reply(kind, request)
@@ -203,7 +209,7 @@ class Server:
                 for chunk in [reply.piece(item)] if isinstance(item, Piece) else reply.closing(item):
                     yield _sse(chunk)
         except RequestError as e:
-            yield _sse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
+            yield _sse(error_body(e))
         finally:
             job.cancelled.set()  # a client that went away stops its generation at the next step
         if reply.terminator:

@@ -10,6 +10,8 @@ Three kinds:
 - INERT: bookkeeping that never changes the text (user, metadata, cache_prompt, ...): accepted.
 The fields specgen acts on (temperature, top_p, top_k, min_p, seed, the penalties, logit_bias,
 logprobs, max_tokens, stop, response_format, json_schema, grammar, tools, ...) are read in requests.py.
+ROUTES: what each route that takes a JSON body knows; any other field is a 400 naming it, as OpenAI
+answers a misspelt one (a "temprature" silently ignored would leave the user sampling at the default).
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
     "t_max_predict_ms": (_is(0), "t_max_predict_ms is not supported"),
     "functions": (_empty, "the legacy functions field is not supported: use tools"),
     "function_call": (_is("none"), "the legacy function_call field is not supported: use tool_choice"),
-    "parallel_tool_calls": (_is(True), "a tool answer may hold several calls; false is not supported"),
     "parse_tool_calls": (_is(True), "tool calls are always parsed"),
     "continue_final_message": (_is(True), "a conversation that ends in an assistant message is always continued "
                                           "from it (send true)"),
@@ -74,6 +75,8 @@ REFUSED: dict[str, tuple[Callable[[object], bool], str]] = {
     "grammar_lazy": (_false, "lazy grammars are not supported"),
     "grammar_triggers": (_empty, "grammar triggers are not supported"),
     "preserved_tokens": (_empty, "preserved_tokens is not supported"),
+    "verbose": (_false, "the __verbose debug object is not sent"),
+    "adaptive_target": (_is(-1), "the adaptive-p sampler is not implemented (send -1)"),
 }
 
 # name: the settings it tunes; it changes nothing while they are all neutral.
@@ -86,13 +89,34 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "dry_penalty_last_n": ("dry_multiplier",),
     "dry_sequence_breakers": ("dry_multiplier",),
     "xtc_threshold": ("xtc_probability",),
+    "adaptive_decay": ("adaptive_target",),
 }
 
 # Never change the text: who asked, caching and reporting hints (specgen reads every prompt whole
-# and sends timings with the last chunk anyway), what OpenAI would store.
+# and sends timings with the last chunk anyway), what OpenAI would store, where llama.cpp samples.
 INERT = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
          "prompt_cache_retention", "cache_prompt", "n_keep", "n_discard", "n_cache_reuse", "timings_per_token",
-         "return_progress", "sse_ping_interval")
+         "return_progress", "sse_ping_interval", "backend_sampling")
+
+# Read by requests.py for every generation (chat or completion): they act, or check() refuses them.
+_GENERATION = ("model", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k",
+               "min_p", "seed", "repeat_penalty", "repeat_last_n", "penalty_last_n", "presence_penalty",
+               "frequency_penalty", "logit_bias", "samplers", "reasoning_format", "stop", "stream",
+               "stream_options", "logprobs", "n_probs", "response_format", "json_schema", "grammar",
+               *REFUSED, *DEPENDENT, *INERT)
+_CHAT = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", *_GENERATION))
+_COMPLETION = frozenset(("prompt", "tools", *_GENERATION))  # tools: refused by name (a chat's)
+_EMBEDDINGS = frozenset(("input", "content", "model", "encoding_format", "dimensions", "embd_normalize", "user"))
+
+# Each route that takes a JSON body -> the fields it knows (app.py answers exactly these paths).
+ROUTES: dict[str, frozenset[str]] = {
+    "/v1/chat/completions": _CHAT, "/chat/completions": _CHAT,
+    "/apply-template": _CHAT,  # a chat request, read whole, rendered and not generated
+    "/v1/completions": _COMPLETION, "/completions": _COMPLETION, "/completion": _COMPLETION,
+    "/tokenize": frozenset(("content", "add_special", "parse_special", "with_pieces")),
+    "/detokenize": frozenset(("tokens",)),
+    "/v1/embeddings": _EMBEDDINGS, "/embeddings": _EMBEDDINGS, "/embedding": _EMBEDDINGS,
+}
 
 # llama.cpp's sampler names (and its one-letter forms) -> specgen's, for `samplers`.
 SAMPLER_NAMES = {"top_k": "top_k", "k": "top_k", "top_p": "top_p", "p": "top_p", "temperature": "temperature",

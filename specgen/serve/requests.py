@@ -1,10 +1,11 @@
 """OpenAI and llama-server request bodies -> what the worker runs, each field checked: a wrong one is
 a RequestError (an HTTP 4xx) naming the field, what was expected and what was found. A documented
-field specgen does not act on is refused unless its value changes nothing (fields.py); unknown
-fields are ignored, as OpenAI's API does."""
+field specgen does not act on is refused unless its value changes nothing (fields.py); a field the
+route does not know (fields.ROUTES) is refused by name, as OpenAI's API refuses one."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -23,9 +24,10 @@ MAX_TOKENS = 2**31 - 1  # a larger max_tokens is a mistake; any below is capped 
 class RequestError(Exception):
     """A request the server refuses: `status` (400, 401, 404, 413, 503...) and one line saying why."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,48 @@ class Request:
     logprobs: int | None = None
 
 
-def body_json(raw: bytes) -> dict:
+class Body(dict):
+    """A request body whose fields its route knows (fields.ROUTES). Reading a field the route does not
+    declare is specgen's bug (that field, sent, would be refused as unknown), so it raises: every
+    request a test sends walks the readers, so an undeclared read fails the tests."""
+
+    def __init__(self, given: dict, known: frozenset[str]):
+        super().__init__(given)
+        self.known = known
+
+    def _declared(self, name: str) -> str:
+        if name not in self.known:
+            raise LookupError(f"the request reader reads {name!r}, which its route's table (fields.ROUTES) "
+                              "does not declare")
+        return name
+
+    def get(self, name: str, default: object = None) -> object:
+        return super().get(self._declared(name), default)
+
+    def __getitem__(self, name: str) -> object:
+        return super().__getitem__(self._declared(name))
+
+
+def body_json(raw: bytes, known: frozenset[str]) -> Body:
+    """The body as a JSON object whose every field is one of `known` (its route's, fields.ROUTES)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, f"expected a JSON object as the request body, found invalid JSON ({e})") from None
     if not isinstance(body, dict):
         raise RequestError(400, f"expected a JSON object as the request body, found {type(body).__name__}")
-    return body
+    unknown = [name for name in body if name not in known]
+    if unknown:
+        raise RequestError(400, _unrecognized(unknown, known), unknown[0], code="unknown_parameter")
+    return Body(body, known)
+
+
+def _unrecognized(names: list[str], known: frozenset[str]) -> str:
+    """OpenAI's words for a field it does not know, with the likeliest field meant."""
+    meant = [(n, difflib.get_close_matches(n, sorted(known), n=1, cutoff=0.75)) for n in names]
+    hints = [f"{n} (did you mean {close[0]}?)" if close else n for n, close in meant]
+    many = "s" if len(names) > 1 else ""
+    return f"Unrecognized request argument{many} supplied: {', '.join(hints)}"[:300]
 
 
 def _refuse_unsupported(body: dict, chat_template: str | None) -> None:
@@ -208,7 +244,7 @@ def _structured(body: dict, tools: bool) -> dict:
     Prompt's fields."""
     constraint = _constraint(body)
     try:
-        chosen = read_tools(body.get("tools"), body.get("tool_choice")) if tools else None
+        chosen = read_tools(body.get("tools"), body.get("tool_choice"), parallel=_parallel(body)) if tools else None
     except SpecgenError as e:
         raise RequestError(400, str(e), "tools") from None
     if not tools and body.get("tools"):
@@ -217,6 +253,15 @@ def _structured(body: dict, tools: bool) -> dict:
         raise RequestError(400, "expected either response_format or tools (with tool_choice other than none), "
                                 "found both", "response_format")
     return dict(constraint=constraint, tools=chosen)
+
+
+def _parallel(body: dict) -> bool:
+    """parallel_tool_calls: may one answer hold several calls (OpenAI's default, true)."""
+    given = body.get("parallel_tool_calls")
+    if given is not None and not isinstance(given, bool):
+        raise RequestError(400, f"parallel_tool_calls expects true or false, found {json.dumps(given)[:40]}",
+                           "parallel_tool_calls")
+    return given is not False
 
 
 def chat_request(body: dict, chat_template: str | None = None) -> Request:
