@@ -24,6 +24,7 @@ class PromptError(SpecgenError):
 
 
 class ConstraintError(SpecgenError):
-    """A JSON schema, grammar or response format that cannot be compiled or is not supported."""
+    """A JSON schema, grammar or response format that cannot be compiled or is not supported, or that
+    cannot go on mid-answer (a limit of the grammar engine; logit_bias banning all it allows)."""
 
     exit_code = 2

@@ -209,3 +209,6 @@ class FakeConstraint:
 
     def stopped(self) -> bool:
         return self._next(self.consumed) <= {self.eos}
+
+    def position(self) -> int:
+        return len(self.consumed)

@@ -11,12 +11,14 @@ from scipy import stats as sps
 from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
 from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
 from specgen.drafting.forced import ConstrainedDrafter
 from specgen.drafting.lookup import LookupDrafter
 from specgen.drafting.model import ModelDrafter, Staged
+from specgen.errors import ConstraintError
 
 V, EOS = 16, 1
 FREE = list(range(2, 10))
@@ -85,6 +87,19 @@ def test_forced_tokens_cost_no_target_call_each():
     assert spec.target_calls < plain.target_calls
     no_forced = run(model, [0, 2], SamplingParams(), "lookup", forced=False)[2]
     assert no_forced.accepted_by["forced"] == 0 and spec.accepted_by["forced"] > 0
+
+
+@pytest.mark.parametrize("method", [None, "lookup", "chain", "tree"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logit_bias_that_bans_every_allowed_token_is_one_clear_error(method, temperature):
+    """At position 5 every pattern allows only 15 (or 9 after 7, 8): with both at -inf there is
+    nothing to write. Greedy, sampled and rejection-sampled walks all say so, by position."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=1.0, script=LOOPY)
+    ban = SamplingParams(temperature, seed=3, penalties=Penalties(bias=((15, -np.inf), (9, -np.inf))))
+    with pytest.raises(ConstraintError, match=r"logit_bias bans every token the grammar allows at output token 6: "
+                                              r"expected a finite logit for at least one of the [12] tokens it allows "
+                                              r"\(ids (9, )?15\), found -inf for all"):
+        run(model, [0, 2], ban, method)
 
 
 def chi2_same_distribution(a, b, alpha=1e-3):

@@ -2,6 +2,7 @@
 --json-object, a .jsonl file of extraction and tool jobs, and one-line refusals."""
 
 import json
+import string
 
 import jsonschema
 import pytest
@@ -87,3 +88,59 @@ def test_a_refused_schema_in_a_file_costs_only_its_own_record(tmp_path):
     assert records[0]["finish_reason"] == "error" and "json_schema" in records[0]["error"]
     assert records[1]["text"].startswith("{")
     assert "prompt 1: json_schema" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# The answer must be the JSON string "okQ": once `"ok` is written, every token the grammar allows
+# holds a "Q" (tests/conftest's smollm2 names them), and logit_bias may ban them all.
+OK_Q = {"enum": ["okQ"]}
+
+
+@pytest.fixture(scope="module")
+def q_ban(smollm2):
+    """--logit-bias's text banning every smollm2 token whose text holds a "Q"."""
+    return ",".join(f"{t}-inf" for t in range(smollm2.n_vocab) if b"Q" in smollm2.piece(t))
+
+
+@pytest.mark.parametrize("method,temperature", [("plain", "0"), ("plain", "0.8"), ("lookup", "0"),
+                                                ("chain", "0.8")])
+def test_logit_bias_that_bans_every_allowed_token_is_one_line(q_ban, method, temperature):
+    """Greedy and sampled, plain and speculative (chain at T > 0 verifies by rejection sampling)."""
+    draft = ["-d", SMOLLM2] if method == "chain" else []
+    proc = gen("--json-schema", json.dumps(OK_Q), "--method", method, *draft, "-t", temperature, "--seed", "1",
+               "--logit-bias", q_ban, ASK)
+    assert_one_line_error(proc, "logit_bias bans every token the grammar allows at output token ")
+    assert proc.returncode == 2 and "expected a finite logit for at least one of the" in proc.stderr
+    assert "found -inf for all" in proc.stderr
+
+
+def test_a_banned_answer_costs_only_its_own_record(q_ban, tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "Name a colour."},
+        {"prompt": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "q", "schema": OK_Q}}},
+        {"prompt": "Name a fruit."},
+    ]) + "\n")
+    proc = gen("-f", str(jobs), "--json", "-n", "8", "--logit-bias", q_ban)
+    assert proc.returncode == 1, proc.stderr  # some prompts failed
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["prompt_index"] for r in records] == [0, 1, 2]
+    assert records[1]["finish_reason"] == "error" and "logit_bias bans every token" in records[1]["error"]
+    assert records[0]["text"] and records[2]["text"] and "Traceback" not in proc.stderr
+
+
+# "Hello, world" (or "Hi, world": the model's choice ends a step), then one of 30 words of letters,
+# each a right-recursive rule of 27 alternatives: compiled fine, but the first mask after ", world"
+# makes llguidance's parser walk more than its 50000 items per mask step, a limit it reports by an
+# error state (and an end-only mask).
+TOO_WIDE = "\n".join(['root ::= ("Hello" | "Hi") ", world" t', "t ::= " + " | ".join(f"x{i}" for i in range(30))] + [
+    f"x{i} ::= " + " | ".join(f'"{c}" x{i}' for c in string.ascii_lowercase) + ' | "."' for i in range(30)]) + "\n"
+
+
+@pytest.mark.parametrize("method", ["plain", "lookup"])
+def test_a_grammar_engine_error_is_one_line_not_a_stop(tmp_path, method):
+    gbnf = tmp_path / "wide.gbnf"
+    gbnf.write_text(TOO_WIDE)
+    proc = gen("--grammar", str(gbnf), "--method", method, "Say hello.")
+    assert_one_line_error(proc, "the grammar engine failed at output token ")
+    assert "Too many items" in proc.stderr and proc.returncode == 2
+    assert proc.stdout.startswith("H")  # what was written before stays written

@@ -9,10 +9,12 @@ import sys
 
 import jsonschema
 import langchain_openai
+import openai
 import pytest
 from pydantic import BaseModel
 
 from test_serve import Served
+from test_structured_cli import TOO_WIDE
 
 pytestmark = pytest.mark.real
 
@@ -165,6 +167,65 @@ def test_refusals_are_400_with_one_line(server, body, param, words):
     assert words in message and "\n" not in message
     if param:
         assert reply["error"]["param"] == param
+
+
+# The answer must be the JSON string "okQ": once `"ok` is written, every token the grammar allows
+# holds a "Q", and logit_bias (false: never this token, as llama-server reads it) bans them all.
+OK_Q = {"type": "json_schema", "json_schema": {"name": "q", "schema": {"enum": ["okQ"]}}}
+BANS = "logit_bias bans every token the grammar allows at output token "
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    """One token a step, so that text is sent before an error meets a later step (auto may draft a
+    whole answer from the text of an earlier request, and meet the error in its first step: a 400)."""
+    served = Served("--method", "plain")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def q_ban(smollm2):
+    return {str(t): False for t in range(smollm2.n_vocab) if b"Q" in smollm2.piece(t)}
+
+
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_logit_bias_that_bans_every_allowed_token_is_400(server, q_ban, temperature):
+    body = {"messages": EXTRACT, "response_format": OK_Q, "logit_bias": q_ban, "temperature": temperature, "seed": 1}
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400, reply
+    message = reply["error"]["message"]
+    assert message.startswith(BANS) and "found -inf for all" in message and "\n" not in message
+
+
+def test_logit_bias_ban_mid_stream_is_an_error_event_not_a_stop(plain_server, q_ban):
+    """Text was sent (`"ok`), then the ban: an error event, as llama-server sends one mid-stream
+    (`data: {"error": ...}`), which OpenAI's client raises; no chunk says finish_reason "stop"."""
+    stream = plain_server.client.chat.completions.create(model="m", messages=EXTRACT, response_format=OK_Q,
+                                                         temperature=0, stream=True, logit_bias=q_ban)
+    text, reasons = "", []
+    with pytest.raises(openai.APIError, match=BANS):
+        for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                reasons.append(choice.finish_reason)
+    assert text.startswith('"') and not any(reasons)
+
+
+def test_a_grammar_engine_error_is_400_or_an_error_event_never_a_stop(server, plain_server):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "grammar": TOO_WIDE, "temperature": 0}
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400, reply
+    assert reply["error"]["message"].startswith("the grammar engine failed at output token ")
+    stream = plain_server.client.chat.completions.create(model="m", messages=body["messages"], temperature=0,
+                                                         stream=True, extra_body={"grammar": TOO_WIDE})
+    text, reasons = "", []
+    with pytest.raises(openai.APIError, match="Too many items"):
+        for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                reasons.append(choice.finish_reason)
+    assert text.startswith("H") and not any(reasons)  # the steps before the error were sent
 
 
 def test_langchain_structured_output_and_bind_tools(server):

@@ -108,11 +108,11 @@ def generate(
         except Interrupted as stop:
             result = stop.partial  # keep what was generated: it is written below, then we exit 130
         except SpecgenError as e:
+            sink.close_line()  # text written before the error stays, on its own line
             if fail_fast or len(items) == 1:
                 raise
             # One bad prompt in a long file: say which, keep going; the exit code reports it.
             failed += 1
-            sink.close_line()
             print(f"specgen: error: prompt {item.index + 1}: {e}", file=sys.stderr, flush=True)
             if json_out:
                 write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from specgen.core.tree import DraftTree
+from specgen.errors import ConstraintError
 
 KINDS = ("json_schema", "json_object", "gbnf", "lark", "regex")
 # How JSON is laid out: "compact" fixes Python's json.dumps layout ({"a": 1, "b": [2]}), so every
@@ -68,6 +69,9 @@ class Constraint(Protocol):
     def stopped(self) -> bool:
         """Nothing but end-of-generation may follow."""
 
+    def position(self) -> int:
+        """Tokens consumed so far: the index in the output of the token that comes next."""
+
 
 def masked(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """A copy of a logits row with the forbidden tokens at -inf (the row may be a view that the next
@@ -85,6 +89,22 @@ def masked_argmax(row: np.ndarray, allowed: np.ndarray) -> int:
     if y < allowed.shape[0] and allowed[y]:
         return y
     return int(np.argmax(masked(row, allowed)))
+
+
+def banned_choice(row: np.ndarray, allowed: np.ndarray, y: int) -> bool:
+    """Whether `y`, the best token under the mask, is one the grammar forbids or the row gives
+    -inf: then every allowed token has -inf (logit_bias can ban them all), and any choice would
+    leave the grammar."""
+    return not (y < allowed.shape[0] and allowed[y]) or row[y] == -np.inf
+
+
+def all_banned(allowed: np.ndarray, position: int) -> ConstraintError:
+    """The error for a row whose every allowed token logit_bias set to -inf (what was allowed, by id)."""
+    ids = np.flatnonzero(allowed)
+    shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+    return ConstraintError(f"logit_bias bans every token the grammar allows at output token {position + 1}: "
+                           f"expected a finite logit for at least one of the {len(ids)} tokens it allows "
+                           f"(ids {shown}), found -inf for all")
 
 
 def prune(tree: DraftTree, constraint: Constraint) -> tuple[DraftTree, dict[int, int]]:

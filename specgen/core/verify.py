@@ -17,7 +17,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from specgen.core.constraint import Constraint, masked, masked_argmax
+from specgen.core.constraint import Constraint, all_banned, banned_choice, masked, masked_argmax
 from specgen.core.penalties import PathRows
 from specgen.core.sampling import Sampler, SamplingParams, draw, truncated
 from specgen.core.tree import DraftTree
@@ -92,7 +92,7 @@ def walk_rejection(tree: DraftTree, logits: TargetRows, params: SamplingParams, 
         fixed = [c for c in kids[node] if not tree.drawn[c]]
         q_row = tree.q_rows.get(node)
         drawn = [c for c in kids[node] if tree.drawn[c]] if q_row is not None else []
-        row = logits[node] if constraint is None else masked(logits[node], constraint.allowed())
+        row = logits[node] if constraint is None else masked_checked(logits[node], constraint)
         rows = Rows.of(row, params, q_row if drawn else None)
         p = rows.p
         accepted = None
@@ -181,10 +181,25 @@ def choose(sampler: Sampler, row: np.ndarray, constraint: Constraint | None = No
     the constraint consumes it (the state the next row is masked with)."""
     if constraint is None:
         return sampler.sample(row)
-    allowed = constraint.allowed()
-    y = masked_argmax(row, allowed) if sampler.params.greedy else sampler.sample(masked(row, allowed))
+    if sampler.params.greedy:
+        allowed = constraint.allowed()
+        y = masked_argmax(row, allowed)
+        if banned_choice(row, allowed, y):
+            raise all_banned(allowed, constraint.position())
+    else:
+        y = sampler.sample(masked_checked(row, constraint))
     constraint.consume(y)
     return y
+
+
+def masked_checked(row: np.ndarray, constraint: Constraint) -> np.ndarray:
+    """The row masked by the constraint's state; a ConstraintError where nothing allowed is left
+    (logit_bias at -inf on every allowed token), rather than a draw from no distribution."""
+    allowed = constraint.allowed()
+    out = masked(row, allowed)
+    if out.max() == -np.inf:
+        raise all_banned(allowed, constraint.position())
+    return out
 
 
 def verify(tree: DraftTree, logits: TargetRows, sampler: Sampler, constraint: Constraint | None = None) -> Verdict:

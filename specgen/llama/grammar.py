@@ -84,7 +84,9 @@ def _x_guidance(layout: str) -> str:
 
 
 class GuidanceConstraint:
-    """core.constraint.Constraint over an llguidance matcher."""
+    """core.constraint.Constraint over an llguidance matcher. The matcher's error state (a limit of
+    its lexer or parser hit, a token it refused) is sticky and reads as an end-only mask: each call
+    that could meet it raises a ConstraintError instead, so an answer is never cut short as "stop"."""
 
     def __init__(self, model, spec: ConstraintSpec):
         llg = _llg()
@@ -96,32 +98,52 @@ class GuidanceConstraint:
         self._bits = llg.numpy.allocate_token_bitmask(1, self.n_vocab)
         self._fill = llg.numpy.fill_next_token_bitmask
         self._allowed: np.ndarray | None = None
+        self._position = 0  # tokens consumed: the output's length so far
 
     def allowed(self) -> np.ndarray:
         if self._allowed is None:
             self._fill(self.matcher, self._bits, 0)
+            self._check()
             bits = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")
             self._allowed = bits[:self.n_vocab].view(bool)
         return self._allowed
 
     def consume(self, token: int) -> None:
         self._allowed = None
-        if not self.matcher.consume_token(int(token)):
-            raise RuntimeError(f"grammar refused token {token} that its mask allowed: {self.matcher.get_error()}")
+        ok = self.matcher.consume_token(int(token))
+        self._check()
+        if not ok:  # pragma: no cover - a refusal without an error state
+            raise ConstraintError(f"the grammar engine refused token {token} at output token {self._position + 1}")
+        self._position += 1
 
     def rollback(self, n: int) -> None:
         self._allowed = None
         if n and not self.matcher.rollback(n):
             raise RuntimeError(f"grammar could not roll back {n} tokens: {self.matcher.get_error()}")
+        self._position -= n
 
     def valid_prefix(self, tokens: list[int]) -> int:
-        return self.matcher.validate_tokens([int(t) for t in tokens]) if tokens else 0
+        n = self.matcher.validate_tokens([int(t) for t in tokens]) if tokens else 0
+        self._check()
+        return n
 
     def forced(self) -> list[int]:
-        return list(self.matcher.compute_ff_tokens())
+        tokens = list(self.matcher.compute_ff_tokens())
+        self._check()
+        return tokens
 
     def stopped(self) -> bool:
+        self._check()
         return self.matcher.is_stopped()
+
+    def position(self) -> int:
+        return self._position
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            # Its message, without the parser state it appends (tokens, counters: a page of it).
+            reason = self.matcher.get_error().split("<state>")[0]
+            raise ConstraintError(f"the grammar engine failed at output token {self._position + 1}: {_one_line(reason)}")
 
 
 def _one_line(e: object) -> str:
