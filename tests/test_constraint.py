@@ -231,3 +231,67 @@ def test_closed_schemas_and_response_formats():
     assert read_tools(None, None) is None and read_tools([], "none") is None
     with pytest.raises(ConstraintError, match="needs tools"):
         read_tools(None, "required")
+
+
+# Four tokens forced, then two free ones, then the end.
+FORCES_FOUR = ConstraintSpec("lark", json.dumps([[[12], [13], [14], [15], FREE, FREE]]))
+
+
+class Once:
+    """A drafter whose first proposal is a fixed tree (given as chains below the root), and then nothing."""
+
+    last_choice = "lookup"
+
+    def __init__(self, *chains):
+        self.chains, self.root, self.steps = chains, None, 0
+
+    def reset(self, tokens):
+        self.root = tokens[-1]
+
+    def propose(self, max_depth):
+        tree = DraftTree.root_only(self.root)
+        for chain in self.chains if self.steps == 0 else ():
+            node = 0
+            for tok in chain:
+                node = next((c for c in tree.children()[node] if tree.tokens[c] == tok), None) or tree.add(tok, node)
+        self.steps += 1
+        return tree
+
+    def observe(self, verdict, committed):
+        self.root = committed[-1]
+
+    def finish_text(self):
+        pass
+
+
+def constrained_run(model, spec, inner, prompt=(0, 2), sampling=SamplingParams(), max_tokens=30):
+    constraint = model.constrain(spec)
+    drafter = None if inner is None else ConstrainedDrafter(inner, constraint, max_nodes=40, max_leaves=16)
+    stats = RunStats()
+    events = list(generate(model, FakeContext(model, n_ctx=512, n_seq_max=32),
+                           GenerationRequest(list(prompt), max_tokens, sampling, constraint), stats, drafter))
+    return [e for e in events if isinstance(e, TokenEvent)], events[-1].reason, stats
+
+
+def test_forced_tokens_are_counted_apart_from_the_drafters():
+    """The drafter proposes the four forced tokens (they join the trunk: the grammar decided them),
+    then the target's next token and a wrong one beside it: its own acceptance is 1 of 2, τ counts
+    its token and the bonus, and the forced tokens are their own 4/4."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0)
+    plain, _, _ = constrained_run(model, FORCES_FOUR, None)
+    good = plain[4].token
+    wrong = next(t for t in FREE if t != good)
+    events, reason, stats = constrained_run(model, FORCES_FOUR, Once([12, 13, 14, 15, good], [12, 13, 14, 15, wrong]))
+    assert [e.token for e in events] == [e.token for e in plain] and reason == "stop"
+    assert [e.source for e in events] == ["forced"] * 4 + ["lookup", "target"]
+    assert stats.target_calls == 1 and stats.n_committed == 6
+    assert (stats.drafted, stats.accepted, stats.acceptance_rate) == (2, 1, 0.5)
+    assert (stats.forced_drafted, stats.forced_accepted) == (4, 4)
+    assert stats.mean_accepted == 2.0  # (6 committed - 4 forced) / 1 call
+    assert stats.accepted_by == {"forced": 4, "lookup": 1} and stats.accepted_lengths == {1: 1}
+    record = stats.record_fields()
+    assert (record["drafted"], record["accepted"], record["forced_drafted"], record["forced_accepted"]) == (2, 1, 4, 4)
+    assert "accepted 50% (1/2)" in stats.line() and "forced 4/4" in stats.line()
+    # A drafter that proposes the forced tokens alone adds nothing: the step is the grammar's.
+    _, _, only = constrained_run(model, FORCES_FOUR, Once([12, 13, 14, 15]))
+    assert (only.drafted, only.accepted, only.forced_accepted) == (0, 0, 4) and only.choices["forced"] == 1

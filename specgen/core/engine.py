@@ -132,15 +132,18 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         else:
             verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring)
         stats.target_calls += 1
+        n_accepted = len(verdict.path)  # the drafters' (forced nodes are the grammar's: stats.py)
         if tree is not None and tree.n_drafted:
-            stats.drafted += tree.n_drafted
-            stats.forced += len(tree.forced)
             n_forced = sum(1 for v in verdict.path if v in tree.forced)
-            for source, n in (("forced", n_forced), (drafter.last_choice, len(verdict.path) - n_forced)):
+            n_accepted -= n_forced
+            stats.drafted += tree.n_drafted - len(tree.forced)
+            stats.forced_drafted += len(tree.forced)
+            stats.forced_accepted += n_forced
+            for source, n in (("forced", n_forced), (drafter.last_choice, n_accepted)):
                 if n:
                     stats.accepted_by[source] += n
-        stats.accepted += len(verdict.path)
-        stats.accepted_lengths[len(verdict.path)] += 1
+        stats.accepted += n_accepted
+        stats.accepted_lengths[n_accepted] += 1
         n_past += len(verdict.path) + 1
 
         # 3. Commit the accepted tokens and the bonus token, up to an end-of-generation token.

@@ -1,10 +1,12 @@
 """Drafting under a constraint: the grammar's forced tokens as a free draft, any drafter's tree
 pruned to what the grammar allows, and the drafter told of its own tree's outcome.
 
-Forced tokens cost no draft decode and are accepted wherever the model writes the grammar's
-canonical tokenization (llguidance's `compute_ff_tokens` holds back the last tokens where a longer
-token could still merge), at any temperature: the trunk of every step's tree. The drafter's own
-tree hangs beside and below it. Nothing is injected: the target verifies every forced token.
+Where the grammar allows one continuation, its mask allows one token, the canonical one that
+llguidance's `compute_ff_tokens` returns (holding back the last tokens where a longer token could
+still merge): the mask itself fixes the canonical tokenization, in plain decoding too. So forced
+tokens cost no draft decode and are accepted at any temperature: the trunk of every step's tree,
+with the drafter's own tree beside and below it. They are still verified like any draft (the row
+at each is masked to that one token), and counted apart from the drafter's (core/stats.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class ConstrainedDrafter:
             self._merged = None
             return pruned
         self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
-        if pruned.n_drafted == 0:
+        if len(self._merged.tree.forced) == self._merged.tree.n_drafted:  # the drafter added nothing
             self.last_choice = FORCED
         return self._merged.tree
 
