@@ -295,3 +295,43 @@ def test_forced_tokens_are_counted_apart_from_the_drafters():
     # A drafter that proposes the forced tokens alone adds nothing: the step is the grammar's.
     _, _, only = constrained_run(model, FORCES_FOUR, Once([12, 13, 14, 15]))
     assert (only.drafted, only.accepted, only.forced_accepted) == (0, 0, 4) and only.choices["forced"] == 1
+
+
+def test_jump_is_constrained_plain_with_the_forced_tokens_batched():
+    """Greedy: jump's text is constrained plain's; each forced token saves one target call (but
+    where the trunk runs to the grammar's end: that step's own token is then an end-of-generation
+    token, which plain decoding never decodes for, the grammar being complete)."""
+    from specgen.drafting.methods import METHODS, DraftingKit
+
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    for prompt in ([0, 2], [0, 3, 4, 5, 6]):
+        plain, plain_reason, plain_stats = constrained_run(model, SPEC, None, prompt)
+        jump_drafter = METHODS["jump"].drafter(DraftingKit(SamplingParams()))
+        jump, reason, stats = constrained_run(model, SPEC, jump_drafter, prompt)
+        assert [e.token for e in jump] == [e.token for e in plain] and reason == plain_reason
+        assert stats.forced_accepted >= 3 and stats.drafted == stats.accepted == 0
+        end = stats.n_committed - plain_stats.n_committed  # 1: jump's last token was the end plain never decodes
+        assert stats.target_calls == plain_stats.target_calls - stats.forced_accepted + end
+        assert stats.mean_accepted == 1.0 and set(stats.choices) <= {"forced", "plain"}
+
+
+def test_the_runner_wraps_jump_under_a_constraint_and_leaves_it_plain_without():
+    from specgen.app.config import RunConfig
+    from specgen.app.prompts import Prompt
+    from specgen.app.runner import Runner
+    from specgen.app.session import open_session
+    from specgen.drafting.methods import METHODS
+
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    cfg = RunConfig(target="fake", chat=False, max_tokens=30)
+    session = open_session(cfg, [METHODS["plain"], METHODS["jump"]], model)
+    runs = {m: Runner(RunConfig(target="fake", chat=False, max_tokens=30, method=m), session) for m in ("plain", "jump")}
+    constrained = {m: r.run(Prompt(0, "ab", constraint=SPEC)) for m, r in runs.items()}
+    free = {m: r.run(Prompt(0, "ab")) for m, r in runs.items()}
+    assert constrained["jump"].text == constrained["plain"].text and free["jump"].text == free["plain"].text
+    jump, plain = constrained["jump"].stats, constrained["plain"].stats
+    forced = jump.forced_accepted
+    assert forced >= 3 and jump.target_calls == plain.target_calls - forced + jump.n_committed - plain.n_committed
+    assert free["jump"].stats.target_calls == free["plain"].stats.target_calls and free["jump"].stats.forced_drafted == 0
+    record = runs["jump"].record(constrained["jump"])
+    assert record["forced_accepted"] == forced and record["drafted"] == 0 and record["mean_accepted"] == 1.0

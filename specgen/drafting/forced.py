@@ -7,6 +7,7 @@ still merge): the mask itself fixes the canonical tokenization, in plain decodin
 tokens cost no draft decode and are accepted at any temperature: the trunk of every step's tree,
 with the drafter's own tree beside and below it. They are still verified like any draft (the row
 at each is masked to that one token), and counted apart from the drafter's (core/stats.py).
+`JumpDrafter` drafts nothing else: jump-forward decoding.
 """
 
 from __future__ import annotations
@@ -66,6 +67,29 @@ class ConstrainedDrafter:
             path = [back[v] for v in path]
             overlap = {back[n]: o for n, o in overlap.items()}
         return Verdict(path, verdict.tokens, overlap)
+
+
+class JumpDrafter:
+    """The `jump` method's drafter: no proposal of its own. Wrapped in a ConstrainedDrafter (app/
+    runner.py) its trees are the grammar's forced tokens alone, batched into the next decode (what
+    SGLang and vLLM call jump-forward decoding); without a constraint every step is plain decoding."""
+
+    last_choice = "plain"
+
+    def __init__(self) -> None:
+        self._root = 0
+
+    def reset(self, tokens: list[int]) -> None:
+        self._root = tokens[-1]
+
+    def propose(self, max_depth: int) -> DraftTree:
+        return DraftTree.root_only(self._root)
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        self._root = committed[-1]
+
+    def finish_text(self) -> None:
+        pass
 
 
 def _prefix_in(path: list[int], origin: list[int | None]) -> list[int]:
