@@ -160,7 +160,8 @@ def bench(
     rows = summarize(trials, columns, greedy=cfg.sampling.greedy)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=30 + sum(max(14, len(c) + 4) for c in columns))  # piped: never truncated
+        # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
+        console = Console(width=30 + sum(max(21, len(c) + 5) for c in columns))
     console.print(summary_table(rows, columns, title, n_repeats))
     versus = [head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
     for h in versus:
