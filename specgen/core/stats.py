@@ -6,7 +6,9 @@ decoding under the grammar would write them, and counting them as drafts would c
 what the grammar decided (77% "accepted" at T = 0.7 where the drafters' own was about 60%). A
 drafter's node equal to the forced token at its place is forced too. So `drafted`, `accepted`,
 `acceptance_rate` and τ (`mean_accepted`) are the drafters' alone, and `forced_drafted`,
-`forced_accepted` count the grammar's.
+`forced_accepted` count the grammar's. Forced means forced at the step's root (the trunk of its
+tree, drafting/forced.py): where a drafter's accepted path runs into a forced stretch further on,
+those tokens count as the drafter's (finding them would cost a grammar walk per drafted node).
 """
 
 from __future__ import annotations
