@@ -297,6 +297,19 @@ def test_forced_tokens_are_counted_apart_from_the_drafters():
     assert (only.drafted, only.accepted, only.forced_accepted) == (0, 0, 4) and only.choices["forced"] == 1
 
 
+def test_a_forced_stretch_inside_a_drafters_path_is_the_grammars():
+    """A free token, then two the grammar forces: a drafter that proposes all three gets credit for
+    the first alone (nothing is forced where the step starts, so there is no trunk)."""
+    spec = ConstraintSpec("lark", json.dumps([[FREE, [12], [13], FREE]]))
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0)
+    plain, _, _ = constrained_run(model, spec, None)
+    events, reason, stats = constrained_run(model, spec, Once([plain[0].token, 12, 13]))
+    assert [e.token for e in events] == [e.token for e in plain] and reason == "stop"
+    assert [e.source for e in events] == ["lookup", "forced", "forced", "target"]
+    assert (stats.drafted, stats.accepted, stats.forced_drafted, stats.forced_accepted) == (1, 1, 2, 2)
+    assert stats.target_calls == 1 and stats.mean_accepted == 2.0  # (4 committed - 2 forced) / 1 call
+
+
 def test_jump_is_constrained_plain_with_the_forced_tokens_batched():
     """Greedy: jump's text is constrained plain's; each forced token saves one target call (but
     where the trunk runs to the grammar's end: that step's own token is then an end-of-generation
