@@ -6,9 +6,10 @@ decoding under the grammar would write them, and counting them as drafts would c
 what the grammar decided (77% "accepted" at T = 0.7 where the drafters' own was about 60%). A
 drafter's node equal to the forced token at its place is forced too. So `drafted`, `accepted`,
 `acceptance_rate` and τ (`mean_accepted`) are the drafters' alone, and `forced_drafted`,
-`forced_accepted` count the grammar's. Forced means forced at the step's root (the trunk of its
-tree, drafting/forced.py): where a drafter's accepted path runs into a forced stretch further on,
-those tokens count as the drafter's (finding them would cost a grammar walk per drafted node).
+`forced_accepted` count the grammar's: the trunk of each step's tree (what the grammar forces
+where the step starts) and the accepted drafter nodes where its path ran into a forced stretch
+(drafting/forced.py). A drafter's node in a rejected branch stays the drafter's even where the
+grammar would have forced it (finding out would cost a grammar walk per node).
 """
 
 from __future__ import annotations
