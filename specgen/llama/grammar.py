@@ -96,6 +96,9 @@ class GuidanceConstraint:
         self._bits = llg.numpy.allocate_token_bitmask(1, self.n_vocab)
         self._fill = llg.numpy.fill_next_token_bitmask
         self._allowed: np.ndarray | None = None
+        # End-of-generation tokens consumed once stopped: llguidance takes them as no-ops and its
+        # rollback does not count them, where Constraint.rollback counts consume() calls.
+        self._idle = 0
 
     def allowed(self) -> np.ndarray:
         if self._allowed is None:
@@ -106,11 +109,14 @@ class GuidanceConstraint:
 
     def consume(self, token: int) -> None:
         self._allowed = None
+        self._idle += self.matcher.is_stopped()
         if not self.matcher.consume_token(int(token)):
             raise RuntimeError(f"grammar refused token {token} that its mask allowed: {self.matcher.get_error()}")
 
     def rollback(self, n: int) -> None:
         self._allowed = None
+        idle = min(n, self._idle)
+        self._idle, n = self._idle - idle, n - idle
         if n and not self.matcher.rollback(n):
             raise RuntimeError(f"grammar could not roll back {n} tokens: {self.matcher.get_error()}")
 
