@@ -170,7 +170,7 @@ class FakeConstraint:
 
     def _next(self, tokens: list[int]) -> set[int]:
         if tokens and tokens[-1] == self.eos:
-            return set()
+            return {self.eos}  # stopped: only end-of-generation (a drafted one may be walked past)
         alive = self._alive(tokens)
         nxt = set().union(*(p[len(tokens)] for p in alive if len(p) > len(tokens)))
         if any(len(p) == len(tokens) for p in alive):

@@ -115,6 +115,9 @@ def test_suite_errors(tmp_path):
 def test_methods_plain_first_once_and_checked():
     assert run.parse_methods("auto, lookup,plain,auto") == ("plain", "auto", "lookup")
     assert run.parse_methods(["lookup"]) == ("plain", "lookup")
+    # Constrained prompts: jump-forward is the second baseline, always run, after plain.
+    assert run.parse_methods("auto,jump", constrained=True) == ("plain", "jump", "auto")
+    assert run.parse_methods("auto", constrained=True) == ("plain", "jump", "auto")
     with pytest.raises(ConfigError, match="--methods expects .* found 'fast'"):
         run.parse_methods("lookup,fast")
 
@@ -360,7 +363,8 @@ def test_bench_cli_small_real_run(tmp_path):
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
                                                 "acceptance_rate", "lossless_mismatches", "n_prompts",
                                                 "median_speedup", "speedup_low", "speedup_high", "within_noise",
-                                                "turn"}
+                                                "turn", "forced_drafted", "forced_accepted", "over_jump"}
+    assert rows[("overall", "lookup")]["over_jump"] is None  # no grammar: no jump row
     recs = {(r["prompt_id"], r["method"]): r for r in report["records"]}
     pids = {pid for pid, _ in recs}
     differing = sum(recs[(pid, "lookup")]["text"] != recs[(pid, "plain")]["text"] for pid in pids)

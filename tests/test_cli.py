@@ -13,7 +13,7 @@ pytestmark = pytest.mark.real
 
 RECORD_FIELDS = {"prompt_index", "text", "n_tokens", "method", "target", "draft", "temperature",
                  "target_calls", "drafted", "accepted", "acceptance_rate", "mean_accepted", "prefill_s",
-                 "decode_s", "tokens_per_s", "accepted_by", "finish_reason"}
+                 "decode_s", "tokens_per_s", "accepted_by", "forced_drafted", "forced_accepted", "finish_reason"}
 
 
 @pytest.fixture(scope="module")

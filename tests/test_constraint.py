@@ -247,3 +247,120 @@ def test_closed_schemas_and_response_formats():
     assert read_tools(None, None) is None and read_tools([], "none") is None
     with pytest.raises(ConstraintError, match="needs tools"):
         read_tools(None, "required")
+
+
+# Four tokens forced, then two free ones, then the end.
+FORCES_FOUR = ConstraintSpec("lark", json.dumps([[[12], [13], [14], [15], FREE, FREE]]))
+
+
+class Once:
+    """A drafter whose first proposal is a fixed tree (given as chains below the root), and then nothing."""
+
+    last_choice = "lookup"
+
+    def __init__(self, *chains):
+        self.chains, self.root, self.steps = chains, None, 0
+
+    def reset(self, tokens):
+        self.root = tokens[-1]
+
+    def propose(self, max_depth):
+        tree = DraftTree.root_only(self.root)
+        for chain in self.chains if self.steps == 0 else ():
+            node = 0
+            for tok in chain:
+                node = next((c for c in tree.children()[node] if tree.tokens[c] == tok), None) or tree.add(tok, node)
+        self.steps += 1
+        return tree
+
+    def observe(self, verdict, committed):
+        self.root = committed[-1]
+
+    def finish_text(self):
+        pass
+
+
+def constrained_run(model, spec, inner, prompt=(0, 2), sampling=SamplingParams(), max_tokens=30):
+    constraint = model.constrain(spec)
+    drafter = None if inner is None else ConstrainedDrafter(inner, constraint, max_nodes=40, max_leaves=16)
+    stats = RunStats()
+    events = list(generate(model, FakeContext(model, n_ctx=512, n_seq_max=32),
+                           GenerationRequest(list(prompt), max_tokens, sampling, constraint), stats, drafter))
+    return [e for e in events if isinstance(e, TokenEvent)], events[-1].reason, stats
+
+
+def test_forced_tokens_are_counted_apart_from_the_drafters():
+    """The drafter proposes the four forced tokens (they join the trunk: the grammar decided them),
+    then the target's next token and a wrong one beside it: its own acceptance is 1 of 2, τ counts
+    its token and the bonus, and the forced tokens are their own 4/4."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0)
+    plain, _, _ = constrained_run(model, FORCES_FOUR, None)
+    good = plain[4].token
+    wrong = next(t for t in FREE if t != good)
+    events, reason, stats = constrained_run(model, FORCES_FOUR, Once([12, 13, 14, 15, good], [12, 13, 14, 15, wrong]))
+    assert [e.token for e in events] == [e.token for e in plain] and reason == "stop"
+    assert [e.source for e in events] == ["forced"] * 4 + ["lookup", "target"]
+    assert stats.target_calls == 1 and stats.n_committed == 6
+    assert (stats.drafted, stats.accepted, stats.acceptance_rate) == (2, 1, 0.5)
+    assert (stats.forced_drafted, stats.forced_accepted) == (4, 4)
+    assert stats.mean_accepted == 2.0  # (6 committed - 4 forced) / 1 call
+    assert stats.accepted_by == {"forced": 4, "lookup": 1} and stats.accepted_lengths == {1: 1}
+    record = stats.record_fields()
+    assert (record["drafted"], record["accepted"], record["forced_drafted"], record["forced_accepted"]) == (2, 1, 4, 4)
+    assert "accepted 50% (1/2)" in stats.line() and "forced 4/4" in stats.line()
+    # A drafter that proposes the forced tokens alone adds nothing: the step is the grammar's.
+    _, _, only = constrained_run(model, FORCES_FOUR, Once([12, 13, 14, 15]))
+    assert (only.drafted, only.accepted, only.forced_accepted) == (0, 0, 4) and only.choices["forced"] == 1
+
+
+def test_a_forced_stretch_inside_a_drafters_path_is_the_grammars():
+    """A free token, then two the grammar forces: a drafter that proposes all three gets credit for
+    the first alone (nothing is forced where the step starts, so there is no trunk)."""
+    spec = ConstraintSpec("lark", json.dumps([[FREE, [12], [13], FREE]]))
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0)
+    plain, _, _ = constrained_run(model, spec, None)
+    events, reason, stats = constrained_run(model, spec, Once([plain[0].token, 12, 13]))
+    assert [e.token for e in events] == [e.token for e in plain] and reason == "stop"
+    assert [e.source for e in events] == ["lookup", "forced", "forced", "target"]
+    assert (stats.drafted, stats.accepted, stats.forced_drafted, stats.forced_accepted) == (1, 1, 2, 2)
+    assert stats.target_calls == 1 and stats.mean_accepted == 2.0  # (4 committed - 2 forced) / 1 call
+
+
+def test_jump_is_constrained_plain_with_the_forced_tokens_batched():
+    """Greedy: jump's text is constrained plain's; each forced token saves one target call (but
+    where the trunk runs to the grammar's end: that step's own token is then an end-of-generation
+    token, which plain decoding never decodes for, the grammar being complete)."""
+    from specgen.drafting.methods import METHODS, DraftingKit
+
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    for prompt in ([0, 2], [0, 3, 4, 5, 6]):
+        plain, plain_reason, plain_stats = constrained_run(model, SPEC, None, prompt)
+        jump_drafter = METHODS["jump"].drafter(DraftingKit(SamplingParams()))
+        jump, reason, stats = constrained_run(model, SPEC, jump_drafter, prompt)
+        assert [e.token for e in jump] == [e.token for e in plain] and reason == plain_reason
+        assert stats.forced_accepted >= 3 and stats.drafted == stats.accepted == 0
+        end = stats.n_committed - plain_stats.n_committed  # 1: jump's last token was the end plain never decodes
+        assert stats.target_calls == plain_stats.target_calls - stats.forced_accepted + end
+        assert stats.mean_accepted == 1.0 and set(stats.choices) <= {"forced", "plain"}
+
+
+def test_the_runner_wraps_jump_under_a_constraint_and_leaves_it_plain_without():
+    from specgen.app.config import RunConfig
+    from specgen.app.prompts import Prompt
+    from specgen.app.runner import Runner
+    from specgen.app.session import open_session
+    from specgen.drafting.methods import METHODS
+
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    cfg = RunConfig(target="fake", chat=False, max_tokens=30)
+    session = open_session(cfg, [METHODS["plain"], METHODS["jump"]], model)
+    runs = {m: Runner(RunConfig(target="fake", chat=False, max_tokens=30, method=m), session) for m in ("plain", "jump")}
+    constrained = {m: r.run(Prompt(0, "ab", constraint=SPEC)) for m, r in runs.items()}
+    free = {m: r.run(Prompt(0, "ab")) for m, r in runs.items()}
+    assert constrained["jump"].text == constrained["plain"].text and free["jump"].text == free["plain"].text
+    jump, plain = constrained["jump"].stats, constrained["plain"].stats
+    forced = jump.forced_accepted
+    assert forced >= 3 and jump.target_calls == plain.target_calls - forced + jump.n_committed - plain.n_committed
+    assert free["jump"].stats.target_calls == free["plain"].stats.target_calls and free["jump"].stats.forced_drafted == 0
+    record = runs["jump"].record(constrained["jump"])
+    assert record["forced_accepted"] == forced and record["drafted"] == 0 and record["mean_accepted"] == 1.0

@@ -24,8 +24,12 @@ FLAT = CostCurve([1, 32], [0.010, 0.012])
 def test_config_validation_and_bench_defaults_come_from_the_table():
     with pytest.raises(ConfigError, match="--method must be one of " + ", ".join(M.NAMES)):
         build_config(None, {"method": "magic"})
-    assert set(M.usable(has_draft=True)) == set(M.METHODS)
-    assert set(M.usable(has_draft=False)) == {n for n, m in M.METHODS.items() if m.draft != M.NEEDS_DRAFT}
+    assert set(M.usable(has_draft=True, constrained=True)) == set(M.METHODS)
+    assert set(M.usable(has_draft=False, constrained=True)) == {n for n, m in M.METHODS.items()
+                                                                if m.draft != M.NEEDS_DRAFT}
+    # Unconstrained, jump-forward would be plain decoding again: not in the default list.
+    assert set(M.usable(has_draft=True)) == set(M.METHODS) - {"jump"}
+    assert M.baselines(constrained=True) == ("plain", "jump") and M.baselines(constrained=False) == ("plain",)
     assert {"plain", "lookup", "auto"} <= set(M.usable(has_draft=False))
     with pytest.raises(ConfigError, match="--method chain needs a draft model"):
         M.check_runnable(M.METHODS["chain"], has_draft=False)

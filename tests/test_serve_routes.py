@@ -188,7 +188,9 @@ def test_metrics_count_requests_tokens_and_accepted_drafts(server):
         before["llamacpp:spec_decode_num_accepted_tokens_total"]
     assert accepted == r["timings"]["draft_n_accepted"] > 0  # a repetitive text: lookup drafts it
     by_source = {k: v for k, v in after.items() if k.startswith("specgen:accepted_tokens_total{")}
-    assert sum(by_source.values()) == after["llamacpp:spec_decode_num_accepted_tokens_total"]
+    # Accepted tokens by source: the drafters' (llama.cpp's counter) and a grammar's forced ones.
+    assert sum(by_source.values()) == after["llamacpp:spec_decode_num_accepted_tokens_total"] + \
+        after['specgen:forced_tokens_total{state="accepted"}']
     assert after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"] == r["speculative"]["target_calls"]
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
     assert after["llamacpp:prompt_tokens_cached_total"] == 0 and after["llamacpp:n_busy_slots_per_decode"] == 1

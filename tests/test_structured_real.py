@@ -44,7 +44,7 @@ CASES = [
     ("Give a JSON object describing a cat.", "object", None),
     ("Is the sky blue? Answer yes or no, then why.", "gbnf", YES_NO),
 ]
-METHODS = ["lookup", "chain", "tree", "staged", "auto"]
+METHODS = ["jump", "lookup", "chain", "tree", "staged", "auto"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,3 +187,24 @@ def test_hermes_template_calls_through_its_own_tags(monkeypatch, choice):
         else:
             assert answer.calls or (answer.content and not answer.content.startswith("<"))
     assert texts["plain"] == texts["auto"]
+
+
+def test_rollback_undoes_consume_calls_an_ended_grammar_took_as_no_ops():
+    """Once the grammar has stopped, llguidance takes an end-of-generation token as a no-op; rolling
+    back must still undo exactly the consume() calls made (forced.py walks a step again by rolling
+    back its tokens, which may end in one)."""
+    target = session().target
+    c = target.constrain(ConstraintSpec("regex", "x(yz)?"))
+    x, y, z = (target.tokenize(ch, add_special=False) for ch in "xyz")
+    c.consume(x[0])
+    c.consume(target.eos)  # accepted here, not yet stopped: a token llguidance counts
+    c.rollback(1)
+    assert c.valid_prefix(y + z) == 2  # back after x
+    for token in (*y, *z):
+        c.consume(token)
+    assert c.stopped()
+    c.consume(target.eos)  # stopped already: a no-op for llguidance
+    c.rollback(1)
+    assert c.stopped() and c.valid_prefix(z) == 0  # still after z
+    c.rollback(1)
+    assert c.valid_prefix(z) == 1 and not c.stopped()  # after y

@@ -14,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from test_serve import Served
+from test_serve_routes import call, events
 from test_structured_cli import TOO_WIDE
 
 pytestmark = pytest.mark.real
@@ -48,8 +49,41 @@ def test_json_schema_answer_is_valid_and_says_what_it_forced(server):
     obj = json.loads(r.choices[0].message.content)
     jsonschema.validate(obj, {**PERSON, "additionalProperties": False})
     assert r.choices[0].finish_reason == "stop"
-    assert r.model_extra["speculative"]["accepted_by"]["forced"] > 0
-    assert r.model_extra["timings"]["draft_n_forced"] == r.model_extra["speculative"]["accepted_by"]["forced"]
+    spec, timings = r.model_extra["speculative"], r.model_extra["timings"]
+    assert spec["forced_accepted"] > 0 and timings["draft_n_forced_accepted"] == spec["forced_accepted"]
+    assert timings["draft_n_accepted"] == sum(v for k, v in spec["accepted_by"].items() if k != "forced")  # drafters'
+
+
+def _metrics(server) -> dict[str, float]:
+    _, _, raw = call(server, "GET", "/metrics")
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in raw.decode().splitlines()
+                                                   if line and not line.startswith("#"))}
+
+
+def test_forced_tokens_are_counted_apart_in_the_stream_timings_and_metrics(server):
+    """Each streamed token the grammar forced (source "forced") is one the counters call forced and
+    accepted; the drafters' own counts (draft_n, /metrics' spec_decode_*) leave them out."""
+    before = _metrics(server)
+    status, _, raw = call(server, "POST", "/completion", {"prompt": "Ada Lovelace, aged 36, as JSON:", "n_predict": 48,
+                                                          "temperature": 0, "json_schema": PERSON, "stream": True})
+    chunks = [json.loads(e) for e in events(raw)]
+    after = _metrics(server)
+    assert status == 200 and chunks[-1]["stop"] is True
+    forced = 0
+    for chunk in chunks[:-1]:
+        sources = {source for _, source in chunk["specgen"]["sources"]}
+        if "forced" in sources:
+            assert sources == {"forced"}, chunk  # one token a chunk here: no mixed chunk to split
+            forced += len(chunk["tokens"])
+    timings, spec = chunks[-1]["timings"], chunks[-1]["speculative"]
+    assert forced > 0 and timings["draft_n_forced_accepted"] == spec["forced_accepted"] == forced
+    assert spec["accepted_by"]["forced"] == forced and timings["draft_n_forced"] >= forced
+    assert timings["draft_n_accepted"] == sum(v for k, v in spec["accepted_by"].items() if k != "forced")
+    grew = {k: after[k] - before.get(k, 0) for k in after}
+    assert grew['specgen:forced_tokens_total{state="accepted"}'] == forced
+    assert grew['specgen:forced_tokens_total{state="drafted"}'] == timings["draft_n_forced"]
+    assert grew["llamacpp:spec_decode_num_accepted_tokens_total"] == timings["draft_n_accepted"]
+    assert grew["llamacpp:spec_decode_num_draft_tokens_total"] == timings["draft_n"]
 
 
 NAME, AGE = {"name": {"type": "string", "maxLength": 24}}, {"age": {"type": "integer", "minimum": 0}}

@@ -28,6 +28,7 @@ from specgen.errors import ConfigError
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
+JUMP = "jump"  # jump-forward, constrained benches' second baseline
 _CPU_FEATURES = ("AVX512", "AVX2", "NEON")
 
 
@@ -111,8 +112,14 @@ def _name(method: str) -> str:
 
 
 def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool) -> list[str]:
-    out = ["| | tok/s | over specgen plain | 90% interval | τ | accepted | identical to plain |",
-           "|---|---|---|---|---|---|---|"]
+    """A row per method. Results with forced tokens (constrained, recorded since they were counted
+    apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
+    `over jump` column: each method's speed over jump-forward's, what drafting adds."""
+    forced = any(r.get("forced_drafted") for r in rows.values())
+    jump = JUMP in rows
+    extra = [*(["forced"] if forced else []), *(["over jump"] if jump else [])]
+    out = ["| | tok/s | over specgen plain | 90% interval | τ | accepted | " + "".join(f"{c} | " for c in extra)
+           + "identical to plain |", "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|"]
     for m in methods:
         r = rows.get(m)
         if r is None:
@@ -120,13 +127,17 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         ratio = "1.00x" if m == "plain" else f"{r['speedup']:.2f}x"
         if m == "auto":
             ratio = f"**{ratio}**"
-        drafted = m not in ("plain", "llama.cpp plain")
+        drafted = m not in ("plain", "llama.cpp plain", JUMP)
         same = "" if not greedy or m == "plain" or r.get("lossless_mismatches") is None else \
             f"{n_trials - r['lossless_mismatches']}/{n_trials}"
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
         accepted = f"{r['acceptance_rate']:.0%}" if drafted else ""
         interval = "" if m == "plain" else _cell_interval(r)
-        out.append(f"| {_name(m)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | {same} |")
+        cells = [f"{r['forced_accepted']}/{r['forced_drafted']}" if r.get("forced_drafted") else ""] if forced else []
+        if jump:
+            cells.append(f"{r['over_jump']:.2f}x" if r.get("over_jump") is not None and drafted else "")
+        out.append(f"| {_name(m)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
+                   + "".join(f"{c} | " for c in cells) + f"{same} |")
     return out
 
 

@@ -33,11 +33,12 @@ class Trial:
     turn_stats: tuple[RunStats, ...] = ()
 
 
-def parse_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """"plain,lookup,auto" -> ("plain", "lookup", "auto"): plain always runs, first, as the baseline."""
+def parse_methods(spec: str | Sequence[str], constrained: bool = False) -> tuple[str, ...]:
+    """"plain,lookup,auto" -> ("plain", "lookup", "auto"): the baselines always run, first: plain,
+    and with `constrained` prompts jump-forward (methods.baselines)."""
     names = [M.get(m.strip(), "--methods", "expects a comma-separated list of").name for m in (spec.split(",") if isinstance(spec, str) else spec)
              if m.strip()]
-    return tuple(dict.fromkeys(["plain", *names]))
+    return tuple(dict.fromkeys([*M.baselines(constrained), *names]))
 
 
 def conversations(prompt: BenchPrompt, answers: Sequence[str]) -> list[Prompt]:

@@ -12,6 +12,7 @@ from specgen.bench.run import Trial
 from specgen.core.stats import RunStats
 
 OVERALL = "overall"
+JUMP = "jump"  # jump-forward (drafting/methods.py): constrained benches' second baseline
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,8 @@ class SummaryRow:
     method: str
     tokens_per_s: float  # mean of per-prompt throughputs
     speedup: float  # tokens_per_s / plain's tokens_per_s over the same prompts
-    mean_accepted: float  # τ: tokens per target call
-    acceptance_rate: float
+    mean_accepted: float  # τ of the drafters: tokens per target call, forced ones excluded (core/stats.py)
+    acceptance_rate: float  # the drafters' (forced tokens excluded)
     lossless_mismatches: int | None  # greedy: trials whose text differs from plain's; sampled: None
     n_prompts: int
     # Per prompt (and repeat), method tok/s over plain tok/s: their median, and a 90% bootstrap
@@ -33,6 +34,13 @@ class SummaryRow:
     speedup_high: float = 0.0
     within_noise: bool = False
     turn: int | None = None  # a row of one turn (1, 2, ...) of a group's multi-turn prompts; None: all turns
+    # Tokens a grammar forced (constrained prompts): drafted as the trunk of each step's tree, and
+    # accepted; apart from τ and acceptance.
+    forced_drafted: int = 0
+    forced_accepted: int = 0
+    # tokens_per_s over jump-forward's (the `jump` method) over the same prompts: what drafting adds
+    # to the grammar's forced tokens. None where jump did not run (unconstrained benches).
+    over_jump: float | None = None
 
 
 def _mean(xs: Iterable[float]) -> float:
@@ -69,20 +77,22 @@ def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunSta
     # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
     timed = [k for k, by_method in runs.items() if all(st.n_tokens > 0 for st, _ in by_method.values())]
     plain_tps = _mean(runs[k]["plain"][0].tokens_per_s for k in timed)
+    jump_tps = _mean(runs[k][JUMP][0].tokens_per_s for k in timed) if JUMP in methods else None
     rows = []
     for method in methods:
-        stats = [runs[k][method][0] for k in runs]
+        total = RunStats()
+        for k in runs:
+            total.add(runs[k][method][0])
         tps = _mean(runs[k][method][0].tokens_per_s for k in timed)
-        calls = sum(st.target_calls for st in stats)
-        drafted = sum(st.drafted for st in stats)
         mismatches = sum(runs[k][method][1] != runs[k]["plain"][1] for k in runs) if greedy else None
         spread = speedup_spread([runs[k][method][0].tokens_per_s for k in timed],
                                 [runs[k]["plain"][0].tokens_per_s for k in timed])
         rows.append(SummaryRow(
             group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
-            round(sum(st.n_committed for st in stats) / calls, 3) if calls else 1.0,
-            round(sum(st.accepted for st in stats) / drafted, 4) if drafted else 0.0,
-            mismatches, len({k[0] for k in runs}), *spread, turn=turn))
+            round(total.mean_accepted, 3), round(total.acceptance_rate, 4),
+            mismatches, len({k[0] for k in runs}), *spread, turn=turn, forced_drafted=total.forced_drafted,
+            forced_accepted=total.forced_accepted,
+            over_jump=None if jump_tps is None else round(tps / jump_tps, 3) if jump_tps else 0.0))
     return rows
 
 

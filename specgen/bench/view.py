@@ -9,7 +9,7 @@ from xml.sax.saxutils import escape
 
 from rich.table import Table
 
-from specgen.bench.summary import LOSS_MARGIN, OVERALL, HeadToHead, SummaryRow
+from specgen.bench.summary import JUMP, LOSS_MARGIN, OVERALL, HeadToHead, SummaryRow
 from specgen.errors import ConfigError
 from specgen.files import check_writable, replacing, write_text
 
@@ -25,7 +25,13 @@ def _cell(row: SummaryRow, n_trials: int) -> str:
     lines = [f"[bold]{row.speedup:.2f}x[/bold]{noise}"]
     if row.speedup_low < row.speedup_high:  # one prompt has no spread to show
         lines.append(f"{row.speedup_low:.2f}-{row.speedup_high:.2f} med {row.median_speedup:.2f}")
-    lines += [f"{row.tokens_per_s:.1f} tok/s", f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}"]
+    lines.append(f"{row.tokens_per_s:.1f} tok/s")
+    if row.method != JUMP:  # jump drafts nothing of its own: τ 1.00, no acceptance
+        lines.append(f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}")
+    if row.forced_drafted:
+        lines.append(f"forced {row.forced_accepted}/{row.forced_drafted}")
+    if row.over_jump is not None and row.method != JUMP:
+        lines.append(f"{row.over_jump:.2f}x jump")
     if row.lossless_mismatches is not None:  # greedy runs: say how many texts equal plain's, always
         same = n_trials - row.lossless_mismatches
         colour = "green" if row.lossless_mismatches == 0 else "red"
@@ -38,8 +44,10 @@ def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: st
     median per-prompt speedup), tok/s, τ · acceptance, mismatches."""
     table = Table(title=header, title_justify="left", show_lines=True,
                   caption="speedup vs plain (~noise: its 90% bootstrap interval holds 1.0) · interval, "
-                          "median per-prompt speedup · tok/s · τ (tokens per target call) and acceptance · "
-                          "=k/n: texts identical to plain (greedy)", caption_justify="left")
+                          "median per-prompt speedup · tok/s · τ (tokens per target call) and acceptance, the "
+                          "drafters' · forced A/D: tokens a grammar forced, accepted/drafted · Nx jump: speed "
+                          "over jump-forward (what drafting adds) · =k/n: texts identical to plain (greedy)",
+                  caption_justify="left")
     table.add_column("group", no_wrap=True)
     table.add_column("n", justify="right", min_width=2)
     for m in methods:

@@ -38,7 +38,8 @@ def bench(
     suite: Optional[str] = typer.Option(None, "--suite", metavar="NAME|FILE", help="builtin | humaneval | a Spec-Bench "
                                         "question.jsonl path [builtin]."),
     methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
-                                          "[every method that can run with the models given]."),
+                                          "(and jump, where prompts are constrained) [every method that can run "
+                                          "with the models given]."),
     limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
     per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
                                             help="N prompts per group, spread evenly."),
@@ -109,7 +110,7 @@ def bench(
     split = values.get("split") or "all"  # a -c preset may pin it (published tables: report)
     if split not in SPLITS:
         raise ConfigError(f"--split expects {', '.join(SPLITS)}, found {split!r}")
-    chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None))
+    parse_methods(values.get("methods") or ())  # a misspelt method fails before anything is read
     if json_file is not None:
         check_writable(json_file, "--json")
     if plot is not None:
@@ -120,13 +121,15 @@ def bench(
     if spec is not None:  # every prompt that carries no response_format or tools of its own
         prompts = [p if p.constraint or p.tools else dataclasses.replace(p, constraint=spec) for p in prompts]
     n_repeats = values.get("repeats") or 1
+    # Constrained prompts: jump-forward runs too (after plain), the speed of the forced tokens alone.
+    constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
+    chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None, constrained), constrained)
 
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
     if (spec_type or llama_cpp_draft) and binary is None:
         raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
                           "decoding: give --llama-cpp DIR too")
     # Past runs' texts would favour auto; screening keeps a row's argmax exact, not a masked one's.
-    constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
     session = load_session(cfg, chosen, store_default=False, screen=not constrained)
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
@@ -157,7 +160,8 @@ def bench(
     rows = summarize(trials, columns, greedy=cfg.sampling.greedy)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=30 + sum(max(14, len(c) + 4) for c in columns))  # piped: never truncated
+        # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
+        console = Console(width=30 + sum(max(21, len(c) + 5) for c in columns))
     console.print(summary_table(rows, columns, title, n_repeats))
     versus = [head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
     for h in versus:

@@ -7,8 +7,9 @@ equal to it because verification masks the target's row at every node it visits 
 state along that node's own path (the matcher consumes each token the walk takes, so when the walk
 ends it stands at the new committed state). Drafts are only proposals: a token the grammar forbids
 has p = 0 under the mask and is never accepted, so pruning deterministic drafts by the grammar only
-saves rows. Forced tokens (the one continuation the grammar allows) are drafts too, verified like
-any other: injecting them would fix a tokenization the model might not choose.
+saves rows. Forced tokens (where the grammar allows one continuation) are drafts too, verified like
+any other; the mask there allows their canonical tokenization alone, in plain decoding too, so they
+are always accepted (drafting/forced.py) and counted apart from drafting's (core/stats.py).
 
 `llama/grammar.py` implements Constraint with llguidance; tests use fakes.
 """

@@ -132,22 +132,20 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         else:
             verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring)
         stats.target_calls += 1
-        if tree is not None and tree.n_drafted:
-            stats.drafted += tree.n_drafted
-            stats.forced += len(tree.forced)
-            n_forced = sum(1 for v in verdict.path if v in tree.forced)
-            for source, n in (("forced", n_forced), (drafter.last_choice, len(verdict.path) - n_forced)):
-                if n:
-                    stats.accepted_by[source] += n
-        stats.accepted += len(verdict.path)
-        stats.accepted_lengths[len(verdict.path)] += 1
         n_past += len(verdict.path) + 1
 
         # 3. Commit the accepted tokens and the bonus token, up to an end-of-generation token.
-        committed, events = [], []
+        committed = committed_of(model, verdict.tokens, request.max_tokens - stats.n_tokens)
+        root = committed[-1]
+        scoring.commit(committed)
+        if drafter is not None:
+            t_draft = clock()
+            drafter.observe(verdict, committed)  # under a grammar, it may mark more nodes forced (forced.py)
+            stats.draft_s += clock() - t_draft
+        count_step(stats, tree, verdict, drafter)
+        events = []
         nodes = [0, *verdict.path]  # token i was chosen from node i's row
-        for i, token in enumerate(verdict.tokens):
-            committed.append(token)
+        for i, token in enumerate(committed):
             stats.n_committed += 1
             if model.is_eog(token):
                 reason = "stop"
@@ -156,14 +154,6 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             logprob = None if request.logprobs is None else token_logprob(rows[nodes[i]], token, request.logprobs)
             events.append(TokenEvent(token, decoder(token), from_draft=i < len(verdict.path),
                                      source=token_source(tree, verdict, i, drafter), logprob=logprob))
-            if stats.n_tokens >= request.max_tokens:
-                break
-        root = committed[-1]
-        scoring.commit(committed)
-        if drafter is not None:
-            t_draft = clock()
-            drafter.observe(verdict, committed)
-            stats.draft_s += clock() - t_draft
         stats.decode_s += clock() - t0
         if request.constraint is not None and reason != "stop" and request.constraint.stopped():
             reason = "stop"  # the grammar is complete: only end-of-generation could follow
@@ -173,6 +163,33 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             break
     stats.decode_s += clock() - t0
     yield FinishEvent(reason, decoder.flush(), stats)
+
+
+def committed_of(model: Model, tokens: list[int], room: int) -> list[int]:
+    """The step's tokens that join the text: up to its first end-of-generation token (kept), or
+    `room` tokens of text."""
+    out = []
+    for token in tokens:
+        out.append(token)
+        if model.is_eog(token) or len(out) >= room:
+            break
+    return out
+
+
+def count_step(stats: RunStats, tree: DraftTree | None, verdict: Verdict, drafter: Drafter | None) -> None:
+    """One step's drafted and accepted nodes: the drafters' and, apart, the grammar's forced ones (stats.py)."""
+    n_accepted = len(verdict.path)
+    if tree is not None and tree.n_drafted:
+        n_forced = sum(1 for v in verdict.path if v in tree.forced)
+        n_accepted -= n_forced
+        stats.drafted += tree.n_drafted - len(tree.forced)
+        stats.forced_drafted += len(tree.forced)
+        stats.forced_accepted += n_forced
+        for source, n in (("forced", n_forced), (drafter.last_choice, n_accepted)):
+            if n:
+                stats.accepted_by[source] += n
+    stats.accepted += n_accepted
+    stats.accepted_lengths[n_accepted] += 1
 
 
 def token_source(tree: DraftTree | None, verdict: Verdict, i: int, drafter: Drafter | None) -> str:

@@ -1,4 +1,16 @@
-"""Per-run counters and the numbers derived from them (the stats line and the --json record)."""
+"""Per-run counters and the numbers derived from them (the stats line and the --json record).
+
+Forced tokens (where a grammar allows one continuation, core/constraint.py) are counted apart from
+what the drafters proposed: the mask allows only them, so they are accepted as surely as plain
+decoding under the grammar would write them, and counting them as drafts would credit drafting with
+what the grammar decided (77% "accepted" at T = 0.7 where the drafters' own was about 60%). A
+drafter's node equal to the forced token at its place is forced too. So `drafted`, `accepted`,
+`acceptance_rate` and τ (`mean_accepted`) are the drafters' alone, and `forced_drafted`,
+`forced_accepted` count the grammar's: the trunk of each step's tree (what the grammar forces
+where the step starts) and the accepted drafter nodes where its path ran into a forced stretch
+(drafting/forced.py). A drafter's node in a rejected branch stays the drafter's even where the
+grammar would have forced it (finding out would cost a grammar walk per node).
+"""
 
 from __future__ import annotations
 
@@ -12,22 +24,23 @@ class RunStats:
     n_tokens: int = 0  # tokens emitted as text (a final stop token is not text)
     n_committed: int = 0  # tokens the target committed, a final stop token included
     target_calls: int = 0  # target decodes after prefill
-    drafted: int = 0  # draft tree nodes proposed, root excluded
-    accepted: int = 0  # drafted nodes on accepted paths
+    drafted: int = 0  # draft tree nodes the drafters proposed, root and forced nodes excluded
+    accepted: int = 0  # of those, nodes on accepted paths
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
-    accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step
+    accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafted tokens per step (forced excluded)
     choices: Counter = field(default_factory=Counter)  # steps per drafter choice (auto: plain/lookup/...)
-    # Accepted drafted tokens by where they came from: "forced" (a grammar's one continuation),
-    # else the step's drafter choice (lookup, draft, history, ...).
+    # Accepted tokens by where they came from: "forced" (a grammar's one continuation: the
+    # forced_accepted tokens), else the step's drafter choice (lookup, draft, history, ...).
     accepted_by: Counter = field(default_factory=Counter)
-    forced: int = 0  # drafted nodes a grammar forced (part of `drafted`)
+    forced_drafted: int = 0  # tree nodes a grammar forced (not in `drafted`)
+    forced_accepted: int = 0  # of those, nodes on accepted paths (not in `accepted`)
 
     def add(self, other: "RunStats") -> None:
         """Fold in the counters of another run (e.g. the next turn of a conversation)."""
         for name in ("n_prompt", "n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
-                     "draft_s", "forced"):
+                     "draft_s", "forced_drafted", "forced_accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_lengths.update(other.accepted_lengths)
         self.choices.update(other.choices)
@@ -35,12 +48,16 @@ class RunStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """The drafters' acceptance: accepted over drafted, forced tokens in neither."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def mean_accepted(self) -> float:
-        """τ: tokens committed per target call, bonus token included (plain decoding: 1.0)."""
-        return self.n_committed / self.target_calls if self.target_calls else 1.0
+        """τ, the drafters' tokens per target call: tokens committed per target call (each call's
+        accepted drafts and the target's own bonus token) less the forced tokens committed. Plain
+        decoding and jump-forward (forced tokens alone, methods.py) have τ = 1.0; what drafting adds
+        is τ - 1. The one definition of τ: every table, record and stream shows this."""
+        return (self.n_committed - self.forced_accepted) / self.target_calls if self.target_calls else 1.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -63,17 +80,20 @@ class RunStats:
             "decode_s": round(self.decode_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "accepted_by": dict(self.accepted_by),
+            "forced_drafted": self.forced_drafted,
+            "forced_accepted": self.forced_accepted,
         }
 
     def line(self) -> str:
-        """One human line, e.g. `128 tok · 31.5 tok/s · 41 target calls · τ 3.12 · accepted 79% ...`."""
+        """One human line, e.g. `128 tok · 31.5 tok/s · 41 target calls · τ 3.12 · accepted 79% ...`;
+        under a grammar `forced A/D` (forced tokens accepted/drafted), apart from τ and acceptance."""
         parts = [f"{self.n_tokens} tok", f"{self.tokens_per_s:.1f} tok/s",
                  f"{self.target_calls} target calls", f"τ {self.mean_accepted:.2f}"]
         if self.drafted:
             parts.append(f"accepted {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
             parts.append(f"draft {self.draft_share:.0%} of time")
-        if self.accepted_by.get("forced"):
-            parts.append(f"forced {self.accepted_by['forced']}")
+        if self.forced_drafted:
+            parts.append(f"forced {self.forced_accepted}/{self.forced_drafted}")
         if len(self.choices) > 1:
             total = sum(self.choices.values())
             shares = ", ".join(f"{k} {v / total:.0%}" for k, v in self.choices.most_common())

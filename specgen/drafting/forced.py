@@ -1,10 +1,14 @@
 """Drafting under a constraint: the grammar's forced tokens as a free draft, any drafter's tree
 pruned to what the grammar allows, and the drafter told of its own tree's outcome.
 
-Forced tokens cost no draft decode and are accepted wherever the model writes the grammar's
-canonical tokenization (llguidance's `compute_ff_tokens` holds back the last tokens where a longer
-token could still merge), at any temperature: the trunk of every step's tree. The drafter's own
-tree hangs beside and below it. Nothing is injected: the target verifies every forced token.
+Where the grammar allows one continuation, its mask allows one token, the canonical one that
+llguidance's `compute_ff_tokens` returns (holding back the last tokens where a longer token could
+still merge): the mask itself fixes the canonical tokenization, in plain decoding too. So forced
+tokens cost no draft decode and are accepted at any temperature: the trunk of every step's tree,
+with the drafter's own tree beside and below it. They are still verified like any draft (the row
+at each is masked to that one token), and counted apart from the drafter's (core/stats.py), as
+are the drafter's accepted nodes where its path ran into a forced stretch (mark_forced_on_path).
+`JumpDrafter` drafts nothing else: jump-forward decoding.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class ConstrainedDrafter:
         self.last_choice = inner.last_choice
         self._merged: Merged | None = None
         self._pruned_index: dict[int, int] | None = None  # drafter index -> pruned index
+        self._tree: DraftTree | None = None  # the last proposal
 
     def reset(self, tokens: list[int]) -> None:
         self.inner.reset(tokens)
@@ -37,14 +42,17 @@ class ConstrainedDrafter:
         pruned, self._pruned_index = prune(tree, self.constraint)
         forced = self.constraint.forced()[:max_depth]
         if not forced:
-            self._merged = None
+            self._merged, self._tree = None, pruned
             return pruned
         self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
-        if pruned.n_drafted == 0:
+        if len(self._merged.tree.forced) == self._merged.tree.n_drafted:  # the drafter added nothing
             self.last_choice = FORCED
-        return self._merged.tree
+        self._tree = self._merged.tree
+        return self._tree
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        if self._tree is not None:
+            mark_forced_on_path(self._tree, verdict, self.constraint)
         self.inner.observe(self._inner_verdict(verdict), committed)
 
     def finish_text(self) -> None:
@@ -64,6 +72,45 @@ class ConstrainedDrafter:
             path = [back[v] for v in path]
             overlap = {back[n]: o for n, o in overlap.items()}
         return Verdict(path, verdict.tokens, overlap)
+
+
+def mark_forced_on_path(tree: DraftTree, verdict: Verdict, constraint: Constraint) -> None:
+    """Add to `tree.forced` the accepted drafter nodes the grammar forced: where its path ran into
+    a stretch the grammar forces (a key after a value), the grammar decided those tokens, not the
+    drafter (core/stats.py). Verification left the matcher after the verdict's tokens: it walks
+    them again from the step's start, asking at each whether the token was forced (about 10 us a
+    token on smollm2's vocabulary), and ends where it was."""
+    path = verdict.path
+    if all(v in tree.forced for v in path):
+        return
+    constraint.rollback(len(verdict.tokens))
+    for i, token in enumerate(verdict.tokens):
+        if i < len(path) and path[i] not in tree.forced and constraint.forced()[:1] == [token]:
+            tree.forced.add(path[i])
+        constraint.consume(token)
+
+
+class JumpDrafter:
+    """The `jump` method's drafter: no proposal of its own. Wrapped in a ConstrainedDrafter (app/
+    runner.py) its trees are the grammar's forced tokens alone, batched into the next decode (what
+    SGLang and vLLM call jump-forward decoding); without a constraint every step is plain decoding."""
+
+    last_choice = "plain"
+
+    def __init__(self) -> None:
+        self._root = 0
+
+    def reset(self, tokens: list[int]) -> None:
+        self._root = tokens[-1]
+
+    def propose(self, max_depth: int) -> DraftTree:
+        return DraftTree.root_only(self._root)
+
+    def observe(self, verdict: Verdict, committed: list[int]) -> None:
+        self._root = committed[-1]
+
+    def finish_text(self) -> None:
+        pass
 
 
 def _prefix_in(path: list[int], origin: list[int | None]) -> list[int]:

@@ -45,6 +45,9 @@ class Method:
     # Plans from measured costs: its kit carries the cost curves, timed contexts and other texts
     # to draft from, and its drafter lives as long as the runner, so what it learns carries over.
     measured: bool = False
+    # A baseline of constrained benches: bench runs it (after plain) wherever prompts carry a
+    # grammar, and leaves it out of unconstrained runs' default list, where it would be plain again.
+    constrained_baseline: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -66,6 +69,12 @@ def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     if not params.pop("lookup", False):
         return ModelDrafter(kit.draft_ctx, kit.sampling, **params)
     return Staged.build(kit.draft_ctx, kit.sampling, **params)
+
+
+def _jump(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+    from specgen.drafting.forced import JumpDrafter
+
+    return JumpDrafter()
 
 
 def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
@@ -95,6 +104,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4,
                        draft=dict(branching=1, max_depth=16)), measured=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
+    Method("jump", "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
+           "drafting nothing else (without a constraint, plain)", NO_DRAFT, _jump, constrained_baseline=True),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
            dict(branching=1, max_nodes=6, min_prob=0.3)),
     Method("tree", "the draft model drafts a best-first tree", NEEDS_DRAFT, _model, _TREE),
@@ -113,9 +124,17 @@ def get(name: str, option: str = "--method", expects: str = "must be one of") ->
     return method
 
 
-def usable(has_draft: bool) -> tuple[str, ...]:
-    """Every method that can run with (or without) a draft model: bench's default list."""
-    return tuple(n for n, m in METHODS.items() if has_draft or m.draft != NEEDS_DRAFT)
+def usable(has_draft: bool, constrained: bool = False) -> tuple[str, ...]:
+    """Every method that can run with (or without) a draft model: bench's default list (the
+    constrained baselines only for constrained prompts)."""
+    return tuple(n for n, m in METHODS.items()
+                 if (has_draft or m.draft != NEEDS_DRAFT) and (constrained or not m.constrained_baseline))
+
+
+def baselines(constrained: bool) -> tuple[str, ...]:
+    """What bench always runs, first: plain, and under a grammar jump-forward too (the speed the
+    grammar's forced tokens give without drafting; a method's ratio over it is drafting's gain)."""
+    return ("plain", *(n for n, m in METHODS.items() if constrained and m.constrained_baseline))
 
 
 def check_runnable(method: Method, has_draft: bool) -> None:

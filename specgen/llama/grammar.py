@@ -98,7 +98,10 @@ class GuidanceConstraint:
         self._bits = llg.numpy.allocate_token_bitmask(1, self.n_vocab)
         self._fill = llg.numpy.fill_next_token_bitmask
         self._allowed: np.ndarray | None = None
-        self._position = 0  # tokens consumed: the output's length so far
+        self._position = 0  # consume() calls: the output's length so far
+        # End-of-generation tokens consumed once stopped: llguidance takes them as no-ops and its
+        # rollback does not count them, where Constraint.rollback counts consume() calls.
+        self._idle = 0
 
     def allowed(self) -> np.ndarray:
         if self._allowed is None:
@@ -110,6 +113,7 @@ class GuidanceConstraint:
 
     def consume(self, token: int) -> None:
         self._allowed = None
+        self._idle += self.matcher.is_stopped()
         ok = self.matcher.consume_token(int(token))
         self._check()
         if not ok:  # pragma: no cover - a refusal without an error state
@@ -118,9 +122,11 @@ class GuidanceConstraint:
 
     def rollback(self, n: int) -> None:
         self._allowed = None
+        self._position -= n
+        idle = min(n, self._idle)
+        self._idle, n = self._idle - idle, n - idle
         if n and not self.matcher.rollback(n):
             raise RuntimeError(f"grammar could not roll back {n} tokens: {self.matcher.get_error()}")
-        self._position -= n
 
     def valid_prefix(self, tokens: list[int]) -> int:
         n = self.matcher.validate_tokens([int(t) for t in tokens]) if tokens else 0

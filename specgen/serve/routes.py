@@ -31,7 +31,9 @@ def timings(done: Done) -> dict:
             "predicted_ms": round(s.decode_s * 1000, 3),
             "predicted_per_token_ms": round(_per(s.decode_s * 1000, s.n_tokens), 3),
             "predicted_per_second": round(s.tokens_per_s, 3),
-            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.accepted_by.get("forced", 0)}
+            # The drafters' (as llama-server's), and the grammar's forced tokens apart (core/stats.py).
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "draft_n_forced": s.forced_drafted,
+            "draft_n_forced_accepted": s.forced_accepted}
 
 
 def _per(ms: float, n: int) -> float:
@@ -39,10 +41,12 @@ def _per(ms: float, n: int) -> float:
 
 
 def speculative(method: str, s: RunStats) -> dict:
-    """specgen's own numbers; `accepted_by`: accepted drafted tokens by source (forced, lookup, draft, ...)."""
+    """specgen's own numbers; `accepted_by`: accepted tokens by source (forced, lookup, draft, ...);
+    τ and acceptance are the drafters', forced tokens counted apart (core/stats.py)."""
     return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
             "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices),
-            "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced}
+            "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced_drafted,
+            "forced_accepted": s.forced_accepted}
 
 
 def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
@@ -182,6 +186,8 @@ def metrics(worker: Worker) -> str:
     add("specgen", "counter", "requests_failed_total", "Generations that ended in an error", [("", m.failed)])
     add("specgen", "counter", "accepted_tokens_total", "Accepted drafted tokens by source (forced, lookup, "
         "history, draft, ...)", [(f'{{source="{k}"}}', v) for k, v in sorted(t.accepted_by.items())])
+    add("specgen", "counter", "forced_tokens_total", "Tokens a grammar forced, drafted free (not in spec_decode_*)",
+        [('{state="drafted"}', t.forced_drafted), ('{state="accepted"}', t.forced_accepted)])
     add("specgen", "counter", "steps_total", "Target decodes by the drafter's choice",
         [(f'{{choice="{k}"}}', v) for k, v in sorted(t.choices.items())])
     return "\n".join(lines) + "\n"
