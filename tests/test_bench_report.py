@@ -124,3 +124,27 @@ def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
     sys.modules["oracle"] = oracle  # its dataclasses look their module up there
     spec.loader.exec_module(oracle)
     assert found.group(2) == oracle.table(root / found.group(1))
+
+
+def test_the_layout_table_in_structured_output_md_is_rendered_from_its_results_file():
+    """docs/structured-output.md's default-layout table is scripts/json_validity.py's rendering of
+    the file its marker names, and the default layout is the one that won on the tune half there."""
+    import importlib.util
+    import json
+    import re
+
+    from specgen.app.config import RunConfig
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "structured-output.md").read_text()
+    found = re.search(r"<!-- layout-table: (\S+) -->\n(.*?)\n<!-- layout-table:end -->", text, re.S)
+    assert found is not None, "docs/structured-output.md has no layout-table marker"
+    spec = importlib.util.spec_from_file_location("json_validity", root / "scripts" / "json_validity.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    path = root / "docs" / found.group(1)
+    assert found.group(2) == script.table(path)
+    answers = json.loads(path.read_text())["answers"]
+    tune = {layout: sum(a["valid"] for a in answers if a["layout"] == layout and a["half"] == "tune")
+            for layout in script.LAYOUTS}
+    assert tune[RunConfig().json_layout] == max(tune.values())
