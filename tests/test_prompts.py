@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specgen.errors import PromptError
-from specgen.app.prompts import collect_prompts, parse_prompt_file
+from specgen.app.prompts import Prompt, collect_prompts, parse_prompt_file
 
 
 class FakeStdin(io.StringIO):
@@ -75,3 +75,14 @@ def test_file_errors(tmp_path):
         parse_prompt_file(latin)
     with pytest.raises(PromptError, match="either PROMPT or -f"):
         collect_prompts("x", latin, None)
+
+
+def test_a_next_turn_keeps_the_constraint_and_tools():
+    from specgen.app.structured import read_tools
+    from specgen.core.constraint import ConstraintSpec
+
+    spec = ConstraintSpec("json_object")
+    tools = read_tools([{"type": "function", "function": {"name": "f"}}], "auto")
+    nxt = Prompt(0, "first", constraint=spec, tools=tools).followed_by("{}", "second")
+    assert (nxt.text, nxt.constraint, nxt.tools) == ("second", spec, tools)
+    assert [m["role"] for m in nxt.messages()] == ["user", "assistant", "user"]

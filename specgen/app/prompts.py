@@ -53,9 +53,11 @@ class Prompt:
         return turns + [{"role": "user", "content": self.text}] + [m.as_dict() for m in self.after]
 
     def followed_by(self, answer: str, question: str) -> "Prompt":
-        """The next turn: this prompt, the model's answer, then a new question."""
+        """The next turn: this prompt, the model's answer, then a new question, asked under the same
+        constraint and tools (a multi-turn suite under --json-schema constrains every turn)."""
         return Prompt(self.index, question, self.history + (Message("user", self.text), *self.after,
-                                                            Message("assistant", answer)))
+                                                            Message("assistant", answer)),
+                      constraint=self.constraint, tools=self.tools)
 
 
 def decode_utf8(data: bytes, origin: str) -> str:
