@@ -64,11 +64,12 @@ def models_list() -> None:
             source = f"self-draft of {entry.self_of}" + "".join(f" {k}={v}" for k, v in entry.options.items())
         elif entry.kind == "template":
             t = entry.template_from()
-            source = f"{t.base} with the {t.template} chat template"
+            source = f"{t.template} template on {t.base}"
         present = is_present(entry)
         size = cached_path(entry).stat().st_size if present else entry.size
         table.add_row(entry.name, source, human_size(size), "yes" if present else "no")
-    console = Console(soft_wrap=True)
+    # Piped, a row is never cut to the terminal's width: scripts read the names whole.
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
     console.print(table)
     drafts = derived_drafts()
     if drafts:
