@@ -7,8 +7,8 @@ valid: a response_format answer parses as JSON and validates against the suite's
 (jsonschema); a tool answer holds at least one call, each to a function the request offered, with
 arguments that validate against its parameters. Both halves of the suite are reported apart.
 
-    python scripts/json_validity.py -m smollm2-135m-instruct-q4_1 --out docs/results/DATE-json-layouts.json
-    python scripts/json_validity.py --table docs/results/DATE-json-layouts.json
+    python scripts/json_validity.py -m smollm2-135m-instruct-q4_1 --out docs/results/validity/DATE-json-layouts.json
+    python scripts/json_validity.py --table docs/results/validity/DATE-json-layouts.json
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def table(path: Path) -> str:
     s, m = data["settings"], data["machine"]
     lines = [f"*{data['run']['date'][:10]} · commit {data['run']['commit'][:10]} · {m['cpu']} · {s['target']}, "
              f"{s['method']} greedy, {s['max_tokens']} tokens, --suite {s['suite']} · results: "
-             f"[{Path(path).name}](results/{Path(path).name})*", "",
+             f"[{Path(path).name}](results/validity/{Path(path).name})*", "",
              "| layout | tune half | report half | all | cut at the length limit |", "|---|---|---|---|---|"]
     for layout in LAYOUTS:
         answers = [a for a in data["answers"] if a["layout"] == layout]
