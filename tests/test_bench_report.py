@@ -109,41 +109,39 @@ def test_a_llama_cpp_draft_row_says_which_draft_it_loaded():
     assert llamacpp.method_name("draft-simple") == "llama.cpp draft-simple"
 
 
-def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
-    """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
+def _rendered(page: str, marker: str, script: str):
+    """The table a page holds between `<!-- MARKER: FILE -->` and `<!-- MARKER:end -->`, the
+    results file it names, and the script (module) that renders such files."""
     import importlib.util
     import re
     import sys
 
-    root = Path(__file__).resolve().parent.parent
-    text = (root / "docs" / "auto.md").read_text()
-    found = re.search(r"<!-- oracle-table: (\S+) -->\n(.*?)\n<!-- oracle-table:end -->", text, re.S)
-    assert found is not None, "docs/auto.md has no oracle-table marker"
-    spec = importlib.util.spec_from_file_location("oracle", root / "scripts" / "oracle.py")
-    oracle = importlib.util.module_from_spec(spec)
-    sys.modules["oracle"] = oracle  # its dataclasses look their module up there
-    spec.loader.exec_module(oracle)
-    assert found.group(2) == oracle.table(root / found.group(1))
+    text = (ROOT / "docs" / page).read_text()
+    found = re.search(rf"<!-- {marker}: (\S+) -->\n(.*?)\n<!-- {marker}:end -->", text, re.S)
+    assert found is not None, f"docs/{page} has no {marker} marker"
+    spec = importlib.util.spec_from_file_location(script, ROOT / "scripts" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[script] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    name = found.group(1)  # from the checkout's root (docs/...) or from the page's folder
+    return found.group(2), ROOT / name if name.startswith("docs/") else ROOT / "docs" / name, module
+
+
+def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
+    """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
+    table, path, oracle = _rendered("auto.md", "oracle-table", "oracle")
+    assert table == oracle.table(path)
 
 
 def test_the_layout_table_in_structured_output_md_is_rendered_from_its_results_file():
     """docs/structured-output.md's default-layout table is scripts/json_validity.py's rendering of
     the file its marker names, and the default layout is the one that won on the tune half there."""
-    import importlib.util
     import json
-    import re
 
     from specgen.app.config import RunConfig
 
-    root = Path(__file__).resolve().parent.parent
-    text = (root / "docs" / "structured-output.md").read_text()
-    found = re.search(r"<!-- layout-table: (\S+) -->\n(.*?)\n<!-- layout-table:end -->", text, re.S)
-    assert found is not None, "docs/structured-output.md has no layout-table marker"
-    spec = importlib.util.spec_from_file_location("json_validity", root / "scripts" / "json_validity.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    path = root / "docs" / found.group(1)
-    assert found.group(2) == script.table(path)
+    table, path, script = _rendered("structured-output.md", "layout-table", "json_validity")
+    assert table == script.table(path)
     answers = json.loads(path.read_text())["answers"]
     tune = {layout: sum(a["valid"] for a in answers if a["layout"] == layout and a["half"] == "tune")
             for layout in script.LAYOUTS}
