@@ -6,6 +6,7 @@ plain decoding on quantized targets. Each check runs in a child process so that 
 (read once per process by llama.cpp) can differ between runs. Without specgen's patch in the build
 these fail inside `make test` and are skipped elsewhere (tests/invariance.py)."""
 
+import functools
 import json
 import os
 import platform
@@ -74,6 +75,7 @@ print(json.dumps(out))
 """
 
 
+@functools.lru_cache(maxsize=None)  # the two tests below read specgen's own rows of each model: decode them once
 def rows_by_way(path, kernels: str, layout: str = "as-loaded") -> dict[str, list]:
     env = dict(os.environ, SPECGEN_KERNELS=kernels)
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path), layout], env=env, capture_output=True,
