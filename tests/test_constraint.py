@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 
+import chisquare
 from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
 from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
@@ -87,6 +87,7 @@ def test_forced_tokens_cost_no_target_call_each():
     assert spec.target_calls < plain.target_calls
     no_forced = run(model, [0, 2], SamplingParams(), "lookup", forced=False)[2]
     assert no_forced.accepted_by["forced"] == 0 and spec.accepted_by["forced"] > 0
+    assert spec.target_calls < no_forced.target_calls  # the forced tokens, not lookup alone, saved the calls
 
 
 @pytest.mark.parametrize("method", [None, "lookup", "chain", "tree"])
@@ -100,15 +101,6 @@ def test_logit_bias_that_bans_every_allowed_token_is_one_clear_error(method, tem
                                               r"expected a finite logit for at least one of the [12] tokens it allows "
                                               r"\(ids (9, )?15\), found -inf for all"):
         run(model, [0, 2], ban, method)
-
-
-def chi2_same_distribution(a, b, alpha=1e-3):
-    keep = (a + b) > 0
-    df = int(keep.sum()) - 1
-    if df < 1:
-        return True, 0.0, 0.0
-    chi2 = (((a[keep] - b[keep]) ** 2) / (a[keep] + b[keep])).sum()  # two-sample, equal sizes
-    return chi2 < sps.chi2.ppf(1 - alpha, df), chi2, sps.chi2.ppf(1 - alpha, df)
 
 
 @pytest.mark.parametrize("method", ["lookup", "chain", "staged"])
@@ -125,8 +117,8 @@ def test_sampled_constrained_matches_constrained_plain(method):
             freq["plain"][i, p[pos]] += 1
             freq["spec"][i, s[pos]] += 1
     for i, pos in enumerate(positions):
-        ok, chi2, crit = chi2_same_distribution(freq["plain"][i], freq["spec"][i])
-        assert ok, f"position {pos}: chi2 {chi2:.1f} >= {crit:.1f}: {freq['plain'][i]} vs {freq['spec'][i]}"
+        ok, why = chisquare.two_sample(freq["plain"][i], freq["spec"][i])
+        assert ok, f"position {pos}: {why}"
 
 
 def test_masked_argmax_is_the_argmax_of_the_masked_row():
@@ -364,3 +356,32 @@ def test_the_runner_wraps_jump_under_a_constraint_and_leaves_it_plain_without():
     assert free["jump"].stats.target_calls == free["plain"].stats.target_calls and free["jump"].stats.forced_drafted == 0
     record = runs["jump"].record(constrained["jump"])
     assert record["forced_accepted"] == forced and record["drafted"] == 0 and record["mean_accepted"] == 1.0
+
+
+class Lying(Once):
+    """Once, with every node of its tree marked forced: a drafter (or a stale grammar state) that
+    claims the grammar decided tokens it did not. Forced nodes are drafts like any other; only
+    the target's masked row may accept them."""
+
+    def propose(self, max_depth):
+        tree = super().propose(max_depth)
+        tree.forced = set(range(1, len(tree.tokens)))
+        return tree
+
+
+def test_forced_nodes_are_verified_by_the_target_not_appended():
+    """A grammar forces a token only where it alone is allowed, so a real forced token always
+    passes; an engine that appended forced nodes unverified would show only where a node marked
+    forced is wrong. Two lies: a token the grammar rules out (5 where 14 is forced), and a free
+    token the target would not pick. Each is rejected and the text is constrained plain's."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0)
+    plain, _, _ = constrained_run(model, FORCES_FOUR, None)
+    good = plain[4].token
+    wrong = next(t for t in FREE if t != good)
+    for chain, taken in (([12, 13, 5], 2), ([12, 13, 14, 15, wrong], 4)):
+        constraint = model.constrain(FORCES_FOUR)
+        events = list(generate(model, FakeContext(model, n_ctx=512, n_seq_max=32),
+                               GenerationRequest([0, 2], 30, SamplingParams(), constraint), RunStats(), Lying(chain)))
+        tokens = [e.token for e in events if isinstance(e, TokenEvent)]
+        assert tokens == [e.token for e in plain], f"{chain}: {tokens}"
+        assert events[-1].stats.forced_accepted == taken  # the true prefix of the chain, no more
