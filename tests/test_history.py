@@ -76,7 +76,10 @@ def test_several_processes_can_write_at_once(tmp_path):
     chunks = np.split(data, np.nonzero(data == SEPARATOR)[0] + 1)
     texts = [c[:-1] for c in chunks if len(c)]
     assert texts and all(len(t) == 7 and len(set(t.tolist())) == 1 for t in texts)  # whole, unmixed
-    assert len(data) <= 400
+    assert 200 - 8 <= len(data) <= 400  # a cut keeps the newest whole texts that fit in 200 tokens
+    for i in range(4):  # cuts drop the oldest: what is left of each writer is its newest, none lost between
+        mine = [int(t[0]) - i * 1000 for t in texts if t[0] // 1000 == i]
+        assert mine == list(range(40 - len(mine), 40)), f"writer {i}: {mine}"
 
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
