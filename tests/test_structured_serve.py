@@ -110,7 +110,9 @@ def test_combined_schemas_answer_their_parts_keys(server):
 def test_parse_with_a_pydantic_model(server):
     r = server.client.chat.completions.parse(model="m", messages=EXTRACT, response_format=Person, temperature=0)
     person = r.choices[0].message.parsed
-    assert isinstance(person, Person) and person.name
+    # pydantic ignores keys it does not know: the schema's own keys, and no others, come from the grammar
+    assert isinstance(person, Person) and set(json.loads(r.choices[0].message.content)) == {"name", "age"}
+    assert person.name.strip() and r.choices[0].finish_reason == "stop"
 
 
 def test_json_object_and_streamed_schema(server):
@@ -138,7 +140,9 @@ def test_tool_loop_call_result_answer(server):
                  {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
     r = server.client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, TIME],
                                               tool_choice="none", temperature=0, max_tokens=32)
+    # none: whatever the model writes (this one imitates the call it saw, as text) is content, never a call
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason in ("stop", "length")
 
 
 def test_a_tool_loop_reads_the_same_every_run(server):
@@ -178,12 +182,19 @@ def test_named_tool_streamed_as_openai_fragments(server):
 
 
 def test_prefill_and_system_nudge_at_the_end(server):
-    r = server.client.chat.completions.create(model="m", temperature=0, max_tokens=8, messages=[
-        {"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green"}])
-    assert r.choices[0].message.content is not None
-    r = server.client.chat.completions.create(model="m", temperature=0, max_tokens=8, messages=[
-        {"role": "user", "content": "Name three colours."}, {"role": "system", "content": "Answer in French."}])
-    assert r.choices[0].message.content
+    """A final assistant message is continued (no new turn opened after it); a final system message
+    is a turn of its own before the answer's. Each answer is read from the prompt the template
+    renders for those messages, every token of it."""
+    prefill = [{"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green"}]
+    nudge = [{"role": "user", "content": "Name three colours."}, {"role": "system", "content": "Answer in French."}]
+    for messages, ending in ((prefill, "<|im_start|>assistant\nRed, green"),
+                             (nudge, "<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>assistant\n")):
+        status, rendered, _ = server.post("/apply-template", json.dumps({"messages": messages}).encode())
+        assert status == 200 and rendered["prompt"].endswith(ending), rendered
+        status, tokens, _ = server.post("/tokenize", json.dumps({"content": rendered["prompt"]}).encode())
+        r = server.client.chat.completions.create(model="m", temperature=0, max_tokens=8, messages=messages)
+        assert r.usage.prompt_tokens == len(tokens["tokens"]) and r.usage.completion_tokens > 0
+        assert r.choices[0].message.content and not r.choices[0].message.content.startswith("<|im_")
 
 
 @pytest.mark.parametrize("body,param,words", [
