@@ -9,8 +9,8 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-from scipy import stats as sps
 
+import chisquare
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner
@@ -122,25 +122,31 @@ def test_tool_call_under_its_grammar_parses_into_a_call():
 
 
 def test_sampled_constrained_auto_matches_constrained_plain():
-    """The enum's value (its first differing token) over independent seeds, T = 1: the critical
-    value from the real degrees of freedom, alpha = 0.001."""
+    """The enum's value over independent seeds, T = 1 (tests/chisquare.py, alpha = 0.001). The
+    model must spread its answer over at least two values, or the comparison could see nothing,
+    and auto must have drafted (else it is plain sampling compared with itself). Power, with 100
+    runs each over plain's measured spread (blue 0.48, red 0.40, green 0.11, yellow 0.01;
+    simulated, 2,000 trials): a method that moved 30 points of probability from blue to red
+    fails in 88% of seeds, 25 points in 62%, 15 points in 12%. Finer errors are the fake
+    backend's to catch (test_constraint.py, 300 runs per method, seconds)."""
     spec = spec_of("schema", COLOUR)
     prompt, runs = "Pick a colour for a fire engine.", 100
     counts = {"plain": {}, "auto": {}}
+    drafted = 0
     for method in counts:
         for seed in range(runs):
-            _, text, _ = run(method, prompt, n=12, temperature=1.0, seed=seed + (0 if method == "plain" else 10_000),
-                             constraint=spec)
+            _, text, stats = run(method, prompt, n=12, temperature=1.0,
+                                 seed=seed + (0 if method == "plain" else 10_000), constraint=spec)
             value = json.loads(text)["colour"]
             counts[method][value] = counts[method].get(value, 0) + 1
+            drafted += stats.drafted + stats.forced_drafted if method == "auto" else 0
     keys = sorted(set(counts["plain"]) | set(counts["auto"]))
     a = np.array([counts["plain"].get(k, 0) for k in keys], float)
     b = np.array([counts["auto"].get(k, 0) for k in keys], float)
-    df = len(keys) - 1
-    if df == 0:
-        return  # the model puts (nearly) all its mass on one value: both agree
-    chi2 = (((a - b) ** 2) / (a + b)).sum()
-    assert chi2 < sps.chi2.ppf(1 - 1e-3, df), f"{dict(zip(keys, a))} vs {dict(zip(keys, b))}"
+    assert len(keys) >= 2 and min(a.max(), runs - a.max()) >= 5, f"plain's answers too one-sided to test: {counts}"
+    assert drafted > 0, "auto never drafted: the comparison is plain against plain"
+    ok, why = chisquare.two_sample(a, b)
+    assert ok, f"{why}: {dict(zip(keys, a))} vs {dict(zip(keys, b))}"
 
 
 @pytest.mark.parametrize("spec,words", [

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import chisquare
 from clihelp import assert_one_line_error, specgen
 from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
@@ -120,7 +121,10 @@ def test_self_draft_is_derived_once_and_keeps_every_method_lossless():
 def test_sampled_output_with_a_real_subset_draft_matches_plain(tmp_path, smollm2_path, smollm2_f32):
     """Rejection sampling with a real cut draft (smollm2 Q4_1 cut to 8,000 tokens, without the
     target's second choice for the next token): per-position frequencies match plain sampling, the
-    token the draft cannot propose included (two-sample chi-square over the top-k support)."""
+    token the draft cannot propose included (tests/chisquare.py over the top-k support, sparse
+    tokens merged). Power (simulated, 300 runs each): a sampler that never emits the token the
+    draft cannot propose fails certainly where plain gives it 10%, in 75% of seeds at 5% (the
+    least the test accepts below)."""
     from specgen.llama.backend import LlamaModel
     from specgen.drafting.model import ModelDrafter
     from specgen.core.engine import GenerationRequest, TokenEvent, generate
@@ -152,9 +156,5 @@ def test_sampled_output_with_a_real_subset_draft_matches_plain(tmp_path, smollm2
     assert accepted > runs // 4  # the cut draft's proposals really were accepted
     assert counts["plain"][0, second] > runs // 20  # ... and the token it cannot propose is common
     for pos in range(n):
-        a, b = counts["plain"][pos], counts["chain"][pos]
-        seen = (a + b) > 0
-        chi2 = (((a[seen] - b[seen]) ** 2) / (a[seen] + b[seen])).sum()
-        df = max(1, int(seen.sum()) - 1)
-        critical = df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3  # p = 0.001 (Wilson-Hilferty)
-        assert chi2 < critical, f"position {pos}: chi2 {chi2:.1f} over {seen.sum()} tokens"
+        ok, why = chisquare.two_sample(counts["plain"][pos], counts["chain"][pos])  # sparse tokens merged
+        assert ok, f"position {pos}: {why}"
