@@ -119,6 +119,37 @@ def test_an_error_midway_forgets_what_the_kv_held():
     assert cache.n == 0
 
 
+# -- real models ---------------------------------------------------------------------------------
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["smollm2", "gemma"])
+def test_a_prefill_in_invariant_decodes_is_the_same_bits_however_it_is_split(request, name):
+    """The prompt cache's premise: in decodes of at most INVARIANT_ROWS tokens a token's KV does not
+    depend on what shared its decode, so a kept prefix (read by an earlier prompt's decodes, or one
+    token at a time as generated) and the rest give the cold prefill's logits, bit for bit. (In
+    n_batch decodes they do not: a prompt of more than 128 tokens goes to llama.cpp's kernels.)"""
+    import numpy as np
+
+    from specgen.core.kv import INVARIANT_ROWS, evaluate
+
+    model = request.getfixturevalue(name)
+    ctx = model.new_context(1024, n_batch=512, n_threads=2)
+    text = " ".join(["The agent called get_weather for Paris and got 18 C and sunny, then answered."] * 20)
+    tokens = model.tokenize(text, add_special=True, parse_special=False)[:300]
+
+    def last_logits(parts: list[int], chunk: int) -> np.ndarray:
+        ctx.clear()
+        pos, last = 0, None
+        for n in parts:
+            last = evaluate(ctx, tokens[pos:pos + n], start_pos=pos, chunk=chunk)
+            pos += n
+        return np.array(last, copy=True)
+
+    cold = last_logits([300], INVARIANT_ROWS)
+    for parts in ([4, 296], [37, 263], [130, 170], [299, 1], [1] * 20 + [280]):
+        assert np.array_equal(last_logits(parts, INVARIANT_ROWS), cold), parts[:3]
+
+
 # -- a real server ---------------------------------------------------------------------------------
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant for a travel agency. Answer in one sentence."}

@@ -75,7 +75,8 @@ def serve(
                                         "responses name [the model's name]."),
     prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="Keep the last "
                                       "conversation's KV: a request that begins with the same tokens reads only "
-                                      "the rest (answers are the same bits either way)."),
+                                      "the rest; --no-prompt-cache reads every prompt whole, as a fresh server "
+                                      "does (the same bits)."),
     cors: Optional[list[str]] = typer.Option(None, "--cors", "--cors-origin", metavar="ORIGIN", help="Let web pages "
                                              "from ORIGIN call the server from a browser (repeatable; * for any) "
                                              "[none: browsers keep pages of other sites out]."),

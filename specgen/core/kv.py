@@ -85,15 +85,19 @@ class PromptCache:
     verified draft); attention sums a row's cells in cell order, which is position order until the
     cache's head wraps around. A generation that starts further along than a cold one would wrap
     sooner, so the cache starts over (clears) once the head leads a cold start by more than half the
-    context (`cells_written`: backend.py). One per context: every generation on it goes through it."""
+    context (`cells_written`: backend.py). One per context: every generation on it goes through it.
+    `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
         self.tokens: list[int] = []  # sequence 0 holds the first n of these, at positions 0..n-1
         self.n = 0
 
     def reusable(self, prompt: list[int], ctx: Context) -> int:
         """Prompt tokens whose KV can be kept: the common prefix, less the root (never evaluated
         by a prefill: the first step does); 0 where the head is too far along (see above)."""
+        if not self.reuse:
+            return 0
         keep = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
         return keep if getattr(ctx, "cells_written", 0) - keep <= ctx.n_ctx // 2 else 0
 

@@ -76,11 +76,12 @@ class Job:
 
 class Runners:
     """A Runner per (chat, sampling) on the one session; the most recently used are kept. They share
-    one prompt cache (`prompt_cache`): the session's one target context, whichever runner used it last."""
+    one prompt cache: the session's one target context, whichever runner used it last (`prompt_cache`
+    False: nothing is reused, every prompt read as a cold cache reads it)."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True):
         self.cfg, self.session = cfg, session
-        self.cache = PromptCache() if prompt_cache else None
+        self.cache = PromptCache(reuse=prompt_cache)
         self._kept: OrderedDict[tuple, Runner] = OrderedDict()
 
     def get(self, request: Request) -> Runner:
