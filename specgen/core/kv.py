@@ -86,10 +86,12 @@ class PromptCache:
     cache's head wraps around. A generation that starts further along than a cold one would wrap
     sooner, so the cache starts over (clears) once the head leads a cold start by more than half the
     context (`cells_written`: backend.py). One per context: every generation on it goes through it.
-    `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits)."""
+    `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits).
+    A prefix shorter than `min_keep` (a chat template's header) is not kept: starting over puts the
+    head back at the start, which a long conversation's later turns need more."""
 
-    def __init__(self, reuse: bool = True) -> None:
-        self.reuse = reuse
+    def __init__(self, reuse: bool = True, min_keep: int = 32) -> None:
+        self.reuse, self.min_keep = reuse, min_keep
         self.tokens: list[int] = []  # sequence 0 holds the first n of these, at positions 0..n-1
         self.n = 0
 
@@ -99,7 +101,8 @@ class PromptCache:
         if not self.reuse:
             return 0
         keep = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
-        return keep if getattr(ctx, "cells_written", 0) - keep <= ctx.n_ctx // 2 else 0
+        lead = getattr(ctx, "cells_written", 0) - keep  # how far the head is ahead of a cold start's
+        return keep if keep >= self.min_keep and lead <= ctx.n_ctx // 2 else 0
 
     def hold(self, text: list[int], n: int) -> None:
         """Sequence 0 holds text[:n] (`text` is the caller's, growing: not copied)."""
