@@ -106,7 +106,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     keep = 0 if cache is None else cache.reusable(tokens, ctx)
     if cache is not None:
         cache.forget()
-    prefill(ctx, tokens, keep, None if cache is None else INVARIANT_ROWS)
+    keep = prefill(ctx, tokens, keep, None if cache is None else INVARIANT_ROWS)
     if drafter is not None:
         drafter.reset(list(tokens))  # a draft model prefills the prompt too (whole: it keeps no cache)
     stats.prefill_s, stats.n_prompt, stats.n_cached = clock() - t0, len(tokens), keep

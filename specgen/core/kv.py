@@ -55,16 +55,18 @@ def evaluate(ctx: Context, tokens: list[int], start_pos: int = 0, seq_id: int = 
     return last
 
 
-def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = None) -> None:
+def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = None) -> int:
     """Put every prompt token but the last in sequence 0; the last one is the first step's root,
     evaluated by that step. `keep`: the first `keep` tokens are in sequence 0 already (a prompt
     cache): everything else is dropped and only the rest is evaluated, at the same positions, in
-    decodes of `chunk` tokens (default n_batch)."""
+    decodes of `chunk` tokens (default n_batch). Returns the tokens kept (0 where the cache could
+    not drop the rest: it was cleared)."""
     if keep <= 0 or not ctx.seq_rm(COMMITTED_SEQ, keep, -1):
         ctx.clear()
         keep = 0
     ctx.seq_keep(COMMITTED_SEQ)
     evaluate(ctx, tokens[keep:-1], start_pos=keep, last_logits=False, chunk=chunk)
+    return keep
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
