@@ -77,6 +77,7 @@ class FakeContext:
         self.n_vocab, self.columns = model.n_vocab, None
         self.kv: dict[int, dict[int, int]] = {}  # seq id -> {position: token}
         self.calls: list[Batch] = []
+        self.cells_written = 0  # as backend.py's: tokens decoded since the last clear()
 
     def _history(self, seq: int, pos: int) -> tuple[int, ...]:
         cells = self.kv.get(seq, {})
@@ -88,6 +89,7 @@ class FakeContext:
     def decode(self, batch: Batch) -> np.ndarray:
         assert len(batch) <= self.n_batch, "batch larger than n_batch"
         self.calls.append(batch)
+        self.cells_written += len(batch)
         rows = []
         for tok, pos, seqs, want in zip(batch.tokens, batch.positions, batch.seq_ids, batch.logits):
             assert pos < self.n_ctx, "context full"
@@ -117,6 +119,7 @@ class FakeContext:
 
     def clear(self) -> None:
         self.kv = {}
+        self.cells_written = 0
 
 
 class NoisyDraft(FakeModel):

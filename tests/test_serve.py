@@ -92,7 +92,9 @@ def test_chat_completion_carries_usage_timings_and_speculation(auto):
     assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
     extra = r.model_extra
     assert extra["timings"]["predicted_n"] == r.usage.completion_tokens <= 24
-    assert extra["timings"]["prompt_n"] == r.usage.prompt_tokens > 0
+    # llama-server's prompt_n: the tokens read; cache_n: kept from the last request (the prompt cache)
+    assert extra["timings"]["prompt_n"] + extra["timings"]["cache_n"] == r.usage.prompt_tokens > 0
+    assert extra["timings"]["cache_n"] == r.usage.prompt_tokens_details.cached_tokens
     assert 0 <= extra["timings"]["draft_n_accepted"] <= extra["timings"]["draft_n"]
     assert extra["speculative"]["method"] == "auto" and extra["speculative"]["target_calls"] >= 1
 

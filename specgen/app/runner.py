@@ -15,6 +15,7 @@ from specgen.app.structured import (GENERIC, ToolAnswer, generic_messages, gener
                                     tool_constraint, tool_format)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
+from specgen.core.kv import PromptCache
 from specgen.core.protocol import Drafter, Model
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
@@ -156,11 +157,13 @@ def check_bias(sampling: SamplingParams, target: Model) -> None:
 
 class Runner:
     """One method on a session. auto's planner lives as long as the runner: what it learns about
-    acceptance carries over prompts."""
+    acceptance carries over prompts. `prompt_cache`: what the session's target context holds (one
+    per context, shared by every runner on it): a prompt's common prefix with it is not read again."""
 
-    def __init__(self, cfg: RunConfig, session: Session):
+    def __init__(self, cfg: RunConfig, session: Session, prompt_cache: PromptCache | None = None):
         self.cfg = cfg
         self.session = session
+        self.prompt_cache = prompt_cache
         self.method = M.get(cfg.method)
         self.chat = use_chat(cfg, session.target)
         self._ctx = session.context_for(self.method)
@@ -204,7 +207,8 @@ class Runner:
         drafter = self._drafter()
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)
-        for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter):
+        for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter,
+                              self.prompt_cache):
             if isinstance(event, FinishEvent) and drafter is not None:
                 drafter.finish_text()
             yield event

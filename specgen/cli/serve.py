@@ -73,6 +73,10 @@ def serve(
                                   "decoded; more get 503 with Retry-After."),
     alias: Optional[str] = typer.Option(None, "--alias", metavar="NAME", help="The model id /v1/models lists and "
                                         "responses name [the model's name]."),
+    prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="Keep the last "
+                                      "conversation's KV: a request that begins with the same tokens reads only "
+                                      "the rest; --no-prompt-cache reads every prompt whole, as a fresh server "
+                                      "does (the same bits)."),
     cors: Optional[list[str]] = typer.Option(None, "--cors", "--cors-origin", metavar="ORIGIN", help="Let web pages "
                                              "from ORIGIN call the server from a browser (repeatable; * for any) "
                                              "[none: browsers keep pages of other sites out]."),
@@ -114,7 +118,7 @@ def serve(
     # n_predict -1), unless -n (or the -c file) sets a default.
     given = max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
     default_max = cfg.max_tokens if given else None
-    worker = Worker(Runners(cfg, session), max_queue, default_max)
+    worker = Worker(Runners(cfg, session, prompt_cache), max_queue, default_max)
     warm_grammar(session.target)
     model_id = alias or session.target_label
     server = Server(worker, model_id, cfg.method, api_key, tuple(cors or ()))

@@ -17,7 +17,7 @@ from typing import Iterator, Union
 
 from specgen.errors import PromptError
 from specgen.core.constraint import Constraint
-from specgen.core.kv import COMMITTED_SEQ, keep_branch, prefill
+from specgen.core.kv import COMMITTED_SEQ, INVARIANT_ROWS, PromptCache, keep_branch, prefill
 from specgen.core.logprobs import TokenLogprob, token_logprob
 from specgen.core.penalties import Scoring
 from specgen.core.protocol import Batch, Context, Drafter, Model
@@ -91,18 +91,26 @@ def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> 
 
 
 def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
-             drafter: Drafter | None = None) -> Iterator[Event]:
+             drafter: Drafter | None = None, cache: PromptCache | None = None) -> Iterator[Event]:
     """Each step: the drafter proposes a tree rooted at the last committed token; the target
     verifies it in one decode; the accepted path and one token of the target's own (the bonus)
-    are committed. Without a drafter every tree is the root alone: plain decoding."""
+    are committed. Without a drafter every tree is the root alone: plain decoding.
+
+    `cache`: what `ctx` held after the last generation; the common prefix is not read again. It is
+    told what the KV holds at each event (a caller may stop at any), and forgets between events:
+    an error midway leaves the KV unknown."""
     tokens = request.prompt_tokens
     check_prompt_fits(len(tokens), ctx)
     clock = time.perf_counter
     t0 = clock()
-    prefill(ctx, tokens)
+    keep = 0 if cache is None else cache.reusable(tokens, ctx)
+    if cache is not None:
+        cache.forget()
+    keep = prefill(ctx, tokens, keep, None if cache is None else INVARIANT_ROWS)
     if drafter is not None:
-        drafter.reset(list(tokens))  # a draft model prefills the prompt too
-    stats.prefill_s, stats.n_prompt = clock() - t0, len(tokens)
+        drafter.reset(list(tokens))  # a draft model prefills the prompt too (whole: it keeps no cache)
+    stats.prefill_s, stats.n_prompt, stats.n_cached = clock() - t0, len(tokens), keep
+    text = list(tokens)  # the prompt and the committed tokens
 
     sampler = Sampler(request.sampling)
     scoring = Scoring(request.sampling.penalties, tokens)
@@ -138,6 +146,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         committed = committed_of(model, verdict.tokens, request.max_tokens - stats.n_tokens)
         root = committed[-1]
         scoring.commit(committed)
+        text.extend(committed)
         if drafter is not None:
             t_draft = clock()
             drafter.observe(verdict, committed)  # under a grammar, it may mark more nodes forced (forced.py)
@@ -157,11 +166,18 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         stats.decode_s += clock() - t0
         if request.constraint is not None and reason != "stop" and request.constraint.stopped():
             reason = "stop"  # the grammar is complete: only end-of-generation could follow
+        # The KV holds the text before the root, and a step cut short by max_tokens evaluated more.
+        if cache is not None:
+            cache.hold(text, n_past)
         yield from events  # time spent by the consumer (rendering) is not decode time
+        if cache is not None:
+            cache.forget()
         t0 = clock()
         if reason == "stop":
             break
     stats.decode_s += clock() - t0
+    if cache is not None:
+        cache.hold(text, n_past)
     yield FinishEvent(reason, decoder.flush(), stats)
 
 

@@ -9,6 +9,10 @@ import numpy as np
 from specgen.core.protocol import Batch, Context
 
 COMMITTED_SEQ = 0
+# The largest decode specgen's build computes with its batch-invariant kernels (docs/screening-and-
+# kernels.md): a token's KV is then the same bits whatever else shares its decode, so a prompt cache
+# prefills in decodes of at most this many tokens and a prefix kept from any earlier decode is exact.
+INVARIANT_ROWS = 128
 
 
 def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
@@ -24,18 +28,20 @@ def keep_branch(ctx: Context, seq: int, last_pos: int) -> None:
 
 
 def decode_chunks(ctx: Context, tokens: list[int], start_pos: int = 0, seq_id: int = COMMITTED_SEQ,
-                  logits_from: int = 0) -> Iterator[np.ndarray]:
-    """Evaluate a run of tokens at start_pos.. in `seq_id`, in n_batch chunks, with logits for the
-    tokens from index `logits_from` on; yields each chunk's logits rows (valid until the next decode)."""
-    for off in range(0, len(tokens), ctx.n_batch):
+                  logits_from: int = 0, chunk: int | None = None) -> Iterator[np.ndarray]:
+    """Evaluate a run of tokens at start_pos.. in `seq_id`, in chunks of `chunk` (default n_batch),
+    with logits for the tokens from index `logits_from` on; yields each chunk's logits rows (valid
+    until the next decode)."""
+    size = min(chunk or ctx.n_batch, ctx.n_batch)
+    for off in range(0, len(tokens), size):
         batch = Batch()
-        for j, tok in enumerate(tokens[off:off + ctx.n_batch]):
+        for j, tok in enumerate(tokens[off:off + size]):
             batch.add(tok, start_pos + off + j, (seq_id,), off + j >= logits_from)
         yield ctx.decode(batch)
 
 
 def evaluate(ctx: Context, tokens: list[int], start_pos: int = 0, seq_id: int = COMMITTED_SEQ,
-             last_logits: bool = True) -> np.ndarray | None:
+             last_logits: bool = True, chunk: int | None = None) -> np.ndarray | None:
     """Evaluate a run of tokens, asking for logits only after the last one (with a large vocabulary
     the output layer is most of a token's cost).
 
@@ -43,14 +49,66 @@ def evaluate(ctx: Context, tokens: list[int], start_pos: int = 0, seq_id: int = 
     or when there was nothing to evaluate.
     """
     last = None
-    for out in decode_chunks(ctx, tokens, start_pos, seq_id, len(tokens) - 1 if last_logits else len(tokens)):
+    for out in decode_chunks(ctx, tokens, start_pos, seq_id, len(tokens) - 1 if last_logits else len(tokens), chunk):
         if len(out):
             last = out[-1]
     return last
 
 
-def prefill(ctx: Context, tokens: list[int]) -> None:
-    """Clear the cache and put every prompt token but the last in sequence 0; the last one is the
-    first step's root, evaluated by that step."""
-    ctx.clear()
-    evaluate(ctx, tokens[:-1], last_logits=False)
+def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = None) -> int:
+    """Put every prompt token but the last in sequence 0; the last one is the first step's root,
+    evaluated by that step. `keep`: the first `keep` tokens are in sequence 0 already (a prompt
+    cache): everything else is dropped and only the rest is evaluated, at the same positions, in
+    decodes of `chunk` tokens (default n_batch). Returns the tokens kept (0 where the cache could
+    not drop the rest: it was cleared)."""
+    if keep <= 0 or not ctx.seq_rm(COMMITTED_SEQ, keep, -1):
+        ctx.clear()
+        keep = 0
+    ctx.seq_keep(COMMITTED_SEQ)
+    evaluate(ctx, tokens[keep:-1], start_pos=keep, last_logits=False, chunk=chunk)
+    return keep
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PromptCache:
+    """What sequence 0 of one context holds between generations: a later prompt that begins with
+    the same tokens evaluates only the rest (a conversation resent with one more turn).
+
+    Exact, as a cold prefill, on specgen's build: every prefill decode is at most INVARIANT_ROWS
+    tokens, so each token's KV is the same bits whichever decode computed it (a prompt chunk, a
+    verified draft); attention sums a row's cells in cell order, which is position order until the
+    cache's head wraps around. A generation that starts further along than a cold one would wrap
+    sooner, so the cache starts over (clears) once the head leads a cold start by more than half the
+    context (`cells_written`: backend.py). One per context: every generation on it goes through it.
+    `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits).
+    A prefix shorter than `min_keep` (a chat template's header) is not kept: starting over puts the
+    head back at the start, which a long conversation's later turns need more."""
+
+    def __init__(self, reuse: bool = True, min_keep: int = 32) -> None:
+        self.reuse, self.min_keep = reuse, min_keep
+        self.tokens: list[int] = []  # sequence 0 holds the first n of these, at positions 0..n-1
+        self.n = 0
+
+    def reusable(self, prompt: list[int], ctx: Context) -> int:
+        """Prompt tokens whose KV can be kept: the common prefix, less the root (never evaluated
+        by a prefill: the first step does); 0 where the head is too far along (see above)."""
+        if not self.reuse:
+            return 0
+        keep = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
+        lead = getattr(ctx, "cells_written", 0) - keep  # how far the head is ahead of a cold start's
+        return keep if keep >= self.min_keep and lead <= ctx.n_ctx // 2 else 0
+
+    def hold(self, text: list[int], n: int) -> None:
+        """Sequence 0 holds text[:n] (`text` is the caller's, growing: not copied)."""
+        self.tokens, self.n = text, min(n, len(text))
+
+    def forget(self) -> None:
+        self.n = 0

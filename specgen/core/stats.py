@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RunStats:
-    n_prompt: int = 0  # prompt tokens read (prefill)
+    n_prompt: int = 0  # prompt tokens (read by the prefill, or n_cached of them kept from a prompt cache)
+    n_cached: int = 0  # prompt tokens whose KV a prompt cache kept (core/kv.py PromptCache)
     n_tokens: int = 0  # tokens emitted as text (a final stop token is not text)
     n_committed: int = 0  # tokens the target committed, a final stop token included
     target_calls: int = 0  # target decodes after prefill
@@ -39,8 +40,8 @@ class RunStats:
 
     def add(self, other: "RunStats") -> None:
         """Fold in the counters of another run (e.g. the next turn of a conversation)."""
-        for name in ("n_prompt", "n_tokens", "n_committed", "target_calls", "drafted", "accepted", "prefill_s", "decode_s",
-                     "draft_s", "forced_drafted", "forced_accepted"):
+        for name in ("n_prompt", "n_cached", "n_tokens", "n_committed", "target_calls", "drafted", "accepted",
+                     "prefill_s", "decode_s", "draft_s", "forced_drafted", "forced_accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_lengths.update(other.accepted_lengths)
         self.choices.update(other.choices)

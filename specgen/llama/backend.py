@@ -226,6 +226,9 @@ class LlamaContext:
         self.n_vocab = model.n_vocab
         self.columns = None
         self._mem = L.llama_get_memory(self._ctx)
+        # Cells the decodes took since the last clear(): specgen's build never moves the cache's head
+        # back (build.py), so until it wraps around this is where the next token lands (kv.py).
+        self.cells_written = 0
         self._batch = L.llama_batch_init(self.n_batch, 0, n_seq_max)
 
     def decode(self, batch: Batch) -> np.ndarray:
@@ -259,6 +262,7 @@ class LlamaContext:
             self._embeddings = n_out > 0
             L.llama_set_embeddings(self._ctx, self._embeddings)
         rc = L.llama_decode(self._ctx, b)
+        self.cells_written += n
         if rc == 1:
             raise SpecgenError(f"the context is full ({self.n_ctx} tokens): use a larger --ctx")
         if rc != 0:
@@ -311,6 +315,7 @@ class LlamaContext:
 
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)
+        self.cells_written = 0
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -47,7 +47,8 @@ def error_body(e: RequestError) -> dict:
 
 def usage(done: Done) -> dict:
     s = done.stats
-    return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_tokens, "total_tokens": s.n_prompt + s.n_tokens}
+    return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_tokens, "total_tokens": s.n_prompt + s.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.n_cached}}
 
 
 class Server:

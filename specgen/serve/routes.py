@@ -25,9 +25,10 @@ SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
 def timings(done: Done) -> dict:
     s = done.stats
-    return {"prompt_n": s.n_prompt, "prompt_ms": round(s.prefill_s * 1000, 3),
-            "prompt_per_token_ms": round(_per(s.prefill_s * 1000, s.n_prompt), 3),
-            "prompt_per_second": round(_rate(s.n_prompt, s.prefill_s), 3), "predicted_n": s.n_tokens,
+    read = s.n_prompt - s.n_cached  # llama-server's prompt_n: the tokens the prefill read; cache_n: kept
+    return {"cache_n": s.n_cached, "prompt_n": read, "prompt_ms": round(s.prefill_s * 1000, 3),
+            "prompt_per_token_ms": round(_per(s.prefill_s * 1000, read), 3),
+            "prompt_per_second": round(_rate(read, s.prefill_s), 3), "predicted_n": s.n_tokens,
             "predicted_ms": round(s.decode_s * 1000, 3),
             "predicted_per_token_ms": round(_per(s.decode_s * 1000, s.n_tokens), 3),
             "predicted_per_second": round(s.tokens_per_s, 3),
@@ -154,8 +155,8 @@ def metrics(worker: Worker) -> str:
     """GET /metrics: llama-server's metric names where they exist, then specgen's own."""
     m, t = worker.metrics, worker.metrics.total
     counters = [
-        ("prompt_tokens_total", "Number of prompt tokens processed", t.n_prompt),
-        ("prompt_tokens_cached_total", "Prompt tokens reused from a cache (specgen reads every prompt whole)", 0),
+        ("prompt_tokens_total", "Number of prompt tokens processed", t.n_prompt - t.n_cached),
+        ("prompt_tokens_cached_total", "Prompt tokens reused from the prompt cache (not processed)", t.n_cached),
         ("prompt_seconds_total", "Total time spent processing prompts", t.prefill_s),
         ("tokens_predicted_total", "Number of generation tokens processed", t.n_tokens),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", t.decode_s),
@@ -235,7 +236,7 @@ class NativeReply:
                 "generation_settings": {**self.settings, "n_ctx": self.n_ctx, "model": self.model},
                 "prompt": self.request.prompt.text, "has_new_line": "\n" in done.text,
                 "truncated": done.finish_reason == "length" and s.n_prompt + s.n_committed >= self.n_ctx - 1,
-                "stop_type": stop_type, "stopping_word": done.stopping_word, "tokens_cached": 0,
+                "stop_type": stop_type, "stopping_word": done.stopping_word, "tokens_cached": done.stats.n_cached,
                 "timings": timings(done), "speculative": speculative(self.method, s),
                 **({"completion_probabilities": native_probabilities(list(done.logprobs))}
                    if self.request.logprobs is not None else {})}

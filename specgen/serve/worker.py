@@ -17,6 +17,7 @@ from specgen.app.runner import Runner
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
 from specgen.core.engine import FinishEvent, TokenEvent
+from specgen.core.kv import PromptCache
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
 from specgen.serve.logprobs import Pending, Shown, shown
@@ -74,17 +75,20 @@ class Job:
 
 
 class Runners:
-    """A Runner per (chat, sampling) on the one session; the most recently used are kept."""
+    """A Runner per (chat, sampling) on the one session; the most recently used are kept. They share
+    one prompt cache: the session's one target context, whichever runner used it last (`prompt_cache`
+    False: nothing is reused, every prompt read as a cold cache reads it)."""
 
-    def __init__(self, cfg: RunConfig, session: Session):
+    def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True):
         self.cfg, self.session = cfg, session
+        self.cache = PromptCache(reuse=prompt_cache)
         self._kept: OrderedDict[tuple, Runner] = OrderedDict()
 
     def get(self, request: Request) -> Runner:
         cfg = dataclasses.replace(self.cfg, chat=None if request.chat else False, **overrides(request))
         key = (cfg.chat, cfg.sampling)
         if key not in self._kept:
-            self._kept[key] = Runner(cfg, self.session)
+            self._kept[key] = Runner(cfg, self.session, self.cache)
             while len(self._kept) > RUNNERS_KEPT:
                 self._kept.popitem(last=False)
         self._kept.move_to_end(key)
