@@ -23,12 +23,12 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
 
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
-JUMP = "jump"  # jump-forward, constrained benches' second baseline
 _CPU_FEATURES = ("AVX512", "AVX2", "NEON")
 
 

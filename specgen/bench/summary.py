@@ -10,9 +10,9 @@ from typing import Iterable, Sequence
 
 from specgen.bench.run import Trial
 from specgen.core.stats import RunStats
+from specgen.drafting.methods import JUMP
 
 OVERALL = "overall"
-JUMP = "jump"  # jump-forward (drafting/methods.py): constrained benches' second baseline
 
 
 @dataclass(frozen=True)

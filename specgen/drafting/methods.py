@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the builders import what they build: the CLI reads this tab
 
 # Whether a method drafts with a second model.
 NO_DRAFT, NEEDS_DRAFT, DRAFT_IF_GIVEN = "no", "needs", "if given"
+JUMP = "jump"  # jump-forward: constrained benches' second baseline (bench tables show speed over it)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4,
                        draft=dict(branching=1, max_depth=16)), measured=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
-    Method("jump", "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
+    Method(JUMP, "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
            "drafting nothing else (without a constraint, plain)", NO_DRAFT, _jump, constrained_baseline=True),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
            dict(branching=1, max_nodes=6, min_prob=0.3)),
