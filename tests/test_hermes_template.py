@@ -148,13 +148,9 @@ def test_required_gives_a_valid_call_streamed_and_not(server, required):
         valid_call(call.function.name, call.function.arguments)
     stream = server.client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                                    temperature=0, max_tokens=CALLS, stream=True)
-    calls, reason = {}, None
-    for chunk in stream:
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            got = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-            got["name"] += delta.function.name or ""
-            got["arguments"] += delta.function.arguments or ""
-        reason = chunk.choices[0].finish_reason or reason
+    from test_structured_serve import streamed_calls
+
+    calls, reason = streamed_calls(stream)
     assert reason == "tool_calls"
     for got in calls.values():
         valid_call(got["name"], got["arguments"])

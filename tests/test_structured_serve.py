@@ -35,6 +35,19 @@ class Person(BaseModel):
     age: int
 
 
+def streamed_calls(stream) -> tuple[dict[int, dict], str | None]:
+    """A streamed answer's tool calls joined from their OpenAI fragments ({index: {"name",
+    "arguments"}}), and its finish_reason."""
+    calls, reason = {}, None
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    return calls, reason
+
+
 @pytest.fixture(scope="module")
 def server():
     served = Served()
@@ -170,13 +183,7 @@ def test_named_tool_streamed_as_openai_fragments(server):
     stream = server.client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, stream=True)
-    calls, reason = {}, None
-    for chunk in stream:
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-            entry["name"] += delta.function.name or ""
-            entry["arguments"] += delta.function.arguments or ""
-        reason = chunk.choices[0].finish_reason or reason
+    calls, reason = streamed_calls(stream)
     assert reason == "tool_calls" and calls[0]["name"] == "get_time"
     assert set(json.loads(calls[0]["arguments"])) == {"city"}
 
