@@ -14,14 +14,14 @@ GEMMA = "gemma-3-270m-q4_k_m"
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from specgen.app import models
+    from specgen.models import resolve as models
 
     return models.resolve(SMOLLM2)
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from specgen.app import models
+    from specgen.models import resolve as models
 
     return models.resolve(GEMMA)
 
@@ -42,7 +42,7 @@ def gemma(gemma_path):
 
 @pytest.fixture(scope="session")
 def smollm2_f32():
-    from specgen.app import models
+    from specgen.models import resolve as models
     from specgen.llama.backend import LlamaModel
 
     return LlamaModel(models.resolve("smollm2-135m-instruct-f32"))
@@ -50,7 +50,7 @@ def smollm2_f32():
 
 @pytest.fixture(scope="session")
 def gemma_f32():
-    from specgen.app import models
+    from specgen.models import resolve as models
     from specgen.llama.backend import LlamaModel
 
     return LlamaModel(models.resolve("gemma-3-270m-f32"))

@@ -86,7 +86,7 @@ def load(target):
     to ~1e-3 and quantized activations move more (up to ~9e-2 before specgen's kernels,
     test_backend.py). On a GPU nothing is measured yet: 0.15 for both, far below what a wrong
     position or sequence mask does (the row of another token), and the figures go to junit.xml."""
-    from specgen.app import models
+    from specgen.models import resolve as models
 
     f32 = "f32" in os.path.basename(target).lower()
     return LlamaModel(models.resolve(target), gpu_layers=GPU_LAYERS), 1e-3 if f32 and GPU_LAYERS == 0 else 0.15

@@ -44,7 +44,7 @@ def test_a_payload_whose_sums_differ_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.real
 def test_the_cut_model_keeps_its_first_blocks_and_decodes(tmp_path):
-    from specgen.app import models
+    from specgen.models import resolve as models
     from specgen.llama.backend import LlamaModel
 
     src = models.resolve("smollm2-135m-instruct-q4_1")

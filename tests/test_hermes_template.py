@@ -9,7 +9,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from specgen.app import manifest, models
+from specgen.models import manifest, resolve as models
 from specgen.errors import ModelError
 from specgen.host import TEMPLATES
 
@@ -76,7 +76,7 @@ def test_a_template_entry_is_derived_recorded_and_checked(isolated_home, tmp_pat
     assert entry.kind == "template" and entry.template_from() == manifest.TemplateSource("base", "hermes-tools")
     out = models.resolve("h")
     assert fields(out)["tokenizer.chat_template"] == SHIPPED and tensors(out) == tensors(src)
-    assert models.expected_sha(entry) == manifest.file_sha256(out)
+    assert entry.expected_sha == manifest.file_sha256(out)
     with pytest.raises(ModelError, match=r"bad: expected a chat template named 'nope' in .*\(shipped: .*hermes-tools"):
         models.resolve("bad")
     with pytest.raises(ModelError, match="orphan derives from 'missing', which is not in models.txt"):

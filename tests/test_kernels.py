@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from invariance import invariant_build, needs_invariance  # noqa: F401 (a fixture, and the mark that uses it)
-from specgen.app import models
+from specgen.models import resolve as models
 from specgen.host import cpu_flags
 from specgen.llama import tools
 

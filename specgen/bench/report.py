@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specgen.app.config import RunConfig
-from specgen.app.manifest import describe
+from specgen.models.manifest import describe
 from specgen.app.session import Session
 from specgen.bench.drafts import gguf_facts
 from specgen.bench.run import Trial

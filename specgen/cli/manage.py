@@ -10,9 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specgen.app import models, verify
-from specgen.app.manifest import (ModelEntry, cached_path, derived_drafts, drafts_dir, human_size, is_present,
-                                  load_manifest, manifest_path)
+from specgen.models import integrity, resolve as models
+from specgen.models.manifest import ModelEntry, derived_drafts, drafts_dir, human_size, load_manifest, manifest_path
 from specgen.errors import ConfigError, ModelError
 
 
@@ -65,8 +64,8 @@ def models_list() -> None:
         elif entry.kind == "template":
             t = entry.template_from()
             source = f"{t.template} template on {t.base}"
-        present = is_present(entry)
-        size = cached_path(entry).stat().st_size if present else entry.size
+        present = entry.present
+        size = entry.path.stat().st_size if present else entry.size
         table.add_row(entry.name, source, human_size(size), "yes" if present else "no")
     # Piped, a row is never cut to the terminal's width: scripts read the names whole.
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
@@ -96,21 +95,21 @@ def models_pull(
     """Download (or derive) models into the cache, checking their sha256."""
     manifest = load_manifest()
     for entry in named_entries(names):
-        if is_present(entry) and not force:
-            found = verify.check(entry)
-            if found.status == verify.MISMATCH:
-                raise ModelError(verify.mismatch_message(entry, found))
-            print(f"{entry.name}: present at {cached_path(entry)}", file=sys.stderr)
+        if entry.present and not force:
+            found = integrity.check(entry)
+            if found.status == integrity.MISMATCH:
+                raise ModelError(integrity.mismatch_message(entry, found))
+            print(f"{entry.name}: present at {entry.path}", file=sys.stderr)
             continue
         path = models.pull(entry, manifest)
         print(f"{entry.name}: pulled to {path}", file=sys.stderr)
 
 
-def verify_line(entry: ModelEntry, found: verify.Finding) -> str:
-    if found.status == verify.MISMATCH:
-        return (f"{entry.name}: MISMATCH ({found.what} expected {verify.short(found.expected)}, "
-                f"found {verify.short(found.found)})")
-    return f"{entry.name}: " + {verify.UNCHECKED: "no sha256 to check against"}.get(found.status, found.status)
+def verify_line(entry: ModelEntry, found: integrity.Finding) -> str:
+    if found.status == integrity.MISMATCH:
+        return (f"{entry.name}: MISMATCH ({found.what} expected {integrity.short(found.expected)}, "
+                f"found {integrity.short(found.found)})")
+    return f"{entry.name}: " + {integrity.UNCHECKED: "no sha256 to check against"}.get(found.status, found.status)
 
 
 def models_verify(names: List[str] = typer.Argument(None, metavar="NAME", show_default=False,
@@ -123,12 +122,12 @@ def models_verify(names: List[str] = typer.Argument(None, metavar="NAME", show_d
     Example:
       specgen models verify smollm2-135m-instruct-q4_1
     """
-    entries = named_entries(names) if names else [e for e in load_manifest().values() if is_present(e)]
+    entries = named_entries(names) if names else [e for e in load_manifest().values() if e.present]
     bad = []
     for entry in entries:
-        found = verify.check(entry, rehash=True)
+        found = integrity.check(entry, rehash=True)
         print(verify_line(entry, found), flush=True)
-        if found.status == verify.MISMATCH:
+        if found.status == integrity.MISMATCH:
             bad.append(entry.name)
     if bad:
         print(f"specgen: {len(bad)} of {len(entries)} models do not match {manifest_path().name}: "

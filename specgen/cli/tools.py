@@ -14,7 +14,7 @@ from rich.table import Table
 
 from specgen.app import doctor as d
 from specgen.app.config import RunConfig, check_ctx, check_threads
-from specgen.app.curves import CALIBRATE_BUDGET_S, calibration_summary, cost_curve
+from specgen.models.curves import CALIBRATE_BUDGET_S, calibration_summary, cost_curve
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
 from specgen.cli.options import Ctx, GpuLayers, Threads
 from specgen.cli.render import warn

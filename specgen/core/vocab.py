@@ -41,7 +41,7 @@ def check_compatible(target: VocabInfo, draft: VocabInfo, target_name: str, draf
 
 
 # GGUF metadata of a subset draft: its map to the target's ids and its unknown token.
-SUBSET_IDS_KEY, SUBSET_UNK_KEY = "specgen.app.selfdraft.target_ids", "specgen.app.selfdraft.unk"
+SUBSET_IDS_KEY, SUBSET_UNK_KEY = "specgen.app.selfdraft.target_ids", "specgen.app.selfdraft.unk"  # GGUF keys: derived drafts carry them
 
 
 def check_subset(target: Model, draft: Model, subset: SubsetMap, target_name: str, draft_name: str) -> None:

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specgen import report
-from specgen.app import manifest  # by module: tests count manifest.file_sha256 calls
-from specgen.app.manifest import ModelEntry, cached_path, expected_sha, is_sha256, manifest_path, models_dir
+from specgen.models import manifest  # by module: tests count manifest.file_sha256 calls
+from specgen.models.manifest import ModelEntry, is_sha256, manifest_path, models_dir
 from specgen.errors import ModelError
 from specgen.files import set_aside, write_text
 
@@ -84,15 +84,15 @@ def write_record(entry: ModelEntry, st: os.stat_result, sha: str) -> None:
 
 def remember(entry: ModelEntry, sha: str) -> None:
     """After a pull or derivation (the sha256 was computed anyway): record the cached file."""
-    write_record(entry, cached_path(entry).stat(), sha)
+    write_record(entry, entry.path.stat(), sha)
 
 
 def check(entry: ModelEntry, rehash: bool = False) -> Finding:
     """The cached file of `entry` against its size and sha256; `rehash` ignores the record."""
-    path = cached_path(entry)
+    path = entry.path
     if not path.is_file():
         return Finding(NOT_PULLED)
-    want = expected_sha(entry)
+    want = entry.expected_sha
     if entry.kind in ("path", "self") or want is None:
         return Finding(UNCHECKED)  # the user's own file, or a draft derived by measurement here
     st = path.stat()
@@ -126,7 +126,7 @@ def fix(entry: ModelEntry) -> str:
 
 def mismatch_message(entry: ModelEntry, found: Finding) -> str:
     """One line: the file, the entry, what was expected and found, and the fix."""
-    return (f"{shown(cached_path(entry))} is not the {entry.name} of {manifest_path().name} ({found.what} expected "
+    return (f"{shown(entry.path)} is not the {entry.name} of {manifest_path().name} ({found.what} expected "
             f"{short(found.expected)}, found {short(found.found)}): it changed since it was pulled; {fix(entry)}")
 
 

@@ -65,6 +65,29 @@ class ModelEntry:
         _, base, template = self.source.split(":")
         return TemplateSource(base, template)
 
+    @property
+    def path(self) -> Path:
+        """Where the entry's file lives: in the cache, or a path: entry's own file."""
+        if self.kind == "path":
+            p = Path(self.source.removeprefix("path:")).expanduser()
+            # Relative paths are relative to the manifest that names them.
+            return p if p.is_absolute() else manifest_path().resolve().parent / p
+        return models_dir() / f"{self.name}.gguf"
+
+    @property
+    def present(self) -> bool:
+        return self.path.is_file()
+
+    @property
+    def sha_record(self) -> Path:
+        """Where the first pull records the sha256 of an entry models.txt leaves unpinned ("-")."""
+        return models_dir() / f"{self.name}.sha256"
+
+    @property
+    def expected_sha(self) -> str | None:
+        """models.txt's sha256, else the one the first pull recorded (None: nothing to check against)."""
+        return self.sha256 or _read_sha_file(self.sha_record)
+
 
 @dataclass(frozen=True)
 class TemplateSource:
@@ -131,25 +154,6 @@ def load_manifest() -> dict[str, ModelEntry]:
     return parse_manifest(text.splitlines(), str(path))
 
 
-def cached_path(entry: ModelEntry) -> Path:
-    if entry.kind == "path":
-        p = Path(entry.source.removeprefix("path:")).expanduser()
-        # Relative paths are relative to the manifest that names them.
-        return p if p.is_absolute() else manifest_path().resolve().parent / p
-    return models_dir() / f"{entry.name}.gguf"
-
-
-def recorded_sha_path(entry: ModelEntry) -> Path:
-    return models_dir() / f"{entry.name}.sha256"
-
-
-def expected_sha(entry: ModelEntry) -> str | None:
-    """models.txt's sha256, else the one the first pull recorded (None: nothing to check against)."""
-    if entry.sha256:
-        return entry.sha256
-    return _read_sha_file(recorded_sha_path(entry))
-
-
 def _read_sha_file(path: Path) -> str | None:
     """The sha256 a small state file starts with; a damaged one is set aside (None: absent)."""
     try:
@@ -160,10 +164,6 @@ def _read_sha_file(path: Path) -> str | None:
         return first[0]
     set_aside(path, f"not a valid sha256 record (expected 64 hex digits, found {(first or [''])[0][:20]!r})")
     return None
-
-
-def is_present(entry: ModelEntry) -> bool:
-    return cached_path(entry).is_file()
 
 
 def looks_like_path(spec: str) -> bool:
@@ -211,13 +211,13 @@ def remembered_sha256(path: Path) -> str:
 def known_sha256(spec: str, path: Path) -> str | None:
     """describe()'s sha256 where it is had without hashing the file (models.txt's, or remembered)."""
     entry = None if looks_like_path(spec) else load_manifest().get(spec)
-    return (expected_sha(entry) if entry else None) or _read_sha_file(_sha256_memo(path))
+    return (entry.expected_sha if entry else None) or _read_sha_file(_sha256_memo(path))
 
 
 def describe(spec: str, path: Path) -> dict[str, str]:
     """name, path and sha256 (the one models.txt checked on pull for a name, else the file's)."""
     entry = None if looks_like_path(spec) else load_manifest().get(spec)
-    sha = (expected_sha(entry) if entry else None) or remembered_sha256(path)
+    sha = (entry.expected_sha if entry else None) or remembered_sha256(path)
     return {"name": spec, "path": str(path), "sha256": sha}
 
 

@@ -20,11 +20,10 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
-from specgen.app import verify
-from specgen.app.manifest import (CHUNK, ModelEntry, cached_path, describe, expected_sha, file_sha256, is_present,
-                                  load_manifest, looks_like_path, manifest_path, models_dir, recorded_sha_path,
-                                  shipped_templates)
-from specgen.app.selfdraft import derive_self_draft, derived_path
+from specgen.models import integrity
+from specgen.models.manifest import (CHUNK, ModelEntry, describe, file_sha256, load_manifest, looks_like_path,
+                                    manifest_path, models_dir, shipped_templates)
+from specgen.models.selfdraft import derive_self_draft, derived_path
 from specgen.errors import ModelError
 from specgen.files import replacing, write_text
 from specgen.report import reporter
@@ -42,10 +41,10 @@ def resolve(spec: str, pull_missing: bool = True) -> Path:
     if entry is None:
         raise ModelError(f"unknown model {spec!r}: expected a GGUF path or a name from {manifest_path().name} "
                          f"({', '.join(sorted(manifest))})")
-    if is_present(entry) and (not pull_missing or not _self_is_stale(entry)):
-        verify.ensure(entry)  # a file under the name is not trusted by its name alone
-        return cached_path(entry)
-    return pull(entry, manifest) if pull_missing else cached_path(entry)
+    if entry.present and (not pull_missing or not _self_is_stale(entry)):
+        integrity.ensure(entry)  # a file under the name is not trusted by its name alone
+        return entry.path
+    return pull(entry, manifest) if pull_missing else entry.path
 
 
 # --- pulling ------------------------------------------------------------------------------------
@@ -65,9 +64,9 @@ class _Hashing:
 
 
 def _check_sha(entry: ModelEntry, got: str) -> str:
-    want = expected_sha(entry)
+    want = entry.expected_sha
     if want is None:
-        write_text(recorded_sha_path(entry), f"{got}  {entry.name}\n")
+        write_text(entry.sha_record, f"{got}  {entry.name}\n")
         return got
     if got != want:
         raise ModelError(f"sha256 mismatch for {entry.name}: expected {want}, got {got} "
@@ -78,7 +77,7 @@ def _check_sha(entry: ModelEntry, got: str) -> str:
 def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Path:
     """Fetch or build one entry into the cache, present or not; a failed pull leaves no partial
     file behind and the file it would have replaced as it was."""
-    dest = cached_path(entry)
+    dest = entry.path
     if entry.kind == "path":
         if not dest.is_file():
             raise ModelError(f"{entry.name}: local model file not found: {dest}")
@@ -97,7 +96,7 @@ def pull(entry: ModelEntry, manifest: dict[str, ModelEntry] | None = None) -> Pa
             else:
                 _pull_url(entry, out)
         sha = _check_sha(entry, out.sha.hexdigest())
-    verify.remember(entry, sha)
+    integrity.remember(entry, sha)
     return dest
 
 
@@ -148,12 +147,12 @@ def _derive(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path:
 
     base_name, qtype = entry.derive_from()
     src = _base(entry, base_name, manifest)
-    dest = cached_path(entry)
+    dest = entry.path
     with replacing(dest) as tmp:
         with reporter().spinner(f"deriving {entry.name}: llama.cpp quantize {base_name} -> {qtype}"):
             tools.quantize(src, tmp, qtype)
         sha = _check_sha(entry, file_sha256(tmp))
-    verify.remember(entry, sha)
+    integrity.remember(entry, sha)
     return dest
 
 
@@ -177,12 +176,12 @@ def _derive_template(entry: ModelEntry, manifest: dict[str, ModelEntry]) -> Path
         raise ModelError(f"{entry.name}: expected a chat template named {source.template!r} in {source.path.parent} "
                          f"(shipped: {', '.join(shipped_templates()) or 'none'}), found none") from None
     src = _base(entry, source.base, manifest)
-    dest = cached_path(entry)
+    dest = entry.path
     with replacing(dest) as tmp:
         with reporter().spinner(f"deriving {entry.name}: {source.base} with the {source.template} chat template"):
             gguf.with_strings(src, tmp, {gguf.CHAT_TEMPLATE_KEY: template})
         sha = _check_sha(entry, file_sha256(tmp))
-    verify.remember(entry, sha)
+    integrity.remember(entry, sha)
     return dest
 
 

@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specgen.app.curves import cost_curve
-from specgen.app.manifest import drafts_dir
+from specgen.models.curves import cost_curve
+from specgen.models.manifest import drafts_dir
 from specgen.core.kv import decode_chunks, evaluate
 from specgen.core.protocol import Batch, Context, Model
 from specgen.core.sampling import softmax
