@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from specgen.app.models import resolve
-from specgen.app.selfdraft import HOLD_OUT, RANK_PROMPT_TOKENS, greedy_predictions, ranking_prompts
+from specgen.models.resolve import resolve
+from specgen.models.selfdraft import HOLD_OUT, RANK_PROMPT_TOKENS, greedy_predictions, ranking_prompts
 from specgen.core.kv import evaluate
 from specgen.core.protocol import Batch
 from specgen.core.vocab import SubsetContext

@@ -120,7 +120,7 @@ def tree_size() -> int:
 
 def pack(args) -> None:
     sys.path.insert(0, str(REPO))
-    from specgen.app import models
+    from specgen.models import resolve as models
 
     wheel = cached_wheel(args.cpu)
     shutil.rmtree(args.dir, ignore_errors=True)

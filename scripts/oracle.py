@@ -36,7 +36,7 @@ from pathlib import Path
 from specgen.app.config import build_config
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner, encode_prompt
-from specgen.app.selfdraft import greedy_predictions
+from specgen.models.selfdraft import greedy_predictions
 from specgen.app.session import load_session
 from specgen.bench.suites import load_suite, select, split_half
 from specgen.core.engine import TokenEvent
