@@ -62,7 +62,7 @@ def report(**settings) -> dict:
                               "losses": [{"prompt_id": "q8", "rival": "llama.cpp plain", "ratio": 0.9}]}]}
 
 
-def test_a_rendered_table_names_its_date_commit_machine_suite_and_pinned_draft():
+def test_a_rendered_table_names_its_date_commit_machine_suite_and_recorded_draft():
     text = published.render(report(), "results/x.json")
     assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.1 "
             "of its 2 cores meanwhile)") in text
@@ -107,6 +107,28 @@ def test_a_llama_cpp_draft_row_says_which_draft_it_loaded():
         "llama.cpp draft-simple (-d self, whole vocabulary)"
     assert llamacpp.method_name("ngram-mod", "gemma-3-270m-q2_k") == "llama.cpp ngram-mod"
     assert llamacpp.method_name("draft-simple") == "llama.cpp draft-simple"
+
+
+def test_every_llama_cpp_draft_row_names_the_draft_it_loaded():
+    """A results file whose draft-mode row was named without its draft (the bench's own draft, as
+    2026-11-26-pair-a-q2k.json has it) is rendered with the draft's name from models.llama_cpp_draft."""
+    data = report()
+    data["settings"]["methods"] = ["plain", "auto", "llama.cpp draft-simple"]
+    data["summary"][-1]["method"] = "llama.cpp draft-simple"
+    data["models"]["llama_cpp_draft"] = {"name": "gemma-3-270m-q2_k", "sha256": SHA, "file_type": "Q2_K"}
+    assert "| llama.cpp draft-simple (gemma-3-270m-q2_k) | 60.0 |" in published.render(data, "x.json")
+
+
+def test_a_bench_run_names_its_own_draft_in_llama_cpp_draft_rows(gemma_path):
+    """The bench's own draft (not vocabulary-cut) is what llama.cpp loads: the row says which."""
+    from types import SimpleNamespace
+
+    from specgen.bench import drafts
+
+    session = SimpleNamespace(draft=SimpleNamespace(path=str(gemma_path), subset_of_target=None),
+                              draft_label="gemma-3-270m-q4_k_m")
+    draft = drafts.for_llama_cpp(session)
+    assert llamacpp.method_name("draft-simple", draft.label) == "llama.cpp draft-simple (gemma-3-270m-q4_k_m)"
 
 
 def _rendered(page: str, marker: str, script: str):

@@ -107,11 +107,18 @@ def _cell_interval(row: dict) -> str:
     return f"{low:.2f}-{high:.2f}x" if low < high else ""
 
 
-def _name(method: str) -> str:
-    return method if method.startswith("llama.cpp") else f"specgen `{method}`"
+def _name(method: str, llama_cpp_draft: dict | None) -> str:
+    """The row's name; a llama.cpp draft mode always names its draft (files from before rows did
+    for the bench's own draft take its name from models.llama_cpp_draft)."""
+    if not method.startswith("llama.cpp"):
+        return f"specgen `{method}`"
+    if method.startswith("llama.cpp draft") and "(" not in method and llama_cpp_draft:
+        return f"{method} ({llama_cpp_draft.get('name', '?')})"
+    return method
 
 
-def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool) -> list[str]:
+def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool,
+           llama_cpp_draft: dict | None = None) -> list[str]:
     """A row per method. Results with forced tokens (constrained, recorded since they were counted
     apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
     `over jump` column: each method's speed over jump-forward's, what drafting adds."""
@@ -136,7 +143,7 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         cells = [f"{r['forced_accepted']}/{r['forced_drafted']}" if r.get("forced_drafted") else ""] if forced else []
         if jump:
             cells.append(f"{r['over_jump']:.2f}x" if r.get("over_jump") is not None and drafted else "")
-        out.append(f"| {_name(m)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
+        out.append(f"| {_name(m, llama_cpp_draft)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
                    + "".join(f"{c} | " for c in cells) + f"{same} |")
     return out
 
@@ -181,7 +188,7 @@ def render(data: dict, link: str) -> str:
     lines = [f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
-             *_table(rows, methods, n_trials, greedy), ""]
+             *_table(rows, methods, n_trials, greedy, models.get("llama_cpp_draft")), ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
     for h in data.get("head_to_head") or []:
