@@ -64,7 +64,7 @@ def report(**settings) -> dict:
 
 def test_a_rendered_table_names_its_date_commit_machine_suite_and_recorded_draft():
     text = published.render(report(), "results/x.json")
-    assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.1 "
+    assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.07 "
             "of its 2 cores meanwhile)") in text
     assert "question.jsonl, report half: 2 prompts per group, 4 prompts, 5 turns, 128 tokens, greedy, one run" in text
     assert "| specgen `auto` | 110.0 | **2.20x** | 1.90-2.50x | 3.40 | 71% | 4/4 |" in text
@@ -74,6 +74,16 @@ def test_a_rendered_table_names_its_date_commit_machine_suite_and_recorded_draft
     assert (f"- specgen's draft: gemma-3-270m-f32-self (Q4_K_M, embedding/output Q8_0, vocabulary cut to 65,964 "
             f"tokens), sha256 `{SHA}`") in text
     assert "interrupted" in published.render(report(interrupted=True), "x.json")
+
+
+def test_a_caption_states_the_load_its_file_recorded_quiet_or_not():
+    """The load comes from the file only: a quiet run says how quiet (prose cannot contradict it), a
+    file without the measurement says so."""
+    quiet = report()
+    quiet["machine"]["others_cores"] = 0.0097
+    assert "cpu (other processes used 0.01 of its 2 cores meanwhile)" in published.render(quiet, "x.json")
+    del quiet["machine"]["others_cores"]
+    assert "cpu (other processes' load not recorded)" in published.render(quiet, "x.json")
 
 
 def test_publishing_replaces_generated_texts_by_their_sha256():

@@ -77,8 +77,9 @@ def _machine(machine: dict) -> str:
     features = next((f for f in _CPU_FEATURES if f"{f} = 1" in info), None)
     cpu = machine.get("cpu") or "unknown CPU"
     others = machine.get("others_cores")
-    busy = f" (other processes used {others:.1f} of its {machine.get('cores', '?')} cores meanwhile)" \
-        if isinstance(others, (int, float)) and others >= 0.05 else ""
+    # Always from the file, quiet or not, so that no prose beside the table has to say it.
+    busy = f" (other processes used {others:.2f} of its {machine.get('cores', '?')} cores meanwhile)" \
+        if isinstance(others, (int, float)) else " (other processes' load not recorded)"
     build = (machine.get("llama_cpp") or {}).get("llama_cpp_python")
     return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
             f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}{busy}"
