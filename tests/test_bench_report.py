@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clihelp import assert_one_line_error, specgen
-from specgen.bench import llamacpp, published
+from specgen.bench import llamacpp, prose, published
 from specgen.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +23,23 @@ def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
         assert all(f.is_file() and f.resolve().is_relative_to(ROOT / "docs" / "results") for f in files), files
         assert body == fresh, (f"{page}'s table differs from what {[str(f) for f in files]} render; run: "
                                f"specgen bench-report --update {page}")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md"])
+def test_prose_quotes_only_figures_its_results_files_render(page):
+    assert prose.unbacked(ROOT / page) == []
+
+
+def test_check_fails_on_prose_quoting_a_figure_no_file_renders(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text(json.dumps(report()))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures: results/r.json -->\n`auto` ran at 2.20x (1.90-2.50x, τ 3.40, 71%, 4/4).\n"
+                    "<!-- figures:end -->\n")
+    assert CliRunner().invoke(app, ["bench-report", "--check", str(page)]).exit_code == 0
+    page.write_text(page.read_text().replace("2.20x", "2.30x").replace("4/4", "3/4"))
+    assert_one_line_error(specgen("bench-report", "--check", str(page)), "the prose quotes 2.30x")
+    assert prose.unbacked(page) == ["2.30x (results/r.json)"]  # 3/4 is in the render: the llama.cpp row
 
 
 def test_published_results_carry_what_a_reader_needs_to_trust_them():

@@ -197,7 +197,7 @@ def bench_report(
     update: Optional[List[Path]] = typer.Option(None, "--update", metavar="PAGE.md", help="Rewrite each bench-table "
                                                 "block of this markdown page from the results files its marker names."),
     check: Optional[List[Path]] = typer.Option(None, "--check", metavar="PAGE.md", help="Exit 1 where a bench-table "
-                                               "block of this page differs from what its files render."),
+                                               "block of this page differs from what its files render, or its figures prose quotes a figure they do not."),
     publish: Optional[Path] = typer.Option(None, "--publish", metavar="OUT.json", help="Write the one FILE given as a "
                                            "results file to check in: each generated text replaced by its sha256."),
 ) -> None:
@@ -205,7 +205,8 @@ def bench_report(
 
     \b
     A page shows a table between <!-- bench-table: results/FILE.json --> and <!-- bench-table:end -->
-    (paths relative to the page); --update rewrites it, --check fails where it is out of date.
+    (paths relative to the page); --update rewrites it, --check fails where it is out of date, and
+    where prose between <!-- figures: FILES --> and <!-- figures:end --> quotes a figure they do not render.
 
     \b
     Examples:
@@ -214,7 +215,7 @@ def bench_report(
       specgen bench-report --update README.md --update docs/measurements.md
       specgen bench-report --check README.md
     """
-    from specgen.bench import published
+    from specgen.bench import prose, published
 
     if not (files or update or check):
         raise ConfigError("bench-report expects results files, --update PAGE or --check PAGE; found none")
@@ -232,6 +233,8 @@ def bench_report(
             raise typer.Exit(EXIT_WRITE_FAILED)
     out_of_date = [f"{page}: the table from {files} differs from what they render (run: specgen bench-report "
                    f"--update {page})" for page in check or [] for files in published.stale(page)]
+    out_of_date += [f"{page}: the prose quotes {figure}, which those files do not render"
+                    for page in check or [] for figure in prose.unbacked(page)]
     for line in out_of_date:
         error(line)
     if out_of_date:
