@@ -103,6 +103,22 @@ def test_a_caption_states_the_load_its_file_recorded_quiet_or_not():
     assert "cpu (other processes' load not recorded)" in published.render(quiet, "x.json")
 
 
+def test_the_lead_over_llama_cpp_plain_is_split_into_plain_against_plain_and_speculation():
+    data = report()
+    row = {**data["summary"][0], "method": "llama.cpp plain", "tokens_per_s": 25.0, "speedup": 0.5}
+    data["summary"].append(row)
+    data["models"]["target"]["head_type"] = "F32"
+    data["models"]["target_screened"] = "/cache/screened/t-q8_0-head.gguf"
+    text = published.render(data, "x.json")
+    assert "by its parts: 4.40x = specgen `plain` at 2.00x llama.cpp plain (specgen's plain is screened" in text
+    assert "this run has no `plain, unscreened` row" in text and "× `auto` at 2.20x specgen `plain` (speculation)" in text
+    data["summary"].append({**row, "method": "plain, unscreened", "tokens_per_s": 40.0, "speedup": 0.8})
+    assert "`plain, unscreened` runs at 0.80x specgen's plain, so screening is 1.25x of it" in \
+        published.render(data, "x.json")
+    data["models"]["target_screened"] = None
+    assert "(nothing screened; the target's output layer is F32)" in published.render(data, "x.json")
+
+
 def test_publishing_replaces_generated_texts_by_their_sha256():
     out = published.publish(report())
     assert "secret" not in json.dumps(out) and len(out["records"][0]["text_sha256"]) == 64

@@ -29,6 +29,7 @@ from specgen.errors import ConfigError
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
+LLAMA_CPP_PLAIN, UNSCREENED = "llama.cpp plain", "plain, unscreened"
 _CPU_FEATURES = ("AVX512", "AVX2", "NEON")
 
 
@@ -171,6 +172,28 @@ def _versus(h: dict) -> str:
                                                   for x in losses) + "."
 
 
+def _lead(rows: dict[str, dict], models: dict) -> str | None:
+    """auto's lead over llama.cpp's plain decoding as the product of its two parts: specgen's plain
+    against llama.cpp's (where the target was screened, that part holds screening, and the file says
+    whether a `plain, unscreened` row separates it) and auto against specgen's plain (speculation)."""
+    auto, theirs = rows.get("auto"), rows.get(LLAMA_CPP_PLAIN)
+    if not auto or not theirs or not theirs.get("speedup"):
+        return None
+    plain_part, target = 1.0 / theirs["speedup"], models.get("target") or {}
+    if models.get("target_screened"):
+        why = (f"specgen's plain is screened: a Q8_0 copy of the target's {target.get('head_type') or '?'} output "
+               "layer picks the candidates, recomputed exactly, where llama.cpp decodes that layer in full; "
+               + (f"`{UNSCREENED}` runs at {rows[UNSCREENED]['speedup']:.2f}x specgen's plain, so screening is "
+                  f"{1.0 / rows[UNSCREENED]['speedup']:.2f}x of it" if UNSCREENED in rows else
+                  f"this run has no `{UNSCREENED}` row, so it does not tell screening apart from the two plain "
+                  "decoders' other differences"))
+    else:
+        why = f"nothing screened; the target's output layer is {target.get('head_type') or '?'}"
+    what = "jump-forward and drafting: see `over jump`" if JUMP in rows else "speculation"
+    return (f"`auto` against llama.cpp plain, by its parts: {auto['speedup'] * plain_part:.2f}x = specgen `plain` at "
+            f"{plain_part:.2f}x llama.cpp plain ({why}) × `auto` at {auto['speedup']:.2f}x specgen `plain` ({what}).")
+
+
 def render(data: dict, link: str) -> str:
     """The markdown of one results file: a caption (date, commit, machine, suite, settings), a row per
     method over the whole suite, auto's speedup per group, its head-to-head line, and the models with
@@ -192,6 +215,9 @@ def render(data: dict, link: str) -> str:
              *_table(rows, methods, n_trials, greedy, models.get("llama_cpp_draft")), ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
+    lead = _lead(rows, models)
+    if lead:
+        lines += [lead, ""]
     for h in data.get("head_to_head") or []:
         lines += [_versus(h), ""]
     lines += [line for line in (_model_line("target", models.get("target")),
