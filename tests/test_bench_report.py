@@ -42,6 +42,25 @@ def test_check_fails_on_prose_quoting_a_figure_no_file_renders(tmp_path):
     assert prose.unbacked(page) == ["2.30x (results/r.json)"]  # 3/4 is in the render: the llama.cpp row
 
 
+def test_structured_output_token_sources_are_counted_from_the_greedy_records():
+    """structured-output.md's "Where the tokens come from" is what the greedy files' `auto` records sum to."""
+    import re
+
+    def auto(name):
+        return [r for r in published.load(ROOT / "docs" / "results" / name)["records"] if r["method"] == "auto"]
+
+    compact, free = auto("2026-11-27-json-greedy.json"), auto("2026-11-27-json-free-greedy.json")
+    by = {k: sum(r["accepted_by"].get(k, 0) for r in compact) for k in ("forced", "loop", "lookup", "history")}
+    n, calls = sum(r["n_tokens"] for r in compact), sum(r["target_calls"] for r in compact)
+    forced = sorted(r["forced_accepted"] for r in compact), sorted(r["forced_accepted"] for r in free)
+    expected = (f"{n} tokens in {calls} target calls; {by['forced']} forced, and of the drafters' accepted tokens "
+                f"{by['loop']} from loops in the answer, {by['lookup']} from the prompt (lookup), {by['history']} from "
+                f"history. Forced tokens are {forced[0][0]}-{forced[0][-1]} per answer with `compact` "
+                f"({by['forced'] / n:.0%}) and {forced[1][0]}-{forced[1][-1]} with `free`")
+    page = re.sub(r"\s+", " ", (ROOT / "docs" / "structured-output.md").read_text())
+    assert expected in page
+
+
 def test_published_results_carry_what_a_reader_needs_to_trust_them():
     for path in sorted((ROOT / "docs" / "results").glob("*.json")):
         data = published.load(path)
