@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -65,13 +66,19 @@ def describe_model(spec: str, path: Path) -> dict:
     return {"name": name, "sha256": remembered_sha256(path), **gguf_facts(path)}
 
 
+def _link(path: Path) -> str:
+    """The file as docs/measurements.md links it: from its `results` folder on."""
+    parts = path.resolve().parts
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("results"):])
+
+
 def table(path: Path) -> str:
     """The markdown measurements.md shows for one --json file: a caption and a row per draft."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     run, target = data["run"], data["target"]
     lines = [f"*{run['date'][:10]} · commit {run['commit'][:10]} · {data['cpu']} · target {target['name']} · "
              f"{data['n_prompts']} held-out prompts, {data['n_tokens']:,} tokens written by {data['writer']} · "
-             f"results: [{Path(path).name}](results/{Path(path).name})*", "",
+             f"results: [{Path(path).name}]({_link(Path(path))})*", "",
              "| draft | quantization | output matrix | vocabulary | agreement | sha256 |", "|---|---|---|---|---|---|"]
     for d in data["drafts"]:
         vocab = f"cut to {d['n_vocab']:,}" if d.get("vocabulary_cut") else f"{d.get('n_vocab', 0):,}"
@@ -104,8 +111,8 @@ def main() -> None:
         from specgen.bench.report import run_info
         from specgen.host import cpu_name
 
-        out = {"run": run_info(), "cpu": cpu_name(), "target": describe_model(args.target, paths[args.target]),
-               "writer": args.drafts[0], "n_prompts": len(texts), "n_tokens": len(reference),
+        out = {"run": {**run_info(), "command": ["python", "scripts/draft_agreement.py", *sys.argv[1:]]}, "cpu": cpu_name(), "target": describe_model(args.target, paths[args.target]),
+               "writer": rows[0]["name"], "n_prompts": len(texts), "n_tokens": len(reference),
                "max_tokens": args.max_tokens, "drafts": rows}
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 

@@ -217,6 +217,19 @@ def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
     assert table == oracle.table(path)
 
 
+def test_the_draft_agreement_figures_are_rendered_from_their_results_file():
+    """measurements.md's agreement table is scripts/draft_agreement.py's rendering of the file its
+    marker names, and the README quotes the same agreements."""
+    import re
+
+    table, path, script = _rendered("measurements.md", "agreement-table", "draft_agreement")
+    assert table == script.table(path)
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    data = json.loads(path.read_text())
+    for draft in data["drafts"]:
+        assert f"{draft['agreement']:.3f} ({draft['agreed']:,}/{data['n_tokens']:,})" in readme, draft["name"]
+
+
 def test_the_layout_table_in_structured_output_md_is_rendered_from_its_results_file():
     """docs/structured-output.md's default-layout table is scripts/json_validity.py's rendering of
     the file its marker names, and the default layout is the one that won on the tune half there."""
