@@ -215,6 +215,8 @@ def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
     """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
     table, path, oracle = _rendered("auto.md", "oracle-table", "oracle")
     assert table == oracle.table(path)
+    quoted, quoted_path, _ = _rendered("auto.md", "oracle-figures", "oracle")  # the prose under it
+    assert quoted_path == path and set(prose.figures(quoted)) <= set(prose.figures(table)), quoted
 
 
 def test_the_draft_agreement_figures_are_rendered_from_their_results_file():
