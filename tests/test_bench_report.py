@@ -132,8 +132,10 @@ def test_the_lead_over_llama_cpp_plain_is_split_into_plain_against_plain_and_spe
     assert "by its parts: 4.40x = specgen `plain` at 2.00x llama.cpp plain (specgen's plain is screened" in text
     assert "this run has no `plain, unscreened` row" in text and "× `auto` at 2.20x specgen `plain` (speculation)" in text
     data["summary"].append({**row, "method": "plain, unscreened", "tokens_per_s": 40.0, "speedup": 0.8})
-    assert "`plain, unscreened` runs at 0.80x specgen's plain, so screening is 1.25x of it" in \
-        published.render(data, "x.json")
+    data["settings"]["methods"].append("plain, unscreened")
+    assert ("`plain, unscreened` runs at 0.80x specgen's plain: screening 1.25x, the two plain decoders' other "
+            "differences 1.60x") in published.render(data, "x.json")
+    assert "| specgen `plain, unscreened` | 40.0 | 0.80x |  |  |  | 4/4 |" in published.render(data, "x.json")
     data["models"]["target_screened"] = None
     assert "(nothing screened; the target's output layer is F32)" in published.render(data, "x.json")
 

@@ -23,13 +23,14 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from specgen.bench.run import UNSCREENED
 from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
 
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
-LLAMA_CPP_PLAIN, UNSCREENED = "llama.cpp plain", "plain, unscreened"
+LLAMA_CPP_PLAIN = "llama.cpp plain"
 _CPU_FEATURES = ("AVX512", "AVX2", "NEON")
 
 
@@ -136,7 +137,7 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         ratio = "1.00x" if m == "plain" else f"{r['speedup']:.2f}x"
         if m == "auto":
             ratio = f"**{ratio}**"
-        drafted = m not in ("plain", "llama.cpp plain", JUMP)
+        drafted = m not in ("plain", UNSCREENED, LLAMA_CPP_PLAIN, JUMP)
         same = "" if not greedy or m == "plain" or r.get("lossless_mismatches") is None else \
             f"{n_trials - r['lossless_mismatches']}/{n_trials}"
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
@@ -183,8 +184,9 @@ def _lead(rows: dict[str, dict], models: dict) -> str | None:
     if models.get("target_screened"):
         why = (f"specgen's plain is screened: a Q8_0 copy of the target's {target.get('head_type') or '?'} output "
                "layer picks the candidates, recomputed exactly, where llama.cpp decodes that layer in full; "
-               + (f"`{UNSCREENED}` runs at {rows[UNSCREENED]['speedup']:.2f}x specgen's plain, so screening is "
-                  f"{1.0 / rows[UNSCREENED]['speedup']:.2f}x of it" if UNSCREENED in rows else
+               + (f"`{UNSCREENED}` runs at {rows[UNSCREENED]['speedup']:.2f}x specgen's plain: screening "
+                  f"{1.0 / rows[UNSCREENED]['speedup']:.2f}x, the two plain decoders' other differences "
+                  f"{plain_part * rows[UNSCREENED]['speedup']:.2f}x" if UNSCREENED in rows else
                   f"this run has no `{UNSCREENED}` row, so it does not tell screening apart from the two plain "
                   "decoders' other differences"))
     else:
