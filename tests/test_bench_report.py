@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clihelp import assert_one_line_error, specgen
-from specgen.bench import llamacpp, published
+from specgen.bench import llamacpp, prose, published
 from specgen.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +23,42 @@ def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
         assert all(f.is_file() and f.resolve().is_relative_to(ROOT / "docs" / "results") for f in files), files
         assert body == fresh, (f"{page}'s table differs from what {[str(f) for f in files]} render; run: "
                                f"specgen bench-report --update {page}")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md"])
+def test_prose_quotes_only_figures_its_results_files_render(page):
+    assert prose.unbacked(ROOT / page) == []
+
+
+def test_check_fails_on_prose_quoting_a_figure_no_file_renders(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text(json.dumps(report()))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures: results/r.json -->\n`auto` ran at 2.20x (1.90-2.50x, τ 3.40, 71%, 4/4).\n"
+                    "<!-- figures:end -->\n")
+    assert CliRunner().invoke(app, ["bench-report", "--check", str(page)]).exit_code == 0
+    page.write_text(page.read_text().replace("2.20x", "2.30x").replace("4/4", "3/4"))
+    assert_one_line_error(specgen("bench-report", "--check", str(page)), "the prose quotes 2.30x")
+    assert prose.unbacked(page) == ["2.30x (results/r.json)"]  # 3/4 is in the render: the llama.cpp row
+
+
+def test_structured_output_token_sources_are_counted_from_the_greedy_records():
+    """structured-output.md's "Where the tokens come from" is what the greedy files' `auto` records sum to."""
+    import re
+
+    def auto(name):
+        return [r for r in published.load(ROOT / "docs" / "results" / name)["records"] if r["method"] == "auto"]
+
+    compact, free = auto("2026-11-27-json-greedy.json"), auto("2026-11-27-json-free-greedy.json")
+    by = {k: sum(r["accepted_by"].get(k, 0) for r in compact) for k in ("forced", "loop", "lookup", "history")}
+    n, calls = sum(r["n_tokens"] for r in compact), sum(r["target_calls"] for r in compact)
+    forced = sorted(r["forced_accepted"] for r in compact), sorted(r["forced_accepted"] for r in free)
+    expected = (f"{n} tokens in {calls} target calls; {by['forced']} forced, and of the drafters' accepted tokens "
+                f"{by['loop']} from loops in the answer, {by['lookup']} from the prompt (lookup), {by['history']} from "
+                f"history. Forced tokens are {forced[0][0]}-{forced[0][-1]} per answer with `compact` "
+                f"({by['forced'] / n:.0%}) and {forced[1][0]}-{forced[1][-1]} with `free`")
+    page = re.sub(r"\s+", " ", (ROOT / "docs" / "structured-output.md").read_text())
+    assert expected in page
 
 
 def test_published_results_carry_what_a_reader_needs_to_trust_them():
@@ -62,9 +98,9 @@ def report(**settings) -> dict:
                               "losses": [{"prompt_id": "q8", "rival": "llama.cpp plain", "ratio": 0.9}]}]}
 
 
-def test_a_rendered_table_names_its_date_commit_machine_suite_and_pinned_draft():
+def test_a_rendered_table_names_its_date_commit_machine_suite_and_recorded_draft():
     text = published.render(report(), "results/x.json")
-    assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.1 "
+    assert ("2026-11-26 · commit cccccccccc · Some CPU (AVX2), 2 cores, 2 threads, cpu (other processes used 1.07 "
             "of its 2 cores meanwhile)") in text
     assert "question.jsonl, report half: 2 prompts per group, 4 prompts, 5 turns, 128 tokens, greedy, one run" in text
     assert "| specgen `auto` | 110.0 | **2.20x** | 1.90-2.50x | 3.40 | 71% | 4/4 |" in text
@@ -74,6 +110,34 @@ def test_a_rendered_table_names_its_date_commit_machine_suite_and_pinned_draft()
     assert (f"- specgen's draft: gemma-3-270m-f32-self (Q4_K_M, embedding/output Q8_0, vocabulary cut to 65,964 "
             f"tokens), sha256 `{SHA}`") in text
     assert "interrupted" in published.render(report(interrupted=True), "x.json")
+
+
+def test_a_caption_states_the_load_its_file_recorded_quiet_or_not():
+    """The load comes from the file only: a quiet run says how quiet (prose cannot contradict it), a
+    file without the measurement says so."""
+    quiet = report()
+    quiet["machine"]["others_cores"] = 0.0097
+    assert "cpu (other processes used 0.01 of its 2 cores meanwhile)" in published.render(quiet, "x.json")
+    del quiet["machine"]["others_cores"]
+    assert "cpu (other processes' load not recorded)" in published.render(quiet, "x.json")
+
+
+def test_the_lead_over_llama_cpp_plain_is_split_into_plain_against_plain_and_speculation():
+    data = report()
+    row = {**data["summary"][0], "method": "llama.cpp plain", "tokens_per_s": 25.0, "speedup": 0.5}
+    data["summary"].append(row)
+    data["models"]["target"]["head_type"] = "F32"
+    data["models"]["target_screened"] = "/cache/screened/t-q8_0-head.gguf"
+    text = published.render(data, "x.json")
+    assert "by its parts: 4.40x = specgen `plain` at 2.00x llama.cpp plain (specgen's plain is screened" in text
+    assert "this run has no `plain, unscreened` row" in text and "× `auto` at 2.20x specgen `plain` (speculation)" in text
+    data["summary"].append({**row, "method": "plain, unscreened", "tokens_per_s": 40.0, "speedup": 0.8})
+    data["settings"]["methods"].append("plain, unscreened")
+    assert ("`plain, unscreened` runs at 0.80x specgen's plain: screening 1.25x, the two plain decoders' other "
+            "differences 1.60x") in published.render(data, "x.json")
+    assert "| specgen `plain, unscreened` | 40.0 | 0.80x |  |  |  | 4/4 |" in published.render(data, "x.json")
+    data["models"]["target_screened"] = None
+    assert "(nothing screened; the target's output layer is F32)" in published.render(data, "x.json")
 
 
 def test_publishing_replaces_generated_texts_by_their_sha256():
@@ -109,6 +173,28 @@ def test_a_llama_cpp_draft_row_says_which_draft_it_loaded():
     assert llamacpp.method_name("draft-simple") == "llama.cpp draft-simple"
 
 
+def test_every_llama_cpp_draft_row_names_the_draft_it_loaded():
+    """A results file whose draft-mode row was named without its draft (the bench's own draft, as
+    2026-11-26-pair-a-q2k.json has it) is rendered with the draft's name from models.llama_cpp_draft."""
+    data = report()
+    data["settings"]["methods"] = ["plain", "auto", "llama.cpp draft-simple"]
+    data["summary"][-1]["method"] = "llama.cpp draft-simple"
+    data["models"]["llama_cpp_draft"] = {"name": "gemma-3-270m-q2_k", "sha256": SHA, "file_type": "Q2_K"}
+    assert "| llama.cpp draft-simple (gemma-3-270m-q2_k) | 60.0 |" in published.render(data, "x.json")
+
+
+def test_a_bench_run_names_its_own_draft_in_llama_cpp_draft_rows(gemma_path):
+    """The bench's own draft (not vocabulary-cut) is what llama.cpp loads: the row says which."""
+    from types import SimpleNamespace
+
+    from specgen.bench import drafts
+
+    session = SimpleNamespace(draft=SimpleNamespace(path=str(gemma_path), subset_of_target=None),
+                              draft_label="gemma-3-270m-q4_k_m")
+    draft = drafts.for_llama_cpp(session)
+    assert llamacpp.method_name("draft-simple", draft.label) == "llama.cpp draft-simple (gemma-3-270m-q4_k_m)"
+
+
 def _rendered(page: str, marker: str, script: str):
     """The table a page holds between `<!-- MARKER: FILE -->` and `<!-- MARKER:end -->`, the
     results file it names, and the script (module) that renders such files."""
@@ -131,6 +217,21 @@ def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
     """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
     table, path, oracle = _rendered("auto.md", "oracle-table", "oracle")
     assert table == oracle.table(path)
+    quoted, quoted_path, _ = _rendered("auto.md", "oracle-figures", "oracle")  # the prose under it
+    assert quoted_path == path and set(prose.figures(quoted)) <= set(prose.figures(table)), quoted
+
+
+def test_the_draft_agreement_figures_are_rendered_from_their_results_file():
+    """measurements.md's agreement table is scripts/draft_agreement.py's rendering of the file its
+    marker names, and the README quotes the same agreements."""
+    import re
+
+    table, path, script = _rendered("measurements.md", "agreement-table", "draft_agreement")
+    assert table == script.table(path)
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    data = json.loads(path.read_text())
+    for draft in data["drafts"]:
+        assert f"{draft['agreement']:.3f} ({draft['agreed']:,}/{data['n_tokens']:,})" in readme, draft["name"]
 
 
 def test_the_layout_table_in_structured_output_md_is_rendered_from_its_results_file():

@@ -27,7 +27,7 @@ WHOLE = "-d self, whole vocabulary"
 @dataclass(frozen=True)
 class LlamaCppDraft:
     path: Path
-    label: str | None  # what the row's name adds; None: the bench's own draft, as specgen ran it
+    label: str  # what the row's name adds: the draft it loaded
     record: dict  # models.llama_cpp_draft in --json: name, path, sha256, why, and gguf_facts
 
 
@@ -93,7 +93,8 @@ def for_llama_cpp(session: Session, given: str | None = None) -> LlamaCppDraft |
         return None
     own = Path(draft.path)
     if draft.subset_of_target is None:
-        return LlamaCppDraft(own, None, {**describe(str(session.draft_label), own), "why": "the bench's draft",
+        return LlamaCppDraft(own, str(session.draft_label), {**describe(str(session.draft_label), own),
+                                                            "why": "the bench's draft",
                                          **gguf_facts(own)})
     target = Path(session.target.source_path)
     path = whole_vocabulary(own, target)

@@ -23,12 +23,14 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from specgen.bench.run import UNSCREENED
 from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
 
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
+LLAMA_CPP_PLAIN = "llama.cpp plain"
 _CPU_FEATURES = ("AVX512", "AVX2", "NEON")
 
 
@@ -77,8 +79,9 @@ def _machine(machine: dict) -> str:
     features = next((f for f in _CPU_FEATURES if f"{f} = 1" in info), None)
     cpu = machine.get("cpu") or "unknown CPU"
     others = machine.get("others_cores")
-    busy = f" (other processes used {others:.1f} of its {machine.get('cores', '?')} cores meanwhile)" \
-        if isinstance(others, (int, float)) and others >= 0.05 else ""
+    # Always from the file, quiet or not, so that no prose beside the table has to say it.
+    busy = f" (other processes used {others:.2f} of its {machine.get('cores', '?')} cores meanwhile)" \
+        if isinstance(others, (int, float)) else " (other processes' load not recorded)"
     build = (machine.get("llama_cpp") or {}).get("llama_cpp_python")
     return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
             f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}{busy}"
@@ -107,11 +110,18 @@ def _cell_interval(row: dict) -> str:
     return f"{low:.2f}-{high:.2f}x" if low < high else ""
 
 
-def _name(method: str) -> str:
-    return method if method.startswith("llama.cpp") else f"specgen `{method}`"
+def _name(method: str, llama_cpp_draft: dict | None) -> str:
+    """The row's name; a llama.cpp draft mode always names its draft (files from before rows did
+    for the bench's own draft take its name from models.llama_cpp_draft)."""
+    if not method.startswith("llama.cpp"):
+        return f"specgen `{method}`"
+    if method.startswith("llama.cpp draft") and "(" not in method and llama_cpp_draft:
+        return f"{method} ({llama_cpp_draft.get('name', '?')})"
+    return method
 
 
-def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool) -> list[str]:
+def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool,
+           llama_cpp_draft: dict | None = None) -> list[str]:
     """A row per method. Results with forced tokens (constrained, recorded since they were counted
     apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
     `over jump` column: each method's speed over jump-forward's, what drafting adds."""
@@ -127,7 +137,7 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         ratio = "1.00x" if m == "plain" else f"{r['speedup']:.2f}x"
         if m == "auto":
             ratio = f"**{ratio}**"
-        drafted = m not in ("plain", "llama.cpp plain", JUMP)
+        drafted = m not in ("plain", UNSCREENED, LLAMA_CPP_PLAIN, JUMP)
         same = "" if not greedy or m == "plain" or r.get("lossless_mismatches") is None else \
             f"{n_trials - r['lossless_mismatches']}/{n_trials}"
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
@@ -136,7 +146,7 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         cells = [f"{r['forced_accepted']}/{r['forced_drafted']}" if r.get("forced_drafted") else ""] if forced else []
         if jump:
             cells.append(f"{r['over_jump']:.2f}x" if r.get("over_jump") is not None and drafted else "")
-        out.append(f"| {_name(m)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
+        out.append(f"| {_name(m, llama_cpp_draft)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
                    + "".join(f"{c} | " for c in cells) + f"{same} |")
     return out
 
@@ -163,6 +173,29 @@ def _versus(h: dict) -> str:
                                                   for x in losses) + "."
 
 
+def _lead(rows: dict[str, dict], models: dict) -> str | None:
+    """auto's lead over llama.cpp's plain decoding as the product of its two parts: specgen's plain
+    against llama.cpp's (where the target was screened, that part holds screening, and the file says
+    whether a `plain, unscreened` row separates it) and auto against specgen's plain (speculation)."""
+    auto, theirs = rows.get("auto"), rows.get(LLAMA_CPP_PLAIN)
+    if not auto or not theirs or not theirs.get("speedup"):
+        return None
+    plain_part, target = 1.0 / theirs["speedup"], models.get("target") or {}
+    if models.get("target_screened"):
+        why = (f"specgen's plain is screened: a Q8_0 copy of the target's {target.get('head_type') or '?'} output "
+               "layer picks the candidates, recomputed exactly, where llama.cpp decodes that layer in full; "
+               + (f"`{UNSCREENED}` runs at {rows[UNSCREENED]['speedup']:.2f}x specgen's plain: screening "
+                  f"{1.0 / rows[UNSCREENED]['speedup']:.2f}x, the two plain decoders' other differences "
+                  f"{plain_part * rows[UNSCREENED]['speedup']:.2f}x" if UNSCREENED in rows else
+                  f"this run has no `{UNSCREENED}` row, so it does not tell screening apart from the two plain "
+                  "decoders' other differences"))
+    else:
+        why = f"nothing screened; the target's output layer is {target.get('head_type') or '?'}"
+    what = "jump-forward and drafting: see `over jump`" if JUMP in rows else "speculation"
+    return (f"`auto` against llama.cpp plain, by its parts: {auto['speedup'] * plain_part:.2f}x = specgen `plain` at "
+            f"{plain_part:.2f}x llama.cpp plain ({why}) × `auto` at {auto['speedup']:.2f}x specgen `plain` ({what}).")
+
+
 def render(data: dict, link: str) -> str:
     """The markdown of one results file: a caption (date, commit, machine, suite, settings), a row per
     method over the whole suite, auto's speedup per group, its head-to-head line, and the models with
@@ -181,9 +214,12 @@ def render(data: dict, link: str) -> str:
     lines = [f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
-             *_table(rows, methods, n_trials, greedy), ""]
+             *_table(rows, methods, n_trials, greedy, models.get("llama_cpp_draft")), ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
+    lead = _lead(rows, models)
+    if lead:
+        lines += [lead, ""]
     for h in data.get("head_to_head") or []:
         lines += [_versus(h), ""]
     lines += [line for line in (_model_line("target", models.get("target")),

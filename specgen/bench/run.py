@@ -16,6 +16,9 @@ from specgen.core.stats import RunStats
 from specgen.drafting import methods as M
 
 WARMUP_TOKENS = 16
+# specgen's plain decoding of the target itself where the bench's target is screened (bench beside
+# llama.cpp): the row that tells screening's share of the lead over llama.cpp apart from speculation's.
+UNSCREENED = "plain, unscreened"
 
 
 @dataclass
@@ -115,3 +118,10 @@ def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeat
                 trials.append(trial)
                 on_trial(trial)
     return trials
+
+
+def in_process(runner: Runner, warmup: BenchPrompt) -> ExternalRun:
+    """`runner` (a second session's, say) as a row beside the bench's own: warmed up once on
+    `warmup`'s first turn as run_bench warms its methods, then each prompt's turns as plain runs them."""
+    run_turns(runner, BenchPrompt("warmup", "warmup", warmup.turns[:1]), WARMUP_TOKENS)
+    return lambda prompt, _plain_answers: run_answers(runner, prompt)[:2]

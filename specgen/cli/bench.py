@@ -16,7 +16,7 @@ from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
 # bench_report is the command below: the report of a run is imported under another name.
 from specgen.bench.report import bench_report as results_of_run, header, machine_info, run_info
-from specgen.bench.run import parse_methods, run_bench
+from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
@@ -138,6 +138,10 @@ def bench(
     if binary is not None:
         their_draft = drafts.for_llama_cpp(session, llama_cpp_draft)
         external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads, their_draft)
+        if session.target.screen:  # llama.cpp decodes the target itself: a row that does too
+            unscreened = load_session(cfg, ["plain"], store_default=False, screen=False)
+            external = {UNSCREENED: in_process(Runner(dataclasses.replace(cfg, method="plain"), unscreened),
+                                               prompts[0]), **external}
     columns = [*chosen, *external]
     machine = machine_info(n_threads, info)
     title = header(machine, cfg, session, suite_name) + ("" if split == "all" else f" ({split} half)")
@@ -163,9 +167,10 @@ def bench(
         # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
         console = Console(width=30 + sum(max(21, len(c) + 5) for c in columns))
     console.print(summary_table(rows, columns, title, n_repeats))
-    versus = [head_to_head(trials, m, list(external)) for m in chosen if m != "plain"] if external else []
+    rivals = [name for name in external if name != UNSCREENED]  # llama.cpp's rows
+    versus = [head_to_head(trials, m, rivals) for m in chosen if m != "plain"] if rivals else []
     for h in versus:
-        console.print(head_to_head_line(h, list(external)), markup=False, highlight=False)
+        console.print(head_to_head_line(h, rivals), markup=False, highlight=False)
     failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
     if json_file is not None:
         report = results_of_run(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
@@ -197,7 +202,7 @@ def bench_report(
     update: Optional[List[Path]] = typer.Option(None, "--update", metavar="PAGE.md", help="Rewrite each bench-table "
                                                 "block of this markdown page from the results files its marker names."),
     check: Optional[List[Path]] = typer.Option(None, "--check", metavar="PAGE.md", help="Exit 1 where a bench-table "
-                                               "block of this page differs from what its files render."),
+                                               "block of this page differs from what its files render, or its figures prose quotes a figure they do not."),
     publish: Optional[Path] = typer.Option(None, "--publish", metavar="OUT.json", help="Write the one FILE given as a "
                                            "results file to check in: each generated text replaced by its sha256."),
 ) -> None:
@@ -205,7 +210,8 @@ def bench_report(
 
     \b
     A page shows a table between <!-- bench-table: results/FILE.json --> and <!-- bench-table:end -->
-    (paths relative to the page); --update rewrites it, --check fails where it is out of date.
+    (paths relative to the page); --update rewrites it, --check fails where it is out of date, and
+    where prose between <!-- figures: FILES --> and <!-- figures:end --> quotes a figure they do not render.
 
     \b
     Examples:
@@ -214,7 +220,7 @@ def bench_report(
       specgen bench-report --update README.md --update docs/measurements.md
       specgen bench-report --check README.md
     """
-    from specgen.bench import published
+    from specgen.bench import prose, published
 
     if not (files or update or check):
         raise ConfigError("bench-report expects results files, --update PAGE or --check PAGE; found none")
@@ -232,6 +238,8 @@ def bench_report(
             raise typer.Exit(EXIT_WRITE_FAILED)
     out_of_date = [f"{page}: the table from {files} differs from what they render (run: specgen bench-report "
                    f"--update {page})" for page in check or [] for files in published.stale(page)]
+    out_of_date += [f"{page}: the prose quotes {figure}, which those files do not render"
+                    for page in check or [] for figure in prose.unbacked(page)]
     for line in out_of_date:
         error(line)
     if out_of_date:

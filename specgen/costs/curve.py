@@ -23,23 +23,14 @@ from typing import Callable
 
 import numpy as np
 
-from specgen.core.limits import AUTO_NODES
+from specgen.core.tuning import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER
 
 # Every size up to 16: quantized kernels process rows in tiles (on these CPUs 8 rows cost less
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there. Up to 80,
-# auto's largest tree (core.limits.AUTO_NODES): beyond the last measured size nothing is known, and gemma
+# auto's largest tree (core.tuning.AUTO_NODES): beyond the last measured size nothing is known, and gemma
 # Q4_K_M's 65 rows took 186 ms where 64 took 170 (the 65th row's output layer runs apart from the
 # tiles), against 164.5 extrapolated from 48 and 64: loop chains of 65 were chosen for it.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, AUTO_NODES)
-EMA = 0.1  # weight of one live measurement in the running estimate
-# One decode is one sample, and machines hiccup (page faults, a neighbour's burst): bench's first
-# gemma F32 batch of 2 once took 635 ms against 47, and read through a batch's small share of
-# its own level that one decode put the batch level at 5.4x, so auto planned with batches 5x
-# too dear for the rest of that prompt and most of the next. A live decode moves a level as if it
-# were at most this many times the level it found: a single outlier moves it by at most
-# EMA * (OUTLIER - 1), and a real change still gets there (a 3x slowdown within 30 decodes).
-OUTLIER = 2.0
-COUPLING = 0.1  # a one-token decode's weight in the batch level, relative to a batch's (see observe)
 SHAPE_EMA, SHAPE_MIN_DECODES, SHAPE_TOLERANCE, MAX_RECHECKS = 0.2, 8, 1.25, 2  # see CostCurve.suspects
 Cost = Callable[[int], float]  # seconds for a decode of B tokens
 
@@ -181,13 +172,13 @@ class CostCurve:
         drift[1] += 1
         w = self._one_share(b)
         if w > 0.95:  # one token (or a flat curve, as on a GPU: one level for all)
-            self.scale = (1 - EMA) * self.scale + EMA * ratio
+            self.scale = (1 - CURVE_EMA) * self.scale + CURVE_EMA * ratio
             # Weakly, the batch level too: a run that stopped drafting (batches looked dear) sees
             # no batches that could show it they got cheaper.
-            self.batch_scale += (ratio - self.batch_scale) * EMA * COUPLING
+            self.batch_scale += (ratio - self.batch_scale) * CURVE_EMA * CURVE_COUPLING
         else:  # the batch level this decode implies, given the one-token level's share of it
             implied = bounded((ratio - w * self.scale) / (1 - w), self.batch_scale)
-            self.batch_scale = (1 - EMA) * self.batch_scale + EMA * implied
+            self.batch_scale = (1 - CURVE_EMA) * self.batch_scale + CURVE_EMA * implied
 
     def follow(self, other: "CostCurve", weight: float) -> None:
         """Move this curve's one-token level `weight` of the way to another's: a curve whose own
@@ -311,8 +302,8 @@ BUSY_CORES = 0.3  # other processes using more than this many cores: the machine
 
 def bounded(value: float, level: float) -> float:
     """`value` (a live measurement relative to the curve) as one sample may move `level`: within a
-    factor OUTLIER of it."""
-    return min(max(value, level / OUTLIER), level * OUTLIER)
+    factor CURVE_OUTLIER of it."""
+    return min(max(value, level / CURVE_OUTLIER), level * CURVE_OUTLIER)
 
 
 def is_busy(others_cores: float | None) -> bool:

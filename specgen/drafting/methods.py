@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from specgen.core.limits import AUTO_NODES
+from specgen.drafting.tuning import AUTO_DRAFT_MAX_DEPTH, AUTO_LOOKUP_MATCHES, AUTO_NODES
 from specgen.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:  # the builders import what they build: the CLI reads this table at start-up
@@ -102,8 +102,8 @@ _TREE = dict(branching=2, max_nodes=6, max_depth=4)
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
-           _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4,
-                       draft=dict(branching=1, max_depth=16)), measured=True),
+           _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=AUTO_LOOKUP_MATCHES,
+                       draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH)), measured=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
     Method(JUMP, "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
            "drafting nothing else (without a constraint, plain)", NO_DRAFT, _jump, constrained_baseline=True),

@@ -1,6 +1,11 @@
 """Every tuned constant of `auto`, in one place. Where each value comes from (which measurement, on
-which machine and models, which half of Spec-Bench) is in docs/auto.md, "Tuned constants": a value
-here changes only with a measurement recorded there.
+which machine and models, which half of Spec-Bench) is in docs/auto.md, "Tuned constants", and a
+constant no measurement set says so here: a value changes only with a measurement recorded there.
+The values were set before the tune/report split of 2026-11-26, on Spec-Bench prompts of both
+halves; changes since are measured on the tune half. Those that costs/ needs too (below drafting/)
+live in core/tuning.py and are imported here so that this module lists them all. The bin edges,
+decay rates and EMA weights below that auto.md's table does not name were set by no measurement: they
+are choices of how fast estimates follow the text, not tuned values.
 
 Acceptance estimates are Beta posteriors over bins; the priors below are where a fresh planner
 starts, a little below what was measured, and the text at hand overrules them within a few steps.
@@ -8,7 +13,14 @@ starts, a little below what was measured, and the text at hand overrules them wi
 
 from __future__ import annotations
 
+from specgen.core.tuning import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER  # noqa: F401 (listed here)
 from specgen.drafting.sources import MAJORITY, MINORITY, UNANIMOUS
+
+# --- auto's shape (methods.py passes these to AutoDrafter) ----------------------------------------
+# No measurement set these two: 16 bounds a greedy draft chain (the planner's priced stop ends it
+# sooner), and 4 earlier occurrences of an n-gram are what the trie offers per match.
+AUTO_DRAFT_MAX_DEPTH = 16
+AUTO_LOOKUP_MATCHES = 4
 
 # --- the step ----------------------------------------------------------------------------------
 LONG_PROMPT = 512  # tokens: from here a prompt's context term of the cost curve is worth timing
@@ -42,7 +54,7 @@ RELAX = 0.02  # per step without the draft, its estimates drift back this far to
 SAMPLED_DEPTHS = (1, 2, 3, 4, 6, 9)  # depth bins (lower edges)
 CONF_BINS = 5  # bins of the draft's confidence (its q row's top probability) at the parent
 OVERLAP_DECAY = 0.98  # per update of a bin
-OVERLAP_WEIGHT = 4.0  # the prior's weight, in observations
+OVERLAP_WEIGHT = 4.0  # the prior's weight, in observations; no measurement set it
 OVERLAP_PRIOR = 0.85  # optimistic on purpose, as ALPHA_PRIOR
 
 # --- realised against planned (KindRecord) -----------------------------------------------------
@@ -55,6 +67,8 @@ OVERHEAD_EMA = 0.05  # weight of one step in the measured overhead of a step (ti
 PROBE_EVERY, MAX_PROBE_EVERY = 16, 256  # speculative steps between plain probes
 PROBE_CLEAR_WIN = 1.3  # speculation this much faster than plain: probe half as often
 PLAIN_EMA = 0.3  # weight of one plain step in plain decoding's measured time
-GUARD_WINDOW, GUARD_MARGIN = 32, 0.95  # steps judged together; slower than this share of plain loses
+# Steps judged together; slower than this share of plain loses. The window has a reason (auto.md),
+# the margin none measured: 0.95 tolerates plain's own timing noise.
+GUARD_WINDOW, GUARD_MARGIN = 32, 0.95
 GUARD_BACKOFF, GUARD_MAX_BACKOFF = 16, 256  # steps a losing kind sits out (doubling per loss)
 GUARD_MIN_STEPS, GUARD_WINDOW_TOKENS = 4, 128  # long steps are judged after fewer of them

@@ -1,0 +1,44 @@
+"""Prose that repeats published figures: each figure it quotes must be one its results files render.
+
+A page marks such prose between two markers naming the files (relative to the page), as for tables:
+
+    <!-- figures: results/2026-11-27-json-greedy.json -->
+    ...sentences quoting 1.47x, 8/8, 78%...
+    <!-- figures:end -->
+
+`specgen bench-report --check PAGE` fails where a figure there (a ratio like 1.47x, a share like 78%,
+a count like 8/8, a decimal like 2.13, a range like 1.37-1.59x) is not in the text published.render() makes of the files, so a
+sentence cannot go on quoting a run that was re-rendered, or one that no file holds.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from specgen.bench import published
+from specgen.errors import ConfigError
+
+_BLOCK = re.compile(r"<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S)
+# Decimals (and ranges of them) with an optional unit, percentages and counts; dates (2026-11-27) and plain integers are words.
+_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+-\d+\.\d+x?|\d+\.\d+x?|\d+%|\d+/\d+)(?![\w.]*\d)")
+
+
+def figures(text: str) -> list[str]:
+    """The figures a text quotes, in order."""
+    return _FIGURE.findall(text)
+
+
+def unbacked(page: Path) -> list[str]:
+    """'FIGURE (files)' for each figure in a figures block of `page` that its files do not render."""
+    text = Path(page).read_text(encoding="utf-8")
+    if "<!-- figures:" in text and not _BLOCK.search(text):
+        raise ConfigError(f"{page}: a figures block without its end marker (<!-- figures:end -->)")
+    out = []
+    for m in _BLOCK.finditer(text):
+        files = [Path(page).parent / f for f in m.group("files").split()]
+        if not files:
+            raise ConfigError(f"{page}: a figures marker names no results file")
+        rendered = set(figures(published.render_files(files, Path(page).parent)))
+        out += [f"{f} ({m.group('files')})" for f in figures(m.group("body")) if f not in rendered]
+    return out
