@@ -262,3 +262,18 @@ def test_warm_server_answers_equal_a_cold_servers_in_random_order(servers):
     cached_total = next(float(line.split()[-1]) for line in text.splitlines()
                         if line.startswith("llamacpp:prompt_tokens_cached_total"))
     assert cached_total == cached_all
+
+
+@pytest.mark.real
+def test_cache_prompt_false_reads_the_whole_prompt(servers):
+    """llama-server's cache_prompt: false is a setting asked for: that request keeps nothing (and
+    answers the same); the next one may use the cache again."""
+    warm, _ = servers
+    talk = [SYSTEM, {"role": "user", "content": "Where should I go in June?"}]
+    first, _, _ = ask(warm, talk, {})
+    again, details, timings = ask(warm, talk, {"extra_body": {"cache_prompt": False}})
+    assert again == first and details.cached_tokens == timings["cache_n"] == 0
+    _, details, _ = ask(warm, talk, {"extra_body": {"cache_prompt": True}})
+    assert details.cached_tokens > 32
+    status, body, _ = warm.post("/v1/chat/completions", json.dumps({"messages": talk, "cache_prompt": "no"}).encode())
+    assert status == 400 and "cache_prompt expects true or false, found \"no\"" in body["error"]["message"]

@@ -185,11 +185,12 @@ class Runner:
         return constraint_spec(self.session.target, prompt, self.chat, self.cfg.json_layout)
 
     def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None,
-               logprobs: int | None = None) -> Iterator[Event]:
+               logprobs: int | None = None, cache_prompt: bool = True) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
-        from it. `logprobs`: each token's log-probability and that many alternatives (None: none)."""
+        from it. `logprobs`: each token's log-probability and that many alternatives (None: none).
+        `cache_prompt` False: the prompt is read whole, whatever the prompt cache holds."""
         target = self.session.target
         sampling = self.cfg.sampling
         check_bias(sampling, target)
@@ -203,7 +204,8 @@ class Runner:
                 raise ConstraintError("constrained output needs the target loaded without screening "
                                       "(load_session(..., screen=False))")
             constraint = target.constrain(spec)
-        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs,
+                                    cache_prompt)
         drafter = self._drafter()
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)

@@ -59,6 +59,7 @@ class Request:
     # Log-probabilities of each token and of that many alternatives (OpenAI's logprobs with
     # top_logprobs, the completions API's logprobs, llama-server's n_probs); None: not asked.
     logprobs: int | None = None
+    cache_prompt: bool = True  # llama-server's: false reads the whole prompt, whatever the cache holds
 
 
 class Body(dict):
@@ -214,7 +215,11 @@ def _common(body: dict, chat_template: str | None, chat: bool) -> dict:
     if not isinstance(options, dict):
         raise RequestError(400, "stream_options expects an object", "stream_options")
     model = body.get("model")
-    return dict(max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise RequestError(400, f"cache_prompt expects true or false, found {json.dumps(cache_prompt)[:40]}",
+                           "cache_prompt")
+    return dict(cache_prompt=cache_prompt, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
                 include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None,
                 logprobs=_logprobs(body, chat))
 

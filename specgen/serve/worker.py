@@ -192,7 +192,7 @@ class Worker:
         # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
         held = request.prompt.tools is not None
         pending, target = Pending(), runner.session.target
-        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs)
+        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs, request.cache_prompt)
         sources = Sources()
 
         def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
