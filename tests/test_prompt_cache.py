@@ -277,3 +277,28 @@ def test_cache_prompt_false_reads_the_whole_prompt(servers):
     assert details.cached_tokens > 32
     status, body, _ = warm.post("/v1/chat/completions", json.dumps({"messages": talk, "cache_prompt": "no"}).encode())
     assert status == 400 and "cache_prompt expects true or false, found \"no\"" in body["error"]["message"]
+
+
+@pytest.mark.real
+def test_switching_tool_choice_keeps_the_system_prompt_and_the_history(servers):
+    """An agent's loop: a `required` call, then a `none` answer, then `auto`. In the generic tool
+    format what depends on tool_choice comes after the shared part (the tools, the system prompt and
+    the conversation), so each turn keeps the whole previous prompt; the answers are a cold server's."""
+    warm, cold = servers
+    turn1 = [SYSTEM, {"role": "user", "content": "What is the weather in Rome today?"}]
+    (_, calls), _, _ = ask(warm, turn1, {"tools": [WEATHER], "tool_choice": "required"})
+    assert calls and calls[0][0] == "get_weather"
+    turn2 = turn1 + [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c7", "type": "function", "function": {"name": calls[0][0], "arguments": calls[0][1]}}]},
+        {"role": "tool", "tool_call_id": "c7", "content": "21 C and cloudy"}]
+    turn3 = turn2 + [{"role": "assistant", "content": "It is 21 C and cloudy in Rome."},
+                     {"role": "user", "content": "And in Milan?"}]
+    previous = turn1
+    for messages, choice in ((turn2, "none"), (turn3, "auto")):
+        extra = {"tools": [WEATHER], "tool_choice": choice}
+        got, details, _ = ask(warm, messages, extra)
+        assert got == ask(cold, messages, extra)[0], choice
+        # the last prompt as `auto` renders it (no note): all of it but the assistant's header
+        history = prompt_tokens(warm, previous, {"tools": [WEATHER], "tool_choice": "auto"})
+        assert details.cached_tokens >= len(history) - 6, choice
+        previous = messages

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specgen.app.config import BIAS_MAX, PENALTY_MAX, SEED_MAX
 from specgen.app.prompts import Prompt, message_from, split_turns
-from specgen.app.structured import read_tools, response_format
+from specgen.app.structured import offered_tools, read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
 from specgen.errors import SpecgenError
@@ -250,6 +250,7 @@ def _structured(body: dict, tools: bool) -> dict:
     constraint = _constraint(body)
     try:
         chosen = read_tools(body.get("tools"), body.get("tool_choice"), parallel=_parallel(body)) if tools else None
+        offered = offered_tools(body.get("tools"), body.get("tool_choice")) if tools else ()
     except SpecgenError as e:
         raise RequestError(400, str(e), "tools") from None
     if not tools and body.get("tools"):
@@ -257,7 +258,7 @@ def _structured(body: dict, tools: bool) -> dict:
     if constraint is not None and chosen is not None:
         raise RequestError(400, "expected either response_format or tools (with tool_choice other than none), "
                                 "found both", "response_format")
-    return dict(constraint=constraint, tools=chosen)
+    return dict(constraint=constraint, tools=chosen, offered=offered)
 
 
 def _parallel(body: dict) -> bool:
