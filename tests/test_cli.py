@@ -76,17 +76,17 @@ def test_prompts_that_share_a_system_prompt_reuse_it(tmp_path):
     jsonl.write_text("".join(json.dumps({"messages": [{"role": "system", "content": system},
                                                       {"role": "user", "content": q}]}) + "\n"
                              for q in ("What grows in shade?", "What likes full sun?", "What about clay soil?")))
-    runs = []
+    runs, stderr = [], []
     for flag in ("--prompt-cache", "--no-prompt-cache"):
         proc = gen("-f", str(jsonl), "--json", flag)
         assert proc.returncode == 0, proc.stderr
         runs.append([json.loads(line) for line in proc.stdout.splitlines()])
+        stderr.append(proc.stderr)
     warm, cold = runs
     assert [r["text"] for r in warm] == [r["text"] for r in cold]
     assert warm[0]["n_cached"] == 0 and all(r["n_cached"] > 32 for r in warm[1:])
     assert all(r["n_cached"] == 0 for r in cold) and warm[1]["n_prompt"] == cold[1]["n_prompt"]
-    proc = gen("-f", str(jsonl))
-    assert proc.returncode == 0 and f"cached {warm[1]['n_cached']}" in proc.stderr, proc.stderr
+    assert f"(cached {warm[1]['n_cached']})" in stderr[0] and "cached" not in stderr[1]
 
 
 def test_seeded_sampling_reproducible():

@@ -327,7 +327,7 @@ class LlamaContext:
         size = L.llama_state_seq_get_size(self._ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
-        return bytes(buf[:n]) if n else None
+        return memoryview(buf).cast("B")[:n].tobytes() if n else None  # (buf[:n] would be a list of ints)
 
     def seq_load(self, seq_id: int, state: bytes, n_cells: int) -> bool:
         """Empty the cache, then put back a seq_save()d sequence: with every cell free and the head at
