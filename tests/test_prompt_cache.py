@@ -105,6 +105,20 @@ def test_the_cache_starts_over_before_the_head_leads_a_cold_start_by_half_the_co
     assert kept[0] == 0 and kept[1] == len(prompt) - 1 and 0 in kept[2:] and kept[-1] > 0
 
 
+def test_with_a_budget_a_head_too_far_along_is_put_back_compact():
+    """Where one slot starts over, a budget saves the prefix and puts it back from cell 0: kept.
+    (One token a run: the live prefix never loses enough to be saved before.)"""
+    model = FakeModel(n_vocab=12, script=LOOPY)
+    ctx, cache = FakeContext(model, n_ctx=64, n_seq_max=8), PromptCache(min_keep=3, budget=1 << 20)
+    prompt = [0, 2, 3, 4, 5]
+    written, kept = [], []
+    for _ in range(60):
+        written.append(ctx.cells_written)
+        kept.append(run(model, ctx, prompt, 1, cache)[1].n_cached)
+    assert max(written) - (len(prompt) - 1) > 64 // 2  # one slot would have started over
+    assert kept[0] == 0 and set(kept[1:]) == {len(prompt) - 1}
+
+
 def test_an_error_midway_forgets_what_the_kv_held():
     model = FakeModel(n_vocab=12, script=LOOPY)
     ctx, cache = FakeContext(model, n_ctx=256, n_seq_max=8), PromptCache(min_keep=1)

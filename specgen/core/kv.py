@@ -129,9 +129,11 @@ class PromptCache:
         restore = got >= self.min_keep and got > keep
         if self.n - (0 if restore else keep) >= self.min_keep:
             self._save(ctx)
+            # the live prefix, saved, may be the best now (a head too far along: put back compact)
+            best, got = self._best(prompt)
+            restore = got >= self.min_keep and got > keep
         if not restore:
             return keep
-        best, got = self._best(prompt)  # the live prefix, saved, may have taken its place
         self.saved.remove(best)
         self.n = 0
         if not ctx.seq_load(COMMITTED_SEQ, best.state, len(best.tokens)):
