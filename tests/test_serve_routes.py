@@ -604,7 +604,7 @@ NEUTRAL = {"messages": ASK, "prompt": "1, 2,", "model": "m", "max_tokens": 4, "m
            "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "json_schema": None, "grammar": "",
            "tools": [], "tool_choice": "none", "parallel_tool_calls": True, "content": "hi", "add_special": False,
            "parse_special": True, "with_pieces": False, "tokens": [1], "input": "hi", "encoding_format": "float",
-           "dimensions": None, "embd_normalize": 2,
+           "dimensions": None, "embd_normalize": 2, "cache_prompt": True,
            **{k: neutral for k, (_, neutral) in REFUSED.items()}, **{k: v for k, (v, _) in DEPENDENT.items()}, **INERT}
 
 
