@@ -121,6 +121,19 @@ class FakeContext:
         self.kv = {}
         self.cells_written = 0
 
+    def seq_save(self, seq_id: int) -> bytes | None:
+        import json
+
+        return json.dumps(sorted(self.kv.get(seq_id, {}).items())).encode()
+
+    def seq_load(self, seq_id: int, state: bytes, n_cells: int) -> bool:
+        import json
+
+        self.clear()
+        self.kv[seq_id] = {p: t for p, t in json.loads(state)}
+        self.cells_written = n_cells
+        return True
+
 
 class NoisyDraft(FakeModel):
     """A draft for `target`: the target's logits plus deterministic noise, so it agrees often."""

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.real
 
 RECORD_FIELDS = {"prompt_index", "text", "n_tokens", "method", "target", "draft", "temperature",
                  "target_calls", "drafted", "accepted", "acceptance_rate", "mean_accepted", "prefill_s",
-                 "decode_s", "tokens_per_s", "accepted_by", "forced_drafted", "forced_accepted", "finish_reason"}
+                 "decode_s", "tokens_per_s", "accepted_by", "forced_drafted", "forced_accepted", "finish_reason",
+                 "n_prompt", "n_cached"}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,28 @@ def test_json_record_fields_and_values():
     assert record["n_tokens"] == 8 and record["target_calls"] == 8 and record["finish_reason"] == "length"
     assert record["drafted"] == record["accepted"] == 0 and record["mean_accepted"] == 1.0
     assert record["tokens_per_s"] > 0 and record["decode_s"] > 0
+
+
+def test_prompts_that_share_a_system_prompt_reuse_it(tmp_path):
+    """-f: a prompt that begins as the one before reads only the rest (the prompt cache), and the
+    texts are those of a --no-prompt-cache run."""
+    system = ("You are a careful assistant for a garden centre. Answer in one sentence, name the plant, and say "
+              "when it should be planted. Never recommend a pesticide; suggest a natural remedy instead.")
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("".join(json.dumps({"messages": [{"role": "system", "content": system},
+                                                      {"role": "user", "content": q}]}) + "\n"
+                             for q in ("What grows in shade?", "What likes full sun?", "What about clay soil?")))
+    runs, stderr = [], []
+    for flag in ("--prompt-cache", "--no-prompt-cache"):
+        proc = gen("-f", str(jsonl), "--json", flag)
+        assert proc.returncode == 0, proc.stderr
+        runs.append([json.loads(line) for line in proc.stdout.splitlines()])
+        stderr.append(proc.stderr)
+    warm, cold = runs
+    assert [r["text"] for r in warm] == [r["text"] for r in cold]
+    assert warm[0]["n_cached"] == 0 and all(r["n_cached"] > 32 for r in warm[1:])
+    assert all(r["n_cached"] == 0 for r in cold) and warm[1]["n_prompt"] == cold[1]["n_prompt"]
+    assert f"(cached {warm[1]['n_cached']})" in stderr[0] and "cached" not in stderr[1]
 
 
 def test_seeded_sampling_reproducible():

@@ -11,7 +11,7 @@ import pytest
 
 from fakes import FakeContext, FakeModel
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
-from specgen.core.kv import PromptCache
+from specgen.core.kv import PromptCache, common_prefix
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.drafting.lookup import LookupDrafter
@@ -105,6 +105,20 @@ def test_the_cache_starts_over_before_the_head_leads_a_cold_start_by_half_the_co
     assert kept[0] == 0 and kept[1] == len(prompt) - 1 and 0 in kept[2:] and kept[-1] > 0
 
 
+def test_with_a_budget_a_head_too_far_along_is_put_back_compact():
+    """Where one slot starts over, a budget saves the prefix and puts it back from cell 0: kept.
+    (One token a run: the live prefix never loses enough to be saved before.)"""
+    model = FakeModel(n_vocab=12, script=LOOPY)
+    ctx, cache = FakeContext(model, n_ctx=64, n_seq_max=8), PromptCache(min_keep=3, budget=1 << 20)
+    prompt = [0, 2, 3, 4, 5]
+    written, kept = [], []
+    for _ in range(60):
+        written.append(ctx.cells_written)
+        kept.append(run(model, ctx, prompt, 1, cache)[1].n_cached)
+    assert max(written) - (len(prompt) - 1) > 64 // 2  # one slot would have started over
+    assert kept[0] == 0 and set(kept[1:]) == {len(prompt) - 1}
+
+
 def test_an_error_midway_forgets_what_the_kv_held():
     model = FakeModel(n_vocab=12, script=LOOPY)
     ctx, cache = FakeContext(model, n_ctx=256, n_seq_max=8), PromptCache(min_keep=1)
@@ -120,6 +134,41 @@ def test_an_error_midway_forgets_what_the_kv_held():
     with pytest.raises(RuntimeError):
         list(events)
     assert cache.n == 0
+
+
+def test_saved_prefixes_come_back_for_interleaved_conversations():
+    """Three conversations interleaved at random: with a budget each resumes from its own saved
+    prefix (the whole previous prompt kept) and answers as a cold cache does; in one slot each
+    switch reads its prompt whole; a budget for one saved prefix drops the least recently used."""
+    model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
+    rng = random.Random(7)
+    order = [c for c in (0, 1, 2) for _ in range(6)]
+    rng.shuffle(order)
+    systems = [[0] + [rng.randrange(2, 12) for _ in range(8)] for _ in range(3)]
+
+    def play(budget):
+        ctx, cache = FakeContext(model, n_ctx=1024, n_seq_max=8, n_batch=8), PromptCache(min_keep=3, budget=budget)
+        talks, cached, restored = [list(s) for s in systems], [], 0
+        for c in order:
+            previous = list(talks[c])
+            talks[c] += [rng.randrange(2, 12) for _ in range(3)]
+            live = list(cache.tokens[:cache.n])
+            tokens, stats = run(model, ctx, talks[c], 5, cache)
+            cold, _ = run(model, FakeContext(model, n_ctx=1024, n_seq_max=8, n_batch=8), talks[c], stats.n_tokens)
+            assert tokens == cold
+            assert sorted(ctx.kv[0]) == list(range(cache.n))  # from position 0, nothing missing
+            cached.append((stats.n_cached, len(previous) - 1 if len(previous) > len(systems[c]) else 0))
+            restored += stats.n_cached > 0 and common_prefix(live, talks[c]) < 3
+            talks[c] += tokens
+        return cached, restored, cache
+
+    cached, restored, cache = play(budget=1 << 20)
+    assert all(got >= want for got, want in cached) and restored >= 6, cached
+    cached, restored, _ = play(budget=0)
+    assert restored == 0
+    one = len(cache.saved[-1].state) + 10
+    _, _, cache = play(budget=one)
+    assert len(cache.saved) == 1 and sum(len(s.state) for s in cache.saved) <= one
 
 
 # -- real models ---------------------------------------------------------------------------------
@@ -238,6 +287,7 @@ def test_warm_server_answers_equal_a_cold_servers_in_random_order(servers):
     cold_answers = {}
     cached_all, shared_with_none, reused = 0, 0, 0
     previous: list[int] = []
+    earlier: list[list[int]] = []  # every prompt before: a saved prefix may come back (--prompt-cache-mb)
     for name, messages, extra in asks:
         got, details, timings = ask(warm, messages, extra)
         if name not in cold_answers:
@@ -252,13 +302,88 @@ def test_warm_server_answers_equal_a_cold_servers_in_random_order(servers):
         assert details.cached_tokens >= min(shared, len(tokens) - 1) or shared < 32 and details.cached_tokens == 0
         reused += details.cached_tokens >= 32
         assert timings["prompt_n"] == len(tokens) - details.cached_tokens
-        if shared == 0:
+        if max((common(e, tokens) for e in earlier), default=0) == 0:
             assert details.cached_tokens == 0, name
             shared_with_none += 1
         cached_all += details.cached_tokens
         previous = tokens
+        earlier.append(tokens)
     assert reused >= 5 and shared_with_none > 0
     text = urllib.request.urlopen(warm.url + "/metrics").read().decode()
     cached_total = next(float(line.split()[-1]) for line in text.splitlines()
                         if line.startswith("llamacpp:prompt_tokens_cached_total"))
     assert cached_total == cached_all
+
+
+@pytest.mark.real
+def test_cache_prompt_false_reads_the_whole_prompt(servers):
+    """llama-server's cache_prompt: false is a setting asked for: that request keeps nothing (and
+    answers the same); the next one may use the cache again."""
+    warm, _ = servers
+    talk = [SYSTEM, {"role": "user", "content": "Where should I go in June?"}]
+    first, _, _ = ask(warm, talk, {})
+    again, details, timings = ask(warm, talk, {"extra_body": {"cache_prompt": False}})
+    assert again == first and details.cached_tokens == timings["cache_n"] == 0
+    _, details, _ = ask(warm, talk, {"extra_body": {"cache_prompt": True}})
+    assert details.cached_tokens > 32
+    status, body, _ = warm.post("/v1/chat/completions", json.dumps({"messages": talk, "cache_prompt": "no"}).encode())
+    assert status == 400 and "cache_prompt expects true or false, found \"no\"" in body["error"]["message"]
+
+
+@pytest.mark.real
+def test_switching_tool_choice_keeps_the_system_prompt_and_the_history(servers):
+    """An agent's loop: a `required` call, then a `none` answer, then `auto`. In the generic tool
+    format what depends on tool_choice comes after the shared part (the tools, the system prompt and
+    the conversation), so each turn keeps the whole previous prompt; the answers are a cold server's."""
+    warm, cold = servers
+    turn1 = [SYSTEM, {"role": "user", "content": "What is the weather in Rome today?"}]
+    (_, calls), _, _ = ask(warm, turn1, {"tools": [WEATHER], "tool_choice": "required"})
+    assert calls and calls[0][0] == "get_weather"
+    turn2 = turn1 + [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c7", "type": "function", "function": {"name": calls[0][0], "arguments": calls[0][1]}}]},
+        {"role": "tool", "tool_call_id": "c7", "content": "21 C and cloudy"}]
+    turn3 = turn2 + [{"role": "assistant", "content": "It is 21 C and cloudy in Rome."},
+                     {"role": "user", "content": "And in Milan?"}]
+    previous = turn1
+    for messages, choice in ((turn2, "none"), (turn3, "auto")):
+        extra = {"tools": [WEATHER], "tool_choice": choice}
+        got, details, _ = ask(warm, messages, extra)
+        assert got == ask(cold, messages, extra)[0], choice
+        # the last prompt as `auto` renders it (no note): all of it but the assistant's header
+        history = prompt_tokens(warm, previous, {"tools": [WEATHER], "tool_choice": "auto"})
+        assert details.cached_tokens >= len(history) - 6, choice
+        previous = messages
+
+
+AGENTS = [{"role": "system", "content": text} for text in (
+    "You are the booking agent of a small hotel in Porto. Rooms: single, double, suite. Breakfast is served "
+    "from 7 to 10. Check-in from 15:00, check-out by 11:00. Answer in one short sentence.",
+    "You are a support agent for a bicycle shop in Utrecht. Repairs take two days; a flat tyre is fixed while "
+    "the customer waits. The shop opens at 9 and closes at 18, Monday to Saturday. Be brief.",
+    "You are a librarian at a public library. Members may borrow ten books for three weeks and renew twice "
+    "online. Late returns cost ten cents a day. Reply in a single sentence, politely.")]
+QUESTIONS = ("What can you tell me?", "Is there anything I should know first?", "What about tomorrow?")
+
+
+@pytest.mark.real
+def test_interleaved_conversations_each_resume_their_own_prefix(servers):
+    """Three agents' conversations interleaved in a random order (a fixed seed): each request resumes
+    its own conversation (the whole previous prompt kept, brought back from host memory when another
+    conversation came between), and every greedy answer is a cold server's."""
+    warm, cold = servers
+    order = [a for a in range(3) for _ in QUESTIONS]
+    random.Random(3).shuffle(order)
+    talks = [[system] for system in AGENTS]
+    turn, last, restores = [0, 0, 0], None, 0
+    before: list[list[int]] = [[], [], []]
+    for a in order:
+        talks[a] = talks[a] + [{"role": "user", "content": QUESTIONS[turn[a]]}]
+        got, details, _ = ask(warm, talks[a], {})
+        assert got == ask(cold, talks[a], {})[0], (a, turn[a])
+        tokens = prompt_tokens(warm, talks[a], {})
+        if turn[a]:
+            assert details.cached_tokens >= common(before[a], tokens) > 32, (a, turn[a])
+            restores += last != a
+        before[a], last, turn[a] = tokens, a, turn[a] + 1
+        talks[a] = talks[a] + [{"role": "assistant", "content": got[0]}]
+    assert restores >= 3

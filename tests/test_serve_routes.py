@@ -350,7 +350,7 @@ DEPENDENT = {"dynatemp_exponent": (2.0, "dynatemp_range"),
              "adaptive_decay": (0.5, "adaptive_target")}
 # Never change the text.
 INERT = {"user": "u1", "metadata": {"k": "v"}, "store": True, "service_tier": "default", "safety_identifier": "s",
-         "prompt_cache_key": "k", "prompt_cache_retention": "24h", "cache_prompt": False, "n_keep": 10,
+         "prompt_cache_key": "k", "prompt_cache_retention": "24h", "n_keep": 10,
          "n_discard": 5, "n_cache_reuse": 256, "timings_per_token": True, "return_progress": True,
          "sse_ping_interval": 5, "backend_sampling": True}
 
@@ -528,6 +528,14 @@ def acts_parallel_tool_calls(server, baseline):
     assert status == 400 and r["error"]["param"] == "parallel_tool_calls" and "true or false" in r["error"]["message"]
 
 
+def acts_cache_prompt(server, baseline):
+    """false: the whole prompt is read (nothing kept), the same answer (tests/test_prompt_cache.py)."""
+    status, r = chat(server, cache_prompt=False)
+    assert status == 200 and r["timings"]["cache_n"] == 0 and _content(r) == baseline
+    status, r = chat(server, cache_prompt="no")
+    assert status == 400 and r["error"]["param"] == "cache_prompt" and "true or false" in r["error"]["message"]
+
+
 def acts_model(server, baseline):
     assert chat(server, model="my-model")[1]["model"] == "my-model"
 
@@ -596,7 +604,7 @@ NEUTRAL = {"messages": ASK, "prompt": "1, 2,", "model": "m", "max_tokens": 4, "m
            "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "json_schema": None, "grammar": "",
            "tools": [], "tool_choice": "none", "parallel_tool_calls": True, "content": "hi", "add_special": False,
            "parse_special": True, "with_pieces": False, "tokens": [1], "input": "hi", "encoding_format": "float",
-           "dimensions": None, "embd_normalize": 2,
+           "dimensions": None, "embd_normalize": 2, "cache_prompt": True,
            **{k: neutral for k, (_, neutral) in REFUSED.items()}, **{k: v for k, (v, _) in DEPENDENT.items()}, **INERT}
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from specgen.app.structured import Tools, read_tools, response_format
+from specgen.app.structured import Tools, offered_tools, read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
 from specgen.errors import ConstraintError, PromptError
 
@@ -44,6 +44,7 @@ class Prompt:
     after: tuple[Message, ...] = ()
     constraint: ConstraintSpec | None = None  # the answer must match it (response_format, --json-schema)
     tools: Tools | None = None  # functions the answer may call
+    offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): runner.py
 
     def messages(self, system: str | None = None) -> list[dict]:
         """The conversation as chat-template messages; `system` applies unless the history has one."""
@@ -57,7 +58,7 @@ class Prompt:
         constraint and tools (a multi-turn suite under --json-schema constrains every turn)."""
         return Prompt(self.index, question, self.history + (Message("user", self.text), *self.after,
                                                             Message("assistant", answer)),
-                      constraint=self.constraint, tools=self.tools)
+                      constraint=self.constraint, tools=self.tools, offered=self.offered)
 
 
 def decode_utf8(data: bytes, origin: str) -> str:
@@ -122,7 +123,8 @@ def _structured(record: dict, where: str) -> dict:
     try:
         return dict(constraint=response_format(record.get("response_format")),
                     tools=read_tools(record.get("tools"), record.get("tool_choice"),
-                                     record.get("parallel_tool_calls", True)))
+                                     record.get("parallel_tool_calls", True)),
+                    offered=offered_tools(record.get("tools"), record.get("tool_choice")))
     except ConstraintError as e:
         raise PromptError(f"{where}: {e}") from None
 

@@ -11,8 +11,8 @@ from typing import Any, Iterator
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
-from specgen.app.structured import (GENERIC, ToolAnswer, generic_messages, generic_system_prompt, parse_answer,
-                                    tool_constraint, tool_format)
+from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, generic_messages, generic_system_prompt,
+                                    parse_answer, tool_constraint, tool_format)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.kv import PromptCache
@@ -33,14 +33,19 @@ def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
     """The prompt as text: through the chat template, or (base models) the turns joined by blank
     lines. Tools go to a template that renders them, else into a system message (structured.py);
     there, a history's calls and results are written as that format shows them, tools offered or
-    not (tool_choice none after a tool loop). A last assistant message is continued (prefill), as
-    llama-server does."""
+    not, and tool_choice none lists the tools still and says so after the conversation (the
+    prompt reads as the loop's other turns up to there: the prompt cache keeps it). A last
+    assistant message is continued (prefill), as llama-server does."""
     messages = prompt.messages(system)
     tools = None
     if tools_format(model, chat) == GENERIC:
         messages = generic_messages(messages)
-        if prompt.tools is not None:
-            messages = _with_system(messages, generic_system_prompt(prompt.tools))
+        offered = prompt.offered if prompt.constraint is None else ()  # a response_format's answer: no tools
+        functions = prompt.tools.functions if prompt.tools is not None else offered
+        if functions:
+            messages = _with_system(messages, generic_system_prompt(functions))
+        if prompt.tools is None and offered and messages[-1]["role"] != "assistant":
+            messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{NO_CALL_NOTE}"}
     elif prompt.tools is not None:
         tools = prompt.tools.openai()
     if not chat:
@@ -185,11 +190,12 @@ class Runner:
         return constraint_spec(self.session.target, prompt, self.chat, self.cfg.json_layout)
 
     def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None,
-               logprobs: int | None = None) -> Iterator[Event]:
+               logprobs: int | None = None, cache_prompt: bool = True) -> Iterator[Event]:
         """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
-        from it. `logprobs`: each token's log-probability and that many alternatives (None: none)."""
+        from it. `logprobs`: each token's log-probability and that many alternatives (None: none).
+        `cache_prompt` False: the prompt is read whole, whatever the prompt cache holds."""
         target = self.session.target
         sampling = self.cfg.sampling
         check_bias(sampling, target)
@@ -203,7 +209,8 @@ class Runner:
                 raise ConstraintError("constrained output needs the target loaded without screening "
                                       "(load_session(..., screen=False))")
             constraint = target.constrain(spec)
-        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs)
+        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs,
+                                    cache_prompt)
         drafter = self._drafter()
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)

@@ -23,6 +23,8 @@ from specgen.core.constraint import ConstraintSpec
 from specgen.errors import ConstraintError
 
 HERMES, GENERIC = "hermes", "generic"
+# tool_choice none in the generic format: the tools are listed still; this ends the last message.
+NO_CALL_NOTE = "Do not call a tool now: answer in plain text, not JSON."
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -89,6 +91,21 @@ def read_tools(tools: object, tool_choice: object, parallel: object = True) -> T
         if tool_choice not in (None, "none", "auto"):
             raise ConstraintError(f"tool_choice {json.dumps(tool_choice)[:60]} needs tools, found none")
         return None
+    functions = _functions(tools)
+    if tool_choice in (None, "auto"):
+        return Tools(tuple(functions), parallel=parallel)
+    if tool_choice == "none":
+        return None
+    if tool_choice == "required":
+        return Tools(tuple(functions), "required", parallel=parallel)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str) or name not in {f["name"] for f in functions}:
+        raise ConstraintError(f"tool_choice expects none, auto, required or {{\"type\": \"function\", \"function\": "
+                              f"{{\"name\": one of the tools}}}}, found {json.dumps(tool_choice)[:80]}")
+    return Tools(tuple(functions), "function", name, parallel)
+
+
+def _functions(tools: list) -> list[dict]:
     if not isinstance(tools, list):
         raise ConstraintError(f"tools expects a list of {{\"type\": \"function\", \"function\": {{...}}}}, found "
                               f"{json.dumps(tools)[:60]}")
@@ -103,17 +120,14 @@ def read_tools(tools: object, tool_choice: object, parallel: object = True) -> T
             raise ConstraintError(f"tools[{i}].function.parameters expects a JSON Schema object, found "
                                   f"{json.dumps(params)[:60]}")
         functions.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
-    if tool_choice in (None, "auto"):
-        return Tools(tuple(functions), parallel=parallel)
-    if tool_choice == "none":
-        return None
-    if tool_choice == "required":
-        return Tools(tuple(functions), "required", parallel=parallel)
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
-    if not isinstance(name, str) or name not in {f["name"] for f in functions}:
-        raise ConstraintError(f"tool_choice expects none, auto, required or {{\"type\": \"function\", \"function\": "
-                              f"{{\"name\": one of the tools}}}}, found {json.dumps(tool_choice)[:80]}")
-    return Tools(tuple(functions), "function", name, parallel)
+    return functions
+
+
+def offered_tools(tools: object, tool_choice: object) -> tuple[dict, ...]:
+    """The functions a `tool_choice: none` request names (read_tools has checked them; () otherwise):
+    the generic format still lists them, so the prompt reads as its other turns do up to the end
+    (the prompt cache keeps the conversation across a switch of tool_choice)."""
+    return tuple(_functions(tools)) if tool_choice == "none" and isinstance(tools, list) and tools else ()
 
 
 def tool_format(chat_template: str | None) -> str:
@@ -158,12 +172,15 @@ def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
     return ConstraintSpec("lark", "\n".join(["start: TEXT | calls", text, *lines]))
 
 
-def generic_system_prompt(tools: Tools) -> str:
-    """The system message of the generic format: the tools and how to answer."""
+def generic_system_prompt(functions: tuple[dict, ...]) -> str:
+    """The system message of the generic format: every tool offered and how to answer, the same
+    whatever tool_choice says (the answer's grammar enforces `required` or a named function; `none`
+    is NO_CALL_NOTE, after the conversation), so a conversation that switches tool_choice keeps its
+    prompt cache."""
     listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
-                         for f in tools.allowed()], ensure_ascii=False)
-    how = ('Answer with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}} to call a tool'
-           + ('.' if tools.must_call else ', or {"response": <your answer as text>}.'))
+                         for f in functions], ensure_ascii=False)
+    how = ('Answer with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}} to call a tool, '
+           'or {"response": <your answer as text>}.')
     return f"You can call these tools:\n{listed}\n{how}"
 
 

@@ -19,6 +19,7 @@ from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Confi
                                  FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
                                  sampling_options)
 from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
+from specgen.core.kv import PromptCache
 from specgen.drafting.methods import METHODS
 from specgen.errors import SpecgenError
 
@@ -70,6 +71,9 @@ def generate(
     grammar: Grammar = None,
     json_object: JsonObject = False,
     json_layout: JsonLayout = None,
+    prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="With several prompts: "
+                                      "one that begins as the one before (a system prompt) reads only the rest; "
+                                      "--no-prompt-cache reads each whole (the same text)."),
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -93,7 +97,10 @@ def generate(
         items = [item if item.constraint or item.tools else dataclasses.replace(item, constraint=spec) for item in items]
     constrained = any(item.constraint or item.tools for item in items)
     # Screening keeps the argmax of a whole row exact, not a masked one: constrained runs read the real rows.
-    runner = Runner(cfg, load_session(cfg, screen=not constrained))
+    # Several prompts share one context: the prompt cache keeps a shared beginning (in invariant decodes,
+    # --no-prompt-cache too, so both read the same bits). One prompt keeps the n_batch prefill.
+    cache = PromptCache(reuse=prompt_cache) if len(items) > 1 else None
+    runner = Runner(cfg, load_session(cfg, screen=not constrained), cache)
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.

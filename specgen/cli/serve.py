@@ -77,6 +77,10 @@ def serve(
                                       "conversation's KV: a request that begins with the same tokens reads only "
                                       "the rest; --no-prompt-cache reads every prompt whole, as a fresh server "
                                       "does (the same bits)."),
+    prompt_cache_mb: int = typer.Option(1024, "--prompt-cache-mb", metavar="MIB", help="Host memory for other "
+                                        "conversations' KV besides the live one (least recently used dropped "
+                                        "first); a request resumes the one it shares most with. 0: the last "
+                                        "conversation only."),
     cors: Optional[list[str]] = typer.Option(None, "--cors", "--cors-origin", metavar="ORIGIN", help="Let web pages "
                                              "from ORIGIN call the server from a browser (repeatable; * for any) "
                                              "[none: browsers keep pages of other sites out]."),
@@ -105,6 +109,8 @@ def serve(
         raise ConfigError("--alias expects a name, found nothing")
     if max_queue < 0:
         raise ConfigError(f"--max-queue must be at least 0, found {max_queue}")
+    if prompt_cache_mb < 0:
+        raise ConfigError(f"--prompt-cache-mb must be at least 0, found {prompt_cache_mb}")
     cfg = build_config(config, dict(
         **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
         target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
@@ -118,7 +124,7 @@ def serve(
     # n_predict -1), unless -n (or the -c file) sets a default.
     given = max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
     default_max = cfg.max_tokens if given else None
-    worker = Worker(Runners(cfg, session, prompt_cache), max_queue, default_max)
+    worker = Worker(Runners(cfg, session, prompt_cache, prompt_cache_mb << 20), max_queue, default_max)
     warm_grammar(session.target)
     model_id = alias or session.target_label
     server = Server(worker, model_id, cfg.method, api_key, tuple(cors or ()))

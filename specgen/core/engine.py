@@ -37,6 +37,8 @@ class GenerationRequest:
     # Log-probabilities of each emitted token and of its `logprobs` likeliest alternatives
     # (core/logprobs.py); None: not computed.
     logprobs: int | None = None
+    # False: the prompt is read whole, whatever a prompt cache holds (llama-server's cache_prompt).
+    cache_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     check_prompt_fits(len(tokens), ctx)
     clock = time.perf_counter
     t0 = clock()
-    keep = 0 if cache is None else cache.reusable(tokens, ctx)
+    keep = 0 if cache is None or not request.cache_prompt else cache.reusable(tokens, ctx)
     if cache is not None:
         cache.forget()
     keep = prefill(ctx, tokens, keep, None if cache is None else INVARIANT_ROWS)

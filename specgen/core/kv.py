@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -78,6 +79,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@dataclass(eq=False)
+class Saved:
+    """A prefix kept in host memory: the KV of `tokens` at positions 0..len-1 (Context.seq_save)."""
+
+    tokens: list[int]
+    state: bytes
+
+
 class PromptCache:
     """What sequence 0 of one context holds between generations: a later prompt that begins with
     the same tokens evaluates only the rest (a conversation resent with one more turn).
@@ -85,26 +94,76 @@ class PromptCache:
     Exact, as a cold prefill, on specgen's build: every prefill decode is at most INVARIANT_ROWS
     tokens, so each token's KV is the same bits whichever decode computed it (a prompt chunk, a
     verified draft); attention sums a row's cells in cell order, which is position order until the
-    cache's head wraps around. A generation that starts further along than a cold one would wrap
-    sooner, so the cache starts over (clears) once the head leads a cold start by more than half the
-    context (`cells_written`: backend.py). One per context: every generation on it goes through it.
+    cache's head wraps around (cells left empty by rejected drafts are skipped, not summed). A
+    generation that starts further along than a cold one would wrap sooner, so the cache starts
+    over (clears) once the head leads a cold start by more than half the context (`cells_written`:
+    backend.py). One per context: every generation on it goes through it.
     `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits).
     A prefix shorter than `min_keep` (a chat template's header) is not kept: starting over puts the
-    head back at the start, which a long conversation's later turns need more."""
+    head back at the start, which a long conversation's later turns need more.
 
-    def __init__(self, reuse: bool = True, min_keep: int = 32) -> None:
-        self.reuse, self.min_keep = reuse, min_keep
+    `budget` > 0: up to that many bytes of other prefixes wait in host memory (least recently used
+    dropped first). The live prefix is saved before a prompt would drop `min_keep` tokens or more of
+    it, and a saved one that shares more with a prompt than the live one is put back: into an empty
+    cache, from cell 0 in position order (holes closed), where a cold prefill puts the same tokens,
+    so the answers stay a cold cache's (Context.seq_load)."""
+
+    def __init__(self, reuse: bool = True, min_keep: int = 32, budget: int = 0) -> None:
+        self.reuse, self.min_keep, self.budget = reuse, min_keep, budget
         self.tokens: list[int] = []  # sequence 0 holds the first n of these, at positions 0..n-1
         self.n = 0
+        self.saved: list[Saved] = []  # least recently used first
 
     def reusable(self, prompt: list[int], ctx: Context) -> int:
         """Prompt tokens whose KV can be kept: the common prefix, less the root (never evaluated
-        by a prefill: the first step does); 0 where the head is too far along (see above)."""
+        by a prefill: the first step does); 0 where the head is too far along (see above). With a
+        budget, the live prefix may be saved and a saved one put in its place first."""
         if not self.reuse:
             return 0
-        keep = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
-        lead = getattr(ctx, "cells_written", 0) - keep  # how far the head is ahead of a cold start's
-        return keep if keep >= self.min_keep and lead <= ctx.n_ctx // 2 else 0
+        live = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
+        lead = getattr(ctx, "cells_written", 0) - live  # how far the head is ahead of a cold start's
+        keep = live if live >= self.min_keep and lead <= ctx.n_ctx // 2 else 0
+        if self.budget <= 0 or not hasattr(ctx, "seq_load"):
+            return keep
+        best, got = self._best(prompt)
+        restore = got >= self.min_keep and got > keep
+        if self.n - (0 if restore else keep) >= self.min_keep:
+            self._save(ctx)
+            # the live prefix, saved, may be the best now (a head too far along: put back compact)
+            best, got = self._best(prompt)
+            restore = got >= self.min_keep and got > keep
+        if not restore:
+            return keep
+        self.saved.remove(best)
+        self.n = 0
+        if not ctx.seq_load(COMMITTED_SEQ, best.state, len(best.tokens)):
+            return 0
+        self.tokens, self.n = best.tokens, len(best.tokens)
+        return got
+
+    def _best(self, prompt: list[int]) -> tuple[Saved | None, int]:
+        """The saved prefix that shares most with `prompt`, and how many tokens it would keep."""
+        best = max(self.saved, key=lambda s: common_prefix(s.tokens, prompt), default=None)
+        return best, 0 if best is None else min(common_prefix(best.tokens, prompt), len(prompt) - 1)
+
+    def _save(self, ctx: Context) -> None:
+        """Copy the live prefix to host memory (a prefix of a saved one is not saved again)."""
+        held = self.tokens[:self.n]
+        if getattr(ctx, "cells_written", 0) > ctx.n_ctx:  # the head wrapped: cells are out of position order
+            return
+        longer = [s for s in self.saved if common_prefix(s.tokens, held) == len(held)]
+        if longer:  # already saved, with more after it
+            self.saved.remove(longer[0])
+            self.saved.append(longer[0])
+            return
+        ctx.seq_rm(COMMITTED_SEQ, self.n, -1)  # a step cut short evaluated more than the text
+        state = ctx.seq_save(COMMITTED_SEQ)
+        if state is None or len(state) > self.budget:
+            return
+        self.saved = [s for s in self.saved if common_prefix(s.tokens, held) < len(s.tokens)]
+        self.saved.append(Saved(held, state))
+        while sum(len(s.state) for s in self.saved) > self.budget:
+            self.saved.pop(0)
 
     def hold(self, text: list[int], n: int) -> None:
         """Sequence 0 holds text[:n] (`text` is the caller's, growing: not copied)."""

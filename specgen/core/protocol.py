@@ -136,6 +136,11 @@ class Context(Protocol):
 
     def clear(self) -> None: ...
 
+    # A prompt cache's saved prefixes (kv.PromptCache); optional: a context without them keeps one.
+    def seq_save(self, seq_id: int) -> bytes | None: ...
+
+    def seq_load(self, seq_id: int, state: bytes, n_cells: int) -> bool: ...
+
 
 class Drafter(Protocol):
     """Proposes a token tree from the committed text and learns from each verification (the

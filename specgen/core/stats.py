@@ -83,6 +83,8 @@ class RunStats:
             "accepted_by": dict(self.accepted_by),
             "forced_drafted": self.forced_drafted,
             "forced_accepted": self.forced_accepted,
+            "n_prompt": self.n_prompt,
+            "n_cached": self.n_cached,
         }
 
     def line(self) -> str:
@@ -100,5 +102,5 @@ class RunStats:
             shares = ", ".join(f"{k} {v / total:.0%}" for k, v in self.choices.most_common())
             parts.append(f"steps: {shares}")
             parts.append(f"mean tree {self.drafted / max(1, self.target_calls):.1f}")
-        parts.append(f"prefill {self.prefill_s:.2f} s")
+        parts.append(f"prefill {self.prefill_s:.2f} s" + (f" (cached {self.n_cached})" if self.n_cached else ""))
         return " · ".join(parts)

@@ -317,6 +317,30 @@ class LlamaContext:
         L.llama_memory_clear(self._mem, True)
         self.cells_written = 0
 
+    def seq_save(self, seq_id: int) -> bytes | None:
+        """Sequence `seq_id`'s KV cells, in cell order (llama.cpp's per-sequence state); None where
+        a restore could not put them back where a cold prefill does: a sliding-window or
+        recurrent model's memory is not one cell per position in order."""
+        m = self.model._model
+        if L.llama_model_n_swa(m) > 0 or L.llama_model_is_recurrent(m) or L.llama_model_is_hybrid(m):
+            return None
+        size = L.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+        return memoryview(buf).cast("B")[:n].tobytes() if n else None  # (buf[:n] would be a list of ints)
+
+    def seq_load(self, seq_id: int, state: bytes, n_cells: int) -> bool:
+        """Empty the cache, then put back a seq_save()d sequence: with every cell free and the head at
+        0, llama.cpp places its cells from cell 0 in their saved order (find_slot), where a cold
+        prefill of the same tokens puts them. False (the cache left empty) where llama.cpp refused."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not L.llama_state_seq_set_data(self._ctx, buf, len(state), seq_id):
+            self.clear()
+            return False
+        self.cells_written = n_cells
+        return True
+
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             L.llama_batch_free(self._batch)

@@ -7,8 +7,8 @@ Three kinds:
   (it asks for nothing), any other is a 400 naming it.
 - DEPENDENT: a setting that only tunes another one (dry_base tunes the DRY multiplier, ...): with that one neutral it changes nothing, whatever its value; else the 400
   names the setting that would act.
-- INERT: bookkeeping that never changes the text (user, metadata, cache_prompt, ...): accepted.
-The fields specgen acts on (temperature, top_p, top_k, min_p, seed, the penalties, logit_bias,
+- INERT: bookkeeping that never changes the text (user, metadata, n_keep, ...): accepted.
+The fields specgen acts on (temperature, cache_prompt, top_p, top_k, min_p, seed, the penalties, logit_bias,
 logprobs, max_tokens, stop, response_format, json_schema, grammar, tools, ...) are read in requests.py.
 ROUTES: what each route that takes a JSON body knows; any other field is a 400 naming it, as OpenAI
 answers a misspelt one (a "temprature" silently ignored would leave the user sampling at the default).
@@ -92,10 +92,10 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "adaptive_decay": ("adaptive_target",),
 }
 
-# Never change the text: who asked, caching and reporting hints (specgen reads every prompt whole
-# and sends timings with the last chunk anyway), what OpenAI would store, where llama.cpp samples.
+# Never change the text: who asked, caching and reporting hints (the prompt cache keeps what it can
+# whatever they say; timings come with the last chunk anyway), what OpenAI would store, where llama.cpp samples.
 INERT = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-         "prompt_cache_retention", "cache_prompt", "n_keep", "n_discard", "n_cache_reuse", "timings_per_token",
+         "prompt_cache_retention", "n_keep", "n_discard", "n_cache_reuse", "timings_per_token",
          "return_progress", "sse_ping_interval", "backend_sampling")
 
 # Read by requests.py for every generation (chat or completion): they act, or check() refuses them.
@@ -103,7 +103,7 @@ _GENERATION = ("model", "max_tokens", "max_completion_tokens", "n_predict", "tem
                "min_p", "seed", "repeat_penalty", "repeat_last_n", "penalty_last_n", "presence_penalty",
                "frequency_penalty", "logit_bias", "samplers", "reasoning_format", "stop", "stream",
                "stream_options", "logprobs", "n_probs", "response_format", "json_schema", "grammar",
-               *REFUSED, *DEPENDENT, *INERT)
+               "cache_prompt", *REFUSED, *DEPENDENT, *INERT)
 _CHAT = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", *_GENERATION))
 _COMPLETION = frozenset(("prompt", "tools", *_GENERATION))  # tools: refused by name (a chat's)
 _EMBEDDINGS = frozenset(("input", "content", "model", "encoding_format", "dimensions", "embd_normalize", "user"))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specgen.app.config import BIAS_MAX, PENALTY_MAX, SEED_MAX
 from specgen.app.prompts import Prompt, message_from, split_turns
-from specgen.app.structured import read_tools, response_format
+from specgen.app.structured import offered_tools, read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
 from specgen.errors import SpecgenError
@@ -59,6 +59,7 @@ class Request:
     # Log-probabilities of each token and of that many alternatives (OpenAI's logprobs with
     # top_logprobs, the completions API's logprobs, llama-server's n_probs); None: not asked.
     logprobs: int | None = None
+    cache_prompt: bool = True  # llama-server's: false reads the whole prompt, whatever the cache holds
 
 
 class Body(dict):
@@ -214,7 +215,11 @@ def _common(body: dict, chat_template: str | None, chat: bool) -> dict:
     if not isinstance(options, dict):
         raise RequestError(400, "stream_options expects an object", "stream_options")
     model = body.get("model")
-    return dict(max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise RequestError(400, f"cache_prompt expects true or false, found {json.dumps(cache_prompt)[:40]}",
+                           "cache_prompt")
+    return dict(cache_prompt=cache_prompt, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
                 include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None,
                 logprobs=_logprobs(body, chat))
 
@@ -245,6 +250,7 @@ def _structured(body: dict, tools: bool) -> dict:
     constraint = _constraint(body)
     try:
         chosen = read_tools(body.get("tools"), body.get("tool_choice"), parallel=_parallel(body)) if tools else None
+        offered = offered_tools(body.get("tools"), body.get("tool_choice")) if tools else ()
     except SpecgenError as e:
         raise RequestError(400, str(e), "tools") from None
     if not tools and body.get("tools"):
@@ -252,7 +258,7 @@ def _structured(body: dict, tools: bool) -> dict:
     if constraint is not None and chosen is not None:
         raise RequestError(400, "expected either response_format or tools (with tool_choice other than none), "
                                 "found both", "response_format")
-    return dict(constraint=constraint, tools=chosen)
+    return dict(constraint=constraint, tools=chosen, offered=offered)
 
 
 def _parallel(body: dict) -> bool:

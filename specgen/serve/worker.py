@@ -77,11 +77,12 @@ class Job:
 class Runners:
     """A Runner per (chat, sampling) on the one session; the most recently used are kept. They share
     one prompt cache: the session's one target context, whichever runner used it last (`prompt_cache`
-    False: nothing is reused, every prompt read as a cold cache reads it)."""
+    False: nothing is reused, every prompt read as a cold cache reads it; `cache_bytes`: host memory
+    for other conversations' prefixes, kv.PromptCache's budget)."""
 
-    def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True):
+    def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True, cache_bytes: int = 0):
         self.cfg, self.session = cfg, session
-        self.cache = PromptCache(reuse=prompt_cache)
+        self.cache = PromptCache(reuse=prompt_cache, budget=cache_bytes)
         self._kept: OrderedDict[tuple, Runner] = OrderedDict()
 
     def get(self, request: Request) -> Runner:
@@ -192,7 +193,7 @@ class Worker:
         # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
         held = request.prompt.tools is not None
         pending, target = Pending(), runner.session.target
-        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs)
+        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs, request.cache_prompt)
         sources = Sources()
 
         def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
