@@ -10,7 +10,8 @@ import pytest
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Message, Prompt
 from specgen.app.structured import GENERIC, call_history, read_tools
-from specgen.drafting.calls import CallHistory, CallSource, candidates, entities
+from specgen.drafting.calls import CallHistory, CallSource, entities
+from specgen.drafting.calls import candidates as found
 from specgen.drafting.jsonfield import ARGUMENT, NAME, Field, FieldScanner
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -18,6 +19,10 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "required": ["city", "unit"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def candidates(history, where, answer):
+    return [c.text for c in found(history, where, answer)]
 
 
 def field_at(text):

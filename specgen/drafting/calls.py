@@ -19,6 +19,7 @@ the value and the next key. Only proposals: verification decides what is committ
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from specgen.core.constraint import Constraint
 from specgen.drafting.jsonfield import ITEM, NAME, Field, FieldScanner
 
 CALL = "call"  # the choice named in stats for a step whose tree holds this source's values
-BRANCHES = 3  # values tried side by side at one field
+BRANCHES = 2  # values tried side by side at one field (a second only as likely as an earlier call's)
 TRIES = 6  # candidates checked against the grammar per step, at most
 FIELDS = 3  # fields one chain may run through (the best value of each next free field)
 _SPAN_END = re.compile(r"[\"\n?!;,)\]]|[.:](?=\s|$)")
@@ -51,6 +52,22 @@ class CallHistory:
     calls: tuple[tuple[str, dict], ...] = ()
     texts: tuple[str, ...] = ()
     tool_results: tuple[str, ...] = field(default=())  # tool messages (also in texts): read as JSON where they are
+
+    @functools.cached_property
+    def _results(self) -> tuple[object, ...]:
+        return tuple(r for r in map(_parsed, reversed(self.tool_results)) if r is not None)
+
+    @functools.cached_property
+    def _entities(self) -> tuple[object, ...]:
+        return tuple(v for text in reversed(self.texts) for v in _leaves_or_entities(text))
+
+    def results(self) -> tuple[object, ...]:
+        """The tool results that are JSON, parsed, newest first."""
+        return self._results
+
+    def entities(self) -> tuple[object, ...]:
+        """Every message's entities (a JSON message's values), newest message first."""
+        return self._entities
 
 
 def values_at(obj: object, path: tuple[str, ...]) -> list[object]:
@@ -131,35 +148,52 @@ def _leaves_or_entities(text: str) -> list[object]:
     return out
 
 
-def candidates(history: CallHistory, where: Field, answer: str) -> list[str]:
-    """The JSON texts the value at `where` may be, best first, each starting with its prefix and
+@dataclass(frozen=True)
+class Candidate:
+    """A value's JSON text, and how it was found: SAME (an earlier call of the same function gave
+    the same argument; or a function's name), KEY (the key elsewhere), TEXT (the conversation's words)."""
+
+    text: str
+    tier: int
+
+
+SAME, KEY, TEXT = range(3)
+
+
+def candidates(history: CallHistory, where: Field, answer: str) -> list[Candidate]:
+    """The values the field at `where` may take, best first, each starting with its prefix and
     longer than it. `answer`: the text written so far (spans it already holds come last)."""
     if where.kind == NAME:
-        found = [_json_text(name) for name, _ in reversed(history.calls)]
+        found = [Candidate(_json_text(name), SAME) for name, _ in reversed(history.calls)]
     else:
         key = where.key
-        found = [_json_text(v) for name, args in reversed(history.calls) if name == where.function
+        found = [Candidate(_json_text(v), SAME) for name, args in reversed(history.calls) if name == where.function
                  for v in values_at(args, where.path)]
         if key is not None:
-            found += [_json_text(v) for _, args in reversed(history.calls) for v in values_by_key(args, key)]
-            results = [_parsed(t) for t in reversed(history.tool_results)]
-            found += [_json_text(v) for r in results if r is not None for v in values_by_key(r, key, loose=True)]
-        found += _from_texts(history.texts, where.prefix, answer)
+            found += [Candidate(_json_text(v), KEY) for _, args in reversed(history.calls)
+                      for v in values_by_key(args, key)]
+            found += [Candidate(_json_text(v), KEY) for r in history.results() for v in values_by_key(r, key, loose=True)]
+        found += [Candidate(t, TEXT) for t in _from_texts(history, where.prefix, answer)]
     out, seen = [], set()
-    for text in found:
-        if text not in seen and len(text) > len(where.prefix) and text.startswith(where.prefix):
-            seen.add(text)
-            out.append(text)
+    for c in found:
+        if c.text not in seen and len(c.text) > len(where.prefix) and c.text.startswith(where.prefix):
+            seen.add(c.text)
+            out.append(c)
     return out
 
 
-def _from_texts(texts: tuple[str, ...], prefix: str, answer: str) -> list[str]:
+def _from_texts(history: CallHistory, prefix: str, answer: str) -> list[str]:
+    """Once a string has begun: the conversation's entities that begin so, then what followed the
+    same words; before: the latest two messages' entities, those this answer holds last."""
     if prefix.startswith('"') and len(prefix) > 1:
         begun = _parsed(prefix + '"')
-        return [_json_text(s) for s in spans_after(texts, begun)] if isinstance(begun, str) else []
+        if not isinstance(begun, str):
+            return []
+        spans = [v for v in history.entities() if isinstance(v, str) and v.startswith(begun)]
+        return [_json_text(v) for v in spans + spans_after(history.texts, begun)]
     if prefix not in ("", '"'):
         return []
-    spans = [v for text in reversed(texts[-2:]) for v in _leaves_or_entities(text)]
+    spans = [v for text in reversed(history.texts[-2:]) for v in _leaves_or_entities(text)]
     return sorted((_json_text(v) for v in spans), key=lambda t: t in answer)  # stable: order kept
 
 
@@ -195,13 +229,17 @@ class CallSource:
             constraint.consume(t)
         try:
             out: list[list[int]] = []
-            for text in candidates(self.history, where, self.answer)[:TRIES]:
-                chain = self._value(constraint, text[len(where.prefix):], where.prefix == "")[:room]
+            first = None
+            for c in candidates(self.history, where, self.answer)[:TRIES]:
+                if out and c.tier == TEXT:  # beside a likelier value, the conversation's words rarely pay
+                    break
+                chain = self._value(constraint, c.text[len(where.prefix):], where.prefix == "")[:room]
                 if chain and chain not in out:
                     out.append(chain)
+                    first = first or c
                     if len(out) == BRANCHES:
                         break
-            if out:
+            if first is not None and first.tier == SAME:
                 out[0] = self._onwards(constraint, scanner, out[0], room)
             return out
         finally:
@@ -229,7 +267,8 @@ class CallSource:
         return best
 
     def _onwards(self, constraint: Constraint, scanner: FieldScanner, chain: list[int], room: int) -> list[int]:
-        """`chain` run on through the next free fields: each one's best value, while they fit."""
+        """`chain` run on through the next free fields while an earlier call of the function gave
+    each its value (the conversation's words alone are too weak to run on)."""
         scanner = scanner.copy()
         consumed = 0
         try:
@@ -241,8 +280,10 @@ class CallSource:
                 scanner.feed(self._text(chain[consumed:]))
                 consumed = len(chain)
                 where = scanner.field()
-                found = candidates(self.history, where, self.answer) if where is not None else []
-                more = self._value(constraint, found[0][len(where.prefix):], where.prefix == "") if found else []
+                found = candidates(self.history, where, self.answer + self._text(chain)) if where else []
+                if not found or found[0].tier != SAME:
+                    break
+                more = self._value(constraint, found[0].text[len(where.prefix):], where.prefix == "")
                 if not more:
                     break
                 chain = chain + more[:room - len(chain)]
