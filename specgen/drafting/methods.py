@@ -108,6 +108,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=4,
                        draft=dict(branching=1, max_depth=16)), measured=True, call_aware=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
+    # jump stays forced tokens alone, without call-aware drafting: it is the jump-forward decoding
+    # SGLang and vLLM ship, the baseline whose ratio to auto says what drafting adds.
     Method(JUMP, "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
            "drafting nothing else (without a constraint, plain)", NO_DRAFT, _jump, constrained_baseline=True),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
