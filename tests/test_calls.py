@@ -10,7 +10,7 @@ import pytest
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Message, Prompt
 from specgen.app.structured import GENERIC, call_history, read_tools
-from specgen.drafting.calls import CallHistory, CallSource, entities
+from specgen.drafting.calls import SAME, TEXT, CallHistory, CallRecord, CallSource, entities
 from specgen.drafting.calls import candidates as found
 from specgen.drafting.jsonfield import ARGUMENT, NAME, Field, FieldScanner
 
@@ -68,6 +68,18 @@ def test_nothing_is_proposed_where_no_history_matches():
     assert candidates(history, Field(ARGUMENT, "get_weather", ("city",), '"Ber'), "") == []
     assert candidates(CallHistory(), Field(ARGUMENT, "get_weather", ("city",), ""), "") == []
     assert candidates(CallHistory(), Field(NAME, None, (), '"'), "") == []
+
+
+def test_a_tier_is_drafted_while_its_values_are_taken_often_enough_to_pay_for_their_rows():
+    record = CallRecord(cost=lambda b: 0.006 + 0.002 * (b - 1))  # a drafted token: a third of a plain step
+    assert record.pays(SAME, 8) and record.pays(TEXT, 8)
+    for _ in range(6):
+        record.observe(TEXT, False)
+    assert not record.pays(TEXT, 8) and record.pays(SAME, 8)  # the words stop; earlier calls go on
+    for _ in range(12):
+        record.observe(TEXT, True)
+    assert record.pays(TEXT, 8)
+    assert CallRecord().pays(TEXT, 1) and not CallRecord().pays(SAME, 0)  # no curve: always, when there is a chain
 
 
 def test_the_history_reads_structured_calls_and_calls_written_as_text():

@@ -197,15 +197,52 @@ def _from_texts(history: CallHistory, prefix: str, answer: str) -> list[str]:
     return sorted((_json_text(v) for v in spans), key=lambda t: t in answer)  # stable: order kept
 
 
+class CallRecord:
+    """How often each tier's values were taken (their first token accepted), across a runner's
+    answers, and whether a chain of k tokens of a tier pays: its first token's acceptance at least
+    what each drafted token costs, as a share of a plain step, on the target's cost curve `cost`
+    (c(B) seconds; None: always drafted). Priors: an earlier call's value is likely, words less."""
+
+    PRIOR = {SAME: 0.75, KEY: 0.5, TEXT: 0.5}
+    WEIGHT = 2.0  # the prior counts as this many observations
+
+    def __init__(self, cost: Callable[[int], float] | None = None):
+        self.cost = cost
+        self.tried = {t: 0 for t in self.PRIOR}
+        self.taken = {t: 0 for t in self.PRIOR}
+
+    def rate(self, tier: int) -> float:
+        return (self.taken[tier] + self.WEIGHT * self.PRIOR[tier]) / (self.tried[tier] + self.WEIGHT)
+
+    def pays(self, tier: int, k: int) -> bool:
+        if self.cost is None or k <= 0:
+            return k > 0
+        c1 = self.cost(1)
+        return self.rate(tier) * k * c1 >= self.cost(1 + k) - c1
+
+    def observe(self, tier: int, taken: bool) -> None:
+        self.tried[tier] += 1
+        self.taken[tier] += taken
+
+
 class CallSource:
     """This source for one constrained answer: follows the committed text, and proposes chains of
-    tokens that continue a step's forced trunk (`tokenize`, `piece`: the target's)."""
+    tokens that continue a step's forced trunk (`tokenize`, `piece`: the target's); `record`
+    (shared by a runner's answers) learns which tiers pay."""
 
-    def __init__(self, history: CallHistory, tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes]):
+    def __init__(self, history: CallHistory, tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes],
+                 record: CallRecord | None = None):
         self.history, self.tokenize, self.piece = history, tokenize, piece
+        self.record = record if record is not None else CallRecord()
         self.scanner = FieldScanner()
         self.answer = ""
+        self.tiers: list[int] = []  # of the last chains() answer, per chain
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def learn(self, taken: list[bool]) -> None:
+        """Whether each chain of the last proposal had its first token accepted (None: not placed)."""
+        for tier, ok in zip(self.tiers, taken):
+            self.record.observe(tier, ok)
 
     def observe(self, committed: list[int]) -> None:
         text = self._utf8.decode(b"".join(self.piece(t) for t in committed))
@@ -218,6 +255,7 @@ class CallSource:
     def chains(self, constraint: Constraint, forced: list[int], room: int) -> list[list[int]]:
         """Up to BRANCHES chains of at most `room` tokens that follow `forced` (the step's trunk,
         whole), best first; [] where the trunk does not end at a call's field or nothing fits."""
+        self.tiers = []
         if room <= 0:
             return []
         scanner = self.scanner.copy()
@@ -234,8 +272,9 @@ class CallSource:
                 if out and c.tier == TEXT:  # beside a likelier value, the conversation's words rarely pay
                     break
                 chain = self._value(constraint, c.text[len(where.prefix):], where.prefix == "")[:room]
-                if chain and chain not in out:
+                if chain and chain not in out and self.record.pays(c.tier, len(chain)):
                     out.append(chain)
+                    self.tiers.append(c.tier)
                     first = first or c
                     if len(out) == BRANCHES:
                         break

@@ -37,6 +37,7 @@ class ConstrainedDrafter:
         self._merged: Merged | None = None
         self._pruned_index: dict[int, int] | None = None  # drafter index -> pruned index
         self._tree: DraftTree | None = None  # the last proposal
+        self._call_firsts: list[int | None] = []  # each call chain's first node in it
 
     def reset(self, tokens: list[int]) -> None:
         self.inner.reset(tokens)
@@ -44,6 +45,7 @@ class ConstrainedDrafter:
     def propose(self, max_depth: int) -> DraftTree:
         tree = self.inner.propose(max_depth)
         self.last_choice = self.inner.last_choice
+        self._call_firsts = []
         pruned, self._pruned_index = prune(tree, self.constraint)
         whole = self.constraint.forced()
         forced = whole[:max_depth]
@@ -55,8 +57,11 @@ class ConstrainedDrafter:
         self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
         if forced and len(self._merged.tree.forced) == self._merged.tree.n_drafted:  # the drafter added nothing
             self.last_choice = FORCED
-        if chains and graft_chains(self._merged, len(forced), chains, self.max_nodes, self.max_leaves):
-            self.last_choice = CALL
+        if chains:
+            before = len(self._merged.tree)
+            self._call_firsts = graft_chains(self._merged, len(forced), chains, self.max_nodes, self.max_leaves)
+            if len(self._merged.tree) > before:  # nodes of its own, not only the drafter's again
+                self.last_choice = CALL
         self._tree = self._merged.tree
         return self._tree
 
@@ -64,6 +69,9 @@ class ConstrainedDrafter:
         if self._tree is not None:
             mark_forced_on_path(self._tree, verdict, self.constraint)
         if self.calls is not None:
+            if self._call_firsts:
+                self.calls.learn([f is not None and f in verdict.path for f in self._call_firsts])
+                self._call_firsts = []
             self.calls.observe(committed)
         self.inner.observe(self._inner_verdict(verdict), committed)
 
@@ -86,16 +94,18 @@ class ConstrainedDrafter:
         return Verdict(path, verdict.tokens, overlap)
 
 
-def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: int, max_leaves: int) -> int:
+def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: int, max_leaves: int
+                 ) -> list[int | None]:
     """Add `chains` below node `at` (the trunk's end: merge_forced puts the trunk at 1..n) as a
     trie, joining deterministic nodes already there; the new nodes' origin is None (no drafter's).
-    Returns how many nodes were added, within the tree's room."""
+    Returns each chain's first node (None: no room for it)."""
     tree = merged.tree
     kids = tree.children()
     leaves = len(tree.leaves())
-    added = 0
+    firsts: list[int | None] = []
     for chain in chains:
         node = at
+        firsts.append(None)
         for token in chain:
             child = next((c for c in kids[node] if tree.tokens[c] == token and not tree.drawn[c]), None)
             if child is None:
@@ -106,9 +116,10 @@ def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: in
                 kids[node].append(child)
                 kids.append([])
                 merged.origin.append(None)
-                added += 1
+            if firsts[-1] is None:
+                firsts[-1] = child
             node = child
-    return added
+    return firsts
 
 
 def mark_forced_on_path(tree: DraftTree, verdict: Verdict, constraint: Constraint) -> None:
