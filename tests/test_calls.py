@@ -151,3 +151,11 @@ def test_a_repeated_argument_is_drafted_and_the_text_is_plains(session):
     stats = out["auto"].stats
     assert stats.accepted_by["call"] >= 2 and stats.choices["call"] >= 1
     assert stats.target_calls < out["plain"].stats.target_calls
+    # Sampled, the values are deterministic nodes beside the grammar's (verified by rejection
+    # sampling as lookup's are): every committed token is one the grammar allows.
+    from specgen.core.engine import TokenEvent
+
+    sampled = Runner(RunConfig(target=SMOLLM2, draft=None, method="auto", max_tokens=32, store=False,
+                               temperature=0.7, seed=3), session)
+    tokens = [e.token for e in sampled.stream(prompt) if isinstance(e, TokenEvent)]
+    assert session.target.constrain(sampled.constraint_for(prompt)).valid_prefix(tokens) == len(tokens) > 20

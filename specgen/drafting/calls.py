@@ -13,7 +13,10 @@ this source proposes, best first:
      in this answer.
 Each value is tokenized with the text the grammar forces after it (the next key), checked against
 the grammar, and placed below the forced trunk (forced.py): one verification covers the trunk,
-the value and the next key. Only proposals: verification decides what is committed.
+the value and the next key; a value an earlier call of the function gave runs on into the next
+fields' such values. How a value was found is its tier (SAME: 1; KEY: 2-3; TEXT: 4): a tier is
+drafted while its values are taken often enough to pay for their rows (CallRecord), a second
+branch only for an earlier call's value. Only proposals: verification decides what is committed.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from specgen.core.constraint import Constraint
 from specgen.drafting.jsonfield import ITEM, NAME, Field, FieldScanner
 
 CALL = "call"  # the choice named in stats for a step whose tree holds this source's values
-BRANCHES = 2  # values tried side by side at one field (a second only as likely as an earlier call's)
-TRIES = 6  # candidates checked against the grammar per step, at most
+BRANCHES = 2  # values side by side at one field (a second only where earlier calls of the function differ)
+TRIES = 4  # candidates checked against the grammar per step, at most (each walk is ~10 us a token)
 FIELDS = 3  # fields one chain may run through (the best value of each next free field)
 _SPAN_END = re.compile(r"[\"\n?!;,)\]]|[.:](?=\s|$)")
 _ENTITIES = re.compile(
@@ -237,6 +240,7 @@ class CallSource:
         self.scanner = FieldScanner()
         self.answer = ""
         self.tiers: list[int] = []  # of the last chains() answer, per chain
+        self._tokenized: dict[str, list[int]] = {}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def learn(self, taken: list[bool]) -> None:
@@ -269,10 +273,13 @@ class CallSource:
             out: list[list[int]] = []
             first = None
             for c in candidates(self.history, where, self.answer)[:TRIES]:
-                if out and c.tier == TEXT:  # beside a likelier value, the conversation's words rarely pay
+                if out and c.tier != SAME:  # beside a likelier value, a weaker one rarely pays for its rows
                     break
-                chain = self._value(constraint, c.text[len(where.prefix):], where.prefix == "")[:room]
-                if chain and chain not in out and self.record.pays(c.tier, len(chain)):
+                rest = c.text[len(where.prefix):]
+                if not self.record.pays(c.tier, min(room, len(self._tokens(rest)))):  # before any grammar walk
+                    continue
+                chain = self._value(constraint, rest, where.prefix == "")[:room]
+                if chain and chain not in out:
                     out.append(chain)
                     self.tiers.append(c.tier)
                     first = first or c
@@ -289,7 +296,7 @@ class CallSource:
         one), with what the grammar forces after it, tokenized together (`",` is one token)."""
         best: list[int] = []
         for text in (rest, " " + rest) if may_space else (rest,):
-            tokens = self.tokenize(text)
+            tokens = self._tokens(text)
             n = constraint.valid_prefix(tokens)
             if n == len(tokens):
                 for t in tokens:
@@ -297,17 +304,26 @@ class CallSource:
                 after = constraint.forced()
                 constraint.rollback(len(tokens))
                 if after:
-                    joined = self.tokenize(text + self._text(after))
+                    joined = self._tokens(text + self._text(after))
                     m = constraint.valid_prefix(joined)
                     tokens = joined[:m] if m > n else tokens + after
                 return tokens
             if n > len(best):
                 best = tokens[:n]
+            if n:  # the layout took this spacing
+                break
         return best
+
+    def _tokens(self, text: str) -> list[int]:
+        """The target's tokens for `text`, each text tokenized once per answer."""
+        tokens = self._tokenized.get(text)
+        if tokens is None:
+            tokens = self._tokenized[text] = self.tokenize(text)
+        return tokens
 
     def _onwards(self, constraint: Constraint, scanner: FieldScanner, chain: list[int], room: int) -> list[int]:
         """`chain` run on through the next free fields while an earlier call of the function gave
-    each its value (the conversation's words alone are too weak to run on)."""
+        each its value (the conversation's words alone are too weak to run on)."""
         scanner = scanner.copy()
         consumed = 0
         try:
