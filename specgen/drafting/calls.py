@@ -34,6 +34,7 @@ from specgen.drafting.jsonfield import ITEM, NAME, Field, FieldScanner
 CALL = "call"  # the choice named in stats for a step whose tree holds this source's values
 BRANCHES = 2  # values side by side at one field (a second only where earlier calls of the function differ)
 TRIES = 4  # candidates checked against the grammar per step, at most (each walk is ~10 us a token)
+TOKENIZED = 4096  # value texts whose tokens a runner keeps
 FIELDS = 3  # fields one chain may run through (the best value of each next free field)
 _SPAN_END = re.compile(r"[\"\n?!;,)\]]|[.:](?=\s|$)")
 _ENTITIES = re.compile(
@@ -212,6 +213,7 @@ class CallRecord:
     def __init__(self, cost: Callable[[int], float] | None = None):
         self.cost = cost
         self.tried = {t: 0 for t in self.PRIOR}
+        self.tokenized: dict[str, list[int]] = {}  # value texts as the target's tokens (CallSource._tokens)
         self.taken = {t: 0 for t in self.PRIOR}
 
     def rate(self, tier: int) -> float:
@@ -240,7 +242,6 @@ class CallSource:
         self.scanner = FieldScanner()
         self.answer = ""
         self.tiers: list[int] = []  # of the last chains() answer, per chain
-        self._tokenized: dict[str, list[int]] = {}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def learn(self, taken: list[bool]) -> None:
@@ -276,7 +277,7 @@ class CallSource:
                 if out and c.tier != SAME:  # beside a likelier value, a weaker one rarely pays for its rows
                     break
                 rest = c.text[len(where.prefix):]
-                if not self.record.pays(c.tier, min(room, len(self._tokens(rest)))):  # before any grammar walk
+                if not self.record.pays(c.tier, min(room, 1 + len(rest) // 4)):  # before any walk (~4 characters a token)
                     continue
                 chain = self._value(constraint, rest, where.prefix == "")[:room]
                 if chain and chain not in out:
@@ -315,10 +316,14 @@ class CallSource:
         return best
 
     def _tokens(self, text: str) -> list[int]:
-        """The target's tokens for `text`, each text tokenized once per answer."""
-        tokens = self._tokenized.get(text)
+        """The target's tokens for `text`, each text tokenized once per runner (llama.cpp's
+        tokenizer takes most of a millisecond a call: the same values come back every turn)."""
+        known = self.record.tokenized
+        tokens = known.get(text)
         if tokens is None:
-            tokens = self._tokenized[text] = self.tokenize(text)
+            if len(known) >= TOKENIZED:
+                known.clear()
+            tokens = known[text] = self.tokenize(text)
         return tokens
 
     def _onwards(self, constraint: Constraint, scanner: FieldScanner, chain: list[int], room: int) -> list[int]:
