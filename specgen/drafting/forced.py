@@ -49,13 +49,18 @@ class ConstrainedDrafter:
         pruned, self._pruned_index = prune(tree, self.constraint)
         whole = self.constraint.forced()
         forced = whole[:max_depth]
+        merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves) if forced else None
+        # The call-aware source drafts where the drafter proposed nothing beyond the trunk: where it
+        # did (lookup found the earlier call in the prompt), that draft is priced and learned, and a
+        # second opinion beside it would mostly add rows.
+        bare = merged.tree.n_drafted == len(forced) if merged is not None else pruned.n_drafted == 0
         chains = self.calls.chains(self.constraint, forced, max_depth - len(forced)) \
-            if self.calls is not None and len(forced) == len(whole) else []
-        if not forced and not chains:
+            if self.calls is not None and bare and len(forced) == len(whole) else []
+        if merged is None and not chains:
             self._merged, self._tree = None, pruned
             return pruned
-        self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
-        if forced and len(self._merged.tree.forced) == self._merged.tree.n_drafted:  # the drafter added nothing
+        self._merged = merged if merged is not None else merge_forced(pruned, [], self.max_nodes, self.max_leaves)
+        if forced and bare:  # the drafter added nothing
             self.last_choice = FORCED
         if chains:
             before = len(self._merged.tree)
