@@ -176,7 +176,8 @@ def candidates(history: CallHistory, where: Field, answer: str) -> list[Candidat
         if key is not None:
             found += [Candidate(_json_text(v), KEY) for _, args in reversed(history.calls)
                       for v in values_by_key(args, key)]
-            found += [Candidate(_json_text(v), KEY) for r in history.results() for v in values_by_key(r, key, loose=True)]
+            found += [Candidate(_json_text(v), KEY) for r in history.results()
+                      for v in values_by_key(r, key, loose=True)]
         found += [Candidate(t, TEXT) for t in _from_texts(history, where.prefix, answer)]
     out, seen = [], set()
     for c in found:
@@ -277,7 +278,7 @@ class CallSource:
                 if out and c.tier != SAME:  # beside a likelier value, a weaker one rarely pays for its rows
                     break
                 rest = c.text[len(where.prefix):]
-                if not self.record.pays(c.tier, min(room, 1 + len(rest) // 4)):  # before any walk (~4 characters a token)
+                if not self.record.pays(c.tier, min(room, 1 + len(rest) // 4)):  # before any walk (~4 chars a token)
                     continue
                 chain = self._value(constraint, rest, where.prefix == "")[:room]
                 if chain and chain not in out:
