@@ -11,8 +11,8 @@ from typing import Any, Iterator
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
-from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, generic_messages, generic_system_prompt,
-                                    parse_answer, tool_constraint, tool_format)
+from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, call_history, generic_messages,
+                                    generic_system_prompt, parse_answer, tool_constraint, tool_format)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.kv import PromptCache
@@ -20,6 +20,7 @@ from specgen.core.protocol import Drafter, Model
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.drafting import methods as M
+from specgen.drafting.calls import CallRecord, CallSource
 from specgen.drafting.forced import ConstrainedDrafter
 from specgen.errors import ConfigError, ConstraintError
 
@@ -173,6 +174,7 @@ class Runner:
         self.chat = use_chat(cfg, session.target)
         self._ctx = session.context_for(self.method)
         self._kept: Drafter | None = None  # a measured method's drafter: it learns across prompts
+        self._calls = CallRecord()  # which call-aware values pay, learned across prompts too
 
     def _drafter(self) -> Drafter | None:
         if not self.method.measured:
@@ -213,12 +215,25 @@ class Runner:
                                     cache_prompt)
         drafter = self._drafter()
         if constraint is not None and drafter is not None:
-            drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS)
+            drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS,
+                                         calls=self._call_source(prompt, len(tokens)))
         for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter,
                               self.prompt_cache):
             if isinstance(event, FinishEvent) and drafter is not None:
                 drafter.finish_text()
             yield event
+
+    def _call_source(self, prompt: Prompt, context: int) -> CallSource | None:
+        """Call-aware drafting (drafting/calls.py), where the method does it and tools are offered;
+        priced on the target's cost curve after the prompt's `context` tokens, where it has one."""
+        if not self.method.call_aware or prompt.tools is None:
+            return None
+        target = self.session.target
+        costs = self.session.costs if self.method.measured else None
+        self._calls.cost = None if costs is None else costs.given(context)
+        history = call_history(prompt.messages(self.cfg.system), prompt.tools, tools_format(target, self.chat))
+        return CallSource(history, lambda text: target.tokenize(text, add_special=False, parse_special=False),
+                          target.piece, self._calls)
 
     def answer(self, prompt: Prompt, text: str) -> ToolAnswer | None:
         """With tools: the text as content and tool calls (None without tools)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from specgen.app.schemas import closed, hoisted
 from specgen.core.constraint import ConstraintSpec
+from specgen.drafting.calls import CallHistory
 from specgen.errors import ConstraintError
 
 HERMES, GENERIC = "hermes", "generic"
@@ -292,3 +293,26 @@ def generic_messages(messages: list[dict]) -> list[dict]:
         else:
             out.append(m)
     return out
+
+
+def call_history(messages: list[dict], tools: Tools, fmt: str) -> CallHistory:
+    """What call-aware drafting (drafting/calls.py) draws on: the conversation's earlier calls,
+    from assistants' `tool_calls` and from calls written in their text (a multi-turn run keeps the
+    model's own answers as text), and its user and tool messages."""
+    calls: list[tuple[str, dict]] = []
+    texts, results = [], []
+    for m in messages:
+        role, content = m.get("role"), m.get("content")
+        if role == "assistant":
+            for c in m.get("tool_calls") or ():
+                fn = c.get("function", {})
+                if isinstance(args := _arguments(fn), dict) and isinstance(fn.get("name"), str):
+                    calls.append((fn["name"], args))
+            if isinstance(content, str) and content:
+                named = Tools(tools.functions)  # any function this request knows, offered now or not
+                calls += [(c.name, json.loads(c.arguments)) for c in parse_answer(content, fmt, named).calls]
+        elif role in ("user", "tool") and isinstance(content, str):
+            texts.append(content)
+            if role == "tool":
+                results.append(content)
+    return CallHistory(tuple(calls), tuple(texts), tuple(results))

@@ -8,13 +8,16 @@ tokens cost no draft decode and are accepted at any temperature: the trunk of ev
 with the drafter's own tree beside and below it. They are still verified like any draft (the row
 at each is masked to that one token), and counted apart from the drafter's (core/stats.py), as
 are the drafter's accepted nodes where its path ran into a forced stretch (mark_forced_on_path).
-`JumpDrafter` drafts nothing else: jump-forward decoding.
+`JumpDrafter` drafts nothing else: jump-forward decoding. Given a call-aware source (calls.py),
+the trunk's end, where it is a tool call's free field, also gets that source's values, each with
+the next key the grammar forces after it.
 """
 
 from __future__ import annotations
 
 from specgen.core.constraint import Constraint, Merged, merge_forced, prune
 from specgen.core.protocol import Drafter
+from specgen.drafting.calls import CALL, CallSource
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 
@@ -23,15 +26,18 @@ FORCED = "forced"  # the choice named in stats when a step drafted forced tokens
 
 class ConstrainedDrafter:
     """Wraps a drafter for one constrained text. `max_nodes`, `max_leaves`: the target context's
-    room for one verification (logits rows, sequence ids)."""
+    room for one verification (logits rows, sequence ids). `calls`: a call-aware source, whose
+    nodes count as drafted (stats) and name the step CALL."""
 
-    def __init__(self, inner: Drafter, constraint: Constraint, max_nodes: int, max_leaves: int):
-        self.inner, self.constraint = inner, constraint
+    def __init__(self, inner: Drafter, constraint: Constraint, max_nodes: int, max_leaves: int,
+                 calls: CallSource | None = None):
+        self.inner, self.constraint, self.calls = inner, constraint, calls
         self.max_nodes, self.max_leaves = max_nodes, max_leaves
         self.last_choice = inner.last_choice
         self._merged: Merged | None = None
         self._pruned_index: dict[int, int] | None = None  # drafter index -> pruned index
         self._tree: DraftTree | None = None  # the last proposal
+        self._call_firsts: list[int | None] = []  # each call chain's first node in it
 
     def reset(self, tokens: list[int]) -> None:
         self.inner.reset(tokens)
@@ -39,20 +45,39 @@ class ConstrainedDrafter:
     def propose(self, max_depth: int) -> DraftTree:
         tree = self.inner.propose(max_depth)
         self.last_choice = self.inner.last_choice
+        self._call_firsts = []
         pruned, self._pruned_index = prune(tree, self.constraint)
-        forced = self.constraint.forced()[:max_depth]
-        if not forced:
+        whole = self.constraint.forced()
+        forced = whole[:max_depth]
+        merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves) if forced else None
+        # The call-aware source drafts where the drafter proposed nothing beyond the trunk: where it
+        # did (lookup found the earlier call in the prompt), that draft is priced and learned, and a
+        # second opinion beside it would mostly add rows.
+        bare = merged.tree.n_drafted == len(forced) if merged is not None else pruned.n_drafted == 0
+        chains = self.calls.chains(self.constraint, forced, max_depth - len(forced)) \
+            if self.calls is not None and bare and len(forced) == len(whole) else []
+        if merged is None and not chains:
             self._merged, self._tree = None, pruned
             return pruned
-        self._merged = merge_forced(pruned, forced, self.max_nodes, self.max_leaves)
-        if len(self._merged.tree.forced) == self._merged.tree.n_drafted:  # the drafter added nothing
+        self._merged = merged if merged is not None else merge_forced(pruned, [], self.max_nodes, self.max_leaves)
+        if forced and bare:  # the drafter added nothing
             self.last_choice = FORCED
+        if chains:
+            before = len(self._merged.tree)
+            self._call_firsts = graft_chains(self._merged, len(forced), chains, self.max_nodes, self.max_leaves)
+            if len(self._merged.tree) > before:  # nodes of its own, not only the drafter's again
+                self.last_choice = CALL
         self._tree = self._merged.tree
         return self._tree
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
         if self._tree is not None:
             mark_forced_on_path(self._tree, verdict, self.constraint)
+        if self.calls is not None:
+            if self._call_firsts:
+                self.calls.learn([f is not None and f in verdict.path for f in self._call_firsts])
+                self._call_firsts = []
+            self.calls.observe(committed)
         self.inner.observe(self._inner_verdict(verdict), committed)
 
     def finish_text(self) -> None:
@@ -72,6 +97,34 @@ class ConstrainedDrafter:
             path = [back[v] for v in path]
             overlap = {back[n]: o for n, o in overlap.items()}
         return Verdict(path, verdict.tokens, overlap)
+
+
+def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: int, max_leaves: int
+                 ) -> list[int | None]:
+    """Add `chains` below node `at` (the trunk's end: merge_forced puts the trunk at 1..n) as a
+    trie, joining deterministic nodes already there; the new nodes' origin is None (no drafter's).
+    Returns each chain's first node (None: no room for it)."""
+    tree = merged.tree
+    kids = tree.children()
+    leaves = len(tree.leaves())
+    firsts: list[int | None] = []
+    for chain in chains:
+        node = at
+        firsts.append(None)
+        for token in chain:
+            child = next((c for c in kids[node] if tree.tokens[c] == token and not tree.drawn[c]), None)
+            if child is None:
+                if len(tree) >= max_nodes or (kids[node] and leaves >= max_leaves):
+                    break
+                leaves += bool(kids[node])
+                child = tree.add(token, node)
+                kids[node].append(child)
+                kids.append([])
+                merged.origin.append(None)
+            if firsts[-1] is None:
+                firsts[-1] = child
+            node = child
+    return firsts
 
 
 def mark_forced_on_path(tree: DraftTree, verdict: Verdict, constraint: Constraint) -> None:

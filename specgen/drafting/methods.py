@@ -49,6 +49,9 @@ class Method:
     # A baseline of constrained benches: bench runs it (after plain) wherever prompts carry a
     # grammar, and leaves it out of unconstrained runs' default list, where it would be plain again.
     constrained_baseline: bool = False
+    # Drafts a tool call's free fields from the conversation's earlier calls and messages too
+    # (calls.py), where a request offers tools.
+    call_aware: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -103,8 +106,10 @@ _TREE = dict(branching=2, max_nodes=6, max_depth=4)
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=AUTO_LOOKUP_MATCHES,
-                       draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH)), measured=True),
+                       draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH)), measured=True, call_aware=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
+    # jump stays forced tokens alone, without call-aware drafting: it is the jump-forward decoding
+    # SGLang and vLLM ship, the baseline whose ratio to auto says what drafting adds.
     Method(JUMP, "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "
            "drafting nothing else (without a constraint, plain)", NO_DRAFT, _jump, constrained_baseline=True),
     Method("chain", "the draft model drafts a chain", NEEDS_DRAFT, _model,
