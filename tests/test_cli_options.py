@@ -62,3 +62,29 @@ def test_the_readme_documents_every_command_every_generate_option_and_the_test_c
                 if not any(re.search(re.escape(flag) + r"\b", readme) for flag in flags)]
     missing += [f"`{name}`" for name in METHODS if f"`{name}`" not in readme]
     assert not missing, f"README.md does not mention: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
+def test_every_generating_command_takes_every_sampling_option_declared_once(command):
+    from specgen.cli.options import SAMPLING
+
+    given = options(command)
+    missing = [name for name in SAMPLING if name not in given]
+    assert not missing, f"specgen {command} lacks {missing}"
+    reference = options("generate")
+    assert {name: given[name] for name in SAMPLING} == {name: reference[name] for name in SAMPLING}
+
+
+def test_sampling_options_arrive_as_config_settings(monkeypatch):
+    """with_sampling hands the command one dict of settings: given values as typed, --logit-bias
+    joined as the config file writes it, the rest None (the -c file or the defaults decide)."""
+    from specgen.cli import generate as g
+
+    seen = {}
+    monkeypatch.setattr(g, "build_config", lambda config, values: seen.update(values) or (_ for _ in ()).throw(
+        SystemExit(0)))
+    result = CliRunner().invoke(app, ["generate", "-t", "0.5", "--top-k", "7", "--logit-bias", "15+1",
+                                      "--logit-bias", "16-inf", "-n", "9", "hi"])
+    assert result.exit_code == 0, result.output
+    assert (seen["temperature"], seen["top_k"], seen["max_tokens"], seen["logit_bias"]) == (0.5, 7, 9, "15+1,16-inf")
+    assert seen["top_p"] is None and seen["seed"] is None and seen["min_p"] is None

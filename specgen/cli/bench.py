@@ -20,11 +20,9 @@ from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
-from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers,
-                                 Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
-                                 Temperature, Threads, TopK, TopP, constraint_option,
-                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
-                                 sampling_options)
+from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
+                                 EXIT_WRITE_FAILED, GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, Rpc,
+                                 Store, System, Target, Threads, constraint_option, with_sampling)
 from specgen.cli.render import count_progress, error
 from specgen.drafting import methods as M
 from specgen.errors import ConfigError
@@ -32,6 +30,7 @@ from specgen.files import check_writable, write_text
 from specgen.host import cpu_sample, others_cores
 
 
+@with_sampling
 def bench(
     target: Target = None,
     draft: Draft = None,
@@ -46,17 +45,7 @@ def bench(
     split: Optional[str] = typer.Option(None, "--split", metavar="HALF", help="all | tune | report: the suite's fixed halves, "
                               "by the number its ids end in (odd: tune, even: report); published tables use report "
                               "[all]."),
-    max_tokens: MaxTokens = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    min_p: MinP = None,
-    repeat_penalty: RepeatPenalty = None,
-    repeat_last_n: RepeatLastN = None,
-    presence_penalty: PresencePenalty = None,
-    frequency_penalty: FrequencyPenalty = None,
-    logit_bias: LogitBias = None,
+    sampling: dict = None,  # the sampling options (with_sampling)
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -97,9 +86,8 @@ def bench(
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
     values = merged_settings(config, dict(
-        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
-        target=target, draft=draft, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        seed=seed, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
+        **sampling,
+        target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
         repeats=repeats, split=split,
         store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))

@@ -4,7 +4,6 @@ streamed (drafted tokens dimmed) with its stats line; piped stdin is one message
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -13,12 +12,9 @@ from specgen.app.conversation import Conversation
 from specgen.app.runner import Interrupted, Runner
 from specgen.app.session import load_session
 from specgen.cli.generate import shown
-from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Config, Ctx, Draft, MaxTokens, Seed, Store,
-                                 System, Target, Temperature, Threads, TopK, TopP,
-                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
-                                 sampling_options)
+from specgen.cli.options import (Config, Ctx, Draft, EXIT_INTERRUPTED, EXIT_SOME_FAILED, Method, Store, System,
+                                 Target, Threads, with_sampling)
 from specgen.cli.render import TextSink, error, stats_line
-from specgen.drafting.methods import METHODS
 from specgen.errors import ConfigError, SpecgenError
 
 CHAT_MODEL = "smollm2-135m-instruct-q4_1"  # the instruct model in models.txt to suggest
@@ -31,23 +27,13 @@ COMMANDS = {
 }
 
 
+@with_sampling
 def chat(
     target: Target = None,
     draft: Draft = None,
-    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). "
-                                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
+    method: Method = None,
     system: System = None,
-    max_tokens: MaxTokens = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    min_p: MinP = None,
-    repeat_penalty: RepeatPenalty = None,
-    repeat_last_n: RepeatLastN = None,
-    presence_penalty: PresencePenalty = None,
-    frequency_penalty: FrequencyPenalty = None,
-    logit_bias: LogitBias = None,
+    sampling: dict = None,  # the sampling options (with_sampling)
     threads: Threads = None,
     ctx: Ctx = None,
     config: Config = None,
@@ -65,9 +51,8 @@ def chat(
       printf 'Name a colour\\nAnother one\\n' | specgen chat -m smollm2-135m-instruct-q4_1
     """
     cfg = build_config(config, dict(
-        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
-        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, chat=True, system=system, threads=threads, ctx=ctx, store=store))
+        **sampling,
+        target=target, draft=draft, method=method, chat=True, system=system, threads=threads, ctx=ctx, store=store))
     runner = Runner(cfg, load_session(cfg))
     if not runner.session.target.chat_template:
         raise ConfigError(f"specgen chat needs a model with a chat template; {cfg.target} has none "

@@ -13,14 +13,11 @@ from specgen.app.config import build_config, own_target_without_draft, read_yaml
 from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
 from specgen.app.session import load_session
-from specgen.cli.options import (EXIT_INTERRUPTED, EXIT_SOME_FAILED, Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers,
-                                 GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, MaxTokens, Rpc, Seed, Store, System, Target,
-                                 Temperature, Threads, TopK, TopP, constraint_option,
-                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
-                                 sampling_options)
+from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
+                                 EXIT_SOME_FAILED, GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, Method,
+                                 Rpc, Store, System, Target, Threads, constraint_option, with_sampling)
 from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
 from specgen.core.kv import PromptCache
-from specgen.drafting.methods import METHODS
 from specgen.errors import SpecgenError
 
 
@@ -34,6 +31,7 @@ def shown(runner: Runner, prompt: Prompt, sink: TextSink | None, max_tokens: int
     return transcript.completion()
 
 
+@with_sampling
 def generate(
     prompt: Optional[str] = typer.Argument(None, metavar="PROMPT",
                                            help='Prompt text; "-" (or none, with stdin piped) reads stdin.'),
@@ -41,19 +39,8 @@ def generate(
                                            help="Many prompts: .txt (one per line) or .jsonl."),
     target: Target = None,
     draft: Draft = None,
-    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto). "
-                                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
-    max_tokens: MaxTokens = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    min_p: MinP = None,
-    repeat_penalty: RepeatPenalty = None,
-    repeat_last_n: RepeatLastN = None,
-    presence_penalty: PresencePenalty = None,
-    frequency_penalty: FrequencyPenalty = None,
-    logit_bias: LogitBias = None,
+    method: Method = None,
+    sampling: dict = None,  # the sampling options (with_sampling)
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -86,9 +73,8 @@ def generate(
       specgen generate -m smollm2-135m-instruct-q4_1 -f jobs.jsonl --json   # records may carry response_format, tools
     """
     cfg = build_config(config, dict(
-        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
-        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, chat=chat, system=system, threads=threads, ctx=ctx,
+        **sampling,
+        target=target, draft=draft, method=method, chat=chat, system=system, threads=threads, ctx=ctx,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout,
         corpus=",".join(map(str, corpus)) if corpus else None))
     items = collect_prompts(prompt, prompts, sys.stdin)

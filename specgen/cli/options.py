@@ -3,10 +3,14 @@ one command takes, defined once."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Callable, List, Optional
 
 import typer
+
+from specgen.drafting.methods import METHODS
 
 
 def conventional_help(params) -> None:
@@ -82,14 +86,39 @@ LogitBias = Annotated[Optional[List[str]], typer.Option("--logit-bias", metavar=
                                                         "to a token's logit (e.g. 15043+1, 50256-inf); repeatable.")]
 
 
-def sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-                     logit_bias) -> dict:
-    """The penalty and min-p options as config settings (None: not given)."""
-    return dict(min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                logit_bias=",".join(logit_bias) if logit_bias else None)
+# The sampling options, declared once: every command that generates takes them all (with_sampling).
+SAMPLING = {"max_tokens": MaxTokens, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "seed": Seed,
+            "min_p": MinP, "repeat_penalty": RepeatPenalty, "repeat_last_n": RepeatLastN,
+            "presence_penalty": PresencePenalty, "frequency_penalty": FrequencyPenalty, "logit_bias": LogitBias}
 
 
+def with_sampling(command: Callable) -> Callable:
+    """A command that takes the sampling options: its parameter `sampling` stands for all of
+    SAMPLING on the command line (in that place, in that order) and arrives as one dict of config
+    settings (None: not given, so the -c file or configs/default.yaml decides)."""
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index("sampling")
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if params[at].kind == params[at].KEYWORD_ONLY
+                                 else inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=annotation)
+               for name, annotation in SAMPLING.items()]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        given = {name: kwargs.pop(name, None) for name in SAMPLING}
+        if given["logit_bias"]:
+            given["logit_bias"] = ",".join(given["logit_bias"])
+        return command(sampling=given, **kwargs)
+
+    del wrapper.__wrapped__  # typer reads the signature below, not the command's
+    wrapper.__signature__ = signature.replace(parameters=params[:at] + options + params[at + 1:])
+    # Evaluated already (eval_str): typer's get_type_hints would read strings in this module's globals.
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+    return wrapper
+
+
+Method = Annotated[Optional[str], typer.Option("--method", metavar="NAME", help="Decoding method (default: auto). "
+                                               + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + ".")]
 Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the model's chat template "
                                               "[on when the model has one].")]
 System = Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help="System message (chat templates).")]

@@ -11,12 +11,9 @@ import typer
 
 from specgen.app.config import build_config, read_yaml
 from specgen.app.session import load_session
-from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, MaxTokens, Rpc, Seed, Store,
-                                 System, Target, Temperature, Threads, TopK, TopP,
-                                 FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepeatLastN, RepeatPenalty,
-                                 sampling_options)
+from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, Method, Rpc,
+                                 Store, System, Target, Threads, with_sampling)
 from specgen.cli.render import note, warn
-from specgen.drafting.methods import METHODS
 from specgen.errors import ConfigError
 
 
@@ -38,22 +35,12 @@ def _check_listen(host: str, port: int) -> None:
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+@with_sampling
 def serve(
     target: Target = None,
     draft: Draft = None,
-    method: Optional[str] = typer.Option(None, "--method", metavar="NAME", help="Decoding method (default: auto): "
-                                         + ", ".join(METHODS) + "."),
-    max_tokens: MaxTokens = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    min_p: MinP = None,
-    repeat_penalty: RepeatPenalty = None,
-    repeat_last_n: RepeatLastN = None,
-    presence_penalty: PresencePenalty = None,
-    frequency_penalty: FrequencyPenalty = None,
-    logit_bias: LogitBias = None,
+    method: Method = None,
+    sampling: dict = None,  # the sampling options (with_sampling)
     system: System = None,
     config: Config = None,
     threads: Threads = None,
@@ -112,9 +99,8 @@ def serve(
     if prompt_cache_mb < 0:
         raise ConfigError(f"--prompt-cache-mb must be at least 0, found {prompt_cache_mb}")
     cfg = build_config(config, dict(
-        **sampling_options(min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias),
-        target=target, draft=draft, method=method, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, seed=seed, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
+        **sampling,
+        target=target, draft=draft, method=method, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
     _check_listen(host, port)
     if not _loopback(host) and api_key is None:
@@ -122,7 +108,7 @@ def serve(
     session = load_session(cfg, screen=False)  # requests may sample: the target's own logits, not a screened copy's
     # A request without max_tokens runs until the model stops or the context ends (llama-server's
     # n_predict -1), unless -n (or the -c file) sets a default.
-    given = max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
+    given = sampling["max_tokens"] is not None or (config is not None and "max_tokens" in read_yaml(config))
     default_max = cfg.max_tokens if given else None
     worker = Worker(Runners(cfg, session, prompt_cache, prompt_cache_mb << 20), max_queue, default_max)
     warm_grammar(session.target)
