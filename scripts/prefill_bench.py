@@ -33,7 +33,7 @@ WARMUP = 32
 # ("cache" = kv.INVARIANT_ROWS, "batch" = the context's n_batch) and environment.
 CONFIGS = {
     "llama.cpp (llama-bench)": ("llama-bench", {"flags": []}),
-    "specgen, decodes of 128 (serve; generate on Q4_1, Q5_1)": ("specgen", {"chunk": "cache", "env": {}}),
+    "specgen, decodes of 128 (serve, and generate on Q4_1, Q5_1)": ("specgen", {"chunk": "cache", "env": {}}),
     "specgen, decodes of 512 (generate on other types)": ("specgen", {"chunk": "batch", "env": {}}),
     # specgen's Python on the very libraries llama-bench runs (no specgen patch, repacked weights)
     "specgen, decodes of 512, on llama-bench's libraries": ("specgen", {"chunk": "batch", "env": {"LLAMA_CPP_LIB_PATH": "{llama_bin}"}}),
@@ -121,6 +121,13 @@ def measure(args: argparse.Namespace, configs: dict) -> dict:
                          "configs": {name: {"kind": k, **how} for name, (k, how) in configs.items()},
                          "llama_bench": str(binary)},
             "samples": samples}
+    if args.append and args.out.is_file():  # another run's rounds (other threads, other sizes) beside these
+        data = json.loads(args.out.read_text())
+        samples = data["samples"]
+        settings = data["settings"]
+        settings["threads"] = sorted({*settings["threads"], *args.threads})
+        settings["sizes"] = sorted({*settings["sizes"], *args.sizes})
+        data.setdefault("appended", []).append(run_info())
     for model, threads in [(m, t) for m in args.models for t in args.threads]:
         path = str(models.resolve(model))
         for r in range(args.rounds):
@@ -151,34 +158,41 @@ def _ratio(base: dict[int, float], other: dict[int, float]) -> list[float]:
 
 def table(path: Path) -> str:
     """A results file as docs/serve.md shows it: per model, threads and prompt size, llama.cpp's
-    median seconds and each specgen configuration's speed against it: the median of the per-round
-    ratios of wall-clock times (their range), and with one thread the ratio of median CPU times
-    (what a busy machine disturbs least: a thread waiting for a core uses none)."""
+    median seconds and each specgen configuration's speed against it (above 1: faster): the median
+    of the per-round ratios of wall-clock times (their range), and with one thread first the ratio
+    of median CPU times, what a busy machine disturbs least (a thread waiting for a core uses none;
+    with two, a thread spinning at a barrier for a descheduled one does)."""
     data = json.loads(Path(path).read_text())
     m, s = data["machine"], data["settings"]
     names = list(s["configs"])
     lines = [f"*{data['run']['date'][:10]} · commit {data['run']['commit'][:10]} · {m['cpu']}, {m['cores']} cores"
              f"{', shared with other work' if m['shared'] else ''} · {s['rounds']} interleaved rounds · results: "
              f"[{Path(path).name}](results/prefill/{Path(path).name})*", "",
-             f"| model | threads | prompt tokens | {names[0]}: seconds | " + " | ".join(names[1:]) + " |",
+             f"| model | threads | prompt tokens | {names[0]}: seconds | " + " | ".join(f"{n}: speed" for n in names[1:])
+             + " |",
              "|---|---|---|---|" + "---|" * (len(names) - 1)]
-    keys = list(dict.fromkeys((x["model"], x["threads"]) for x in data["samples"]))
-    for model, threads in keys:
-        for n in s["sizes"]:
-            def rounds(name: str, field: str) -> dict[int, float]:
-                return {x["round"]: x[field] for x in data["samples"] if x["model"] == model and
-                        x["threads"] == threads and x["n_prompt"] == n and x["config"] == name}
-            base = rounds(names[0], "seconds")
-            cells = [f"{statistics.median(base.values()):.2f} ({min(base.values()):.2f}-{max(base.values()):.2f})"]
-            for name in names[1:]:
-                wall = _ratio(base, rounds(name, "seconds"))
-                cell = f"{statistics.median(wall):.2f}x ({wall[0]:.2f}-{wall[-1]:.2f})"
-                if threads == 1:
-                    cpu = statistics.median(rounds(names[0], "cpu_seconds").values()) / \
-                        statistics.median(rounds(name, "cpu_seconds").values())
-                    cell += f", CPU {cpu:.2f}x"
-                cells.append(cell)
-            lines.append(f"| {model} | {threads} | {n} | " + " | ".join(cells) + " |")
+    models = list(dict.fromkeys(x["model"] for x in data["samples"]))
+    keys = sorted({(models.index(x["model"]), x["threads"], x["n_prompt"]) for x in data["samples"]})
+    for m_index, threads, n in keys:
+        def rounds(name: str, field: str) -> dict[int, float]:
+            return {x["round"]: x[field] for x in data["samples"] if x["model"] == models[m_index] and
+                    x["threads"] == threads and x["n_prompt"] == n and x["config"] == name}
+        base = rounds(names[0], "seconds")
+        cells = [f"{statistics.median(base.values()):.2f} ({min(base.values()):.2f}-{max(base.values()):.2f})"]
+        if threads == 1:
+            cells[0] = f"CPU {statistics.median(rounds(names[0], 'cpu_seconds').values()):.2f} · wall {cells[0]}"
+        for name in names[1:]:
+            wall = _ratio(base, rounds(name, "seconds"))
+            if not wall:  # not run at these threads (an appended run of fewer configurations)
+                cells.append("-")
+                continue
+            cell = f"{statistics.median(wall):.2f}x ({wall[0]:.2f}-{wall[-1]:.2f})"
+            if threads == 1:
+                cpu = statistics.median(rounds(names[0], "cpu_seconds").values()) / \
+                    statistics.median(rounds(name, "cpu_seconds").values())
+                cell = f"CPU **{cpu:.2f}x** · wall {cell}"
+            cells.append(cell)
+        lines.append(f"| {models[m_index]} | {threads} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -199,6 +213,7 @@ def main() -> None:
     parser.add_argument("--llama-bin", type=Path, help="the folder of llama.cpp's llama-bench")
     parser.add_argument("--shared", action="store_true", help="say the machine was shared with other work")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--append", action="store_true", help="add these rounds to --out's")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.sizes, args.chunk, args.threads[0])))
