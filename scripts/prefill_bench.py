@@ -3,14 +3,17 @@
 
 Each round runs every configuration once over every prompt size, in an order rotated from round to
 round, each in its own process: llama-bench (`-p SIZES -n 0 -r 1`, its own n_batch/n_ubatch
-defaults unless given) and specgen's prefill as `specgen serve`/`generate` run it (the context a
-speculative session makes, `kv.prefill`), with the prompt cache off (decodes of n_batch tokens) and
-on (decodes of at most INVARIANT_ROWS tokens, each token's KV the same bits whatever shares its
-decode). Each process first reads a 32-token prompt (a warm-up, not reported), then one prompt of
-each size, random token ids as llama-bench uses. The threads are fixed (specgen would otherwise
-follow the cores other processes leave free).
+defaults unless given) and specgen's prefill (`kv.prefill` on the context a speculative session
+makes) in decodes of at most INVARIANT_ROWS tokens (what `specgen serve` reads every prompt in, and
+`generate` Q4_1 and Q5_1 prompts: backend.prompt_chunk) and in decodes of n_batch (`generate` on
+other types). Each process first reads a 32-token prompt (a warm-up, not reported), then one prompt
+of each size, random token ids as llama-bench uses. The threads are fixed (specgen would otherwise
+follow the cores other processes leave free). Wall-clock and CPU time are both kept: on a busy
+machine, with one thread, CPU time is what other work disturbs least. `--append` adds another run's
+rounds (other threads or sizes, fewer configurations) to a results file.
 
     python scripts/prefill_bench.py --llama-bin DIR --out docs/results/prefill/DATE.json
+    python scripts/prefill_bench.py --llama-bin DIR --threads 2 --sizes 512 --append --out FILE
     python scripts/prefill_bench.py --table docs/results/prefill/DATE.json
 """
 
@@ -25,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 WARMUP = 32
