@@ -247,3 +247,20 @@ def test_the_layout_table_in_structured_output_md_is_rendered_from_its_results_f
     tune = {layout: sum(a["valid"] for a in answers if a["layout"] == layout and a["half"] == "tune")
             for layout in script.LAYOUTS}
     assert tune[RunConfig().json_layout] == max(tune.values())
+
+
+def test_the_prefill_table_in_serve_md_is_rendered_from_its_results_file():
+    """docs/serve.md's prefill table (specgen's prompt reading against llama-bench's) is
+    scripts/prefill_bench.py's rendering of the file its marker names, and that file holds every
+    round of every configuration it names."""
+    import json
+
+    table, path, script = _rendered("serve.md", "prefill-table", "prefill_bench")
+    assert table == script.table(path)
+    data = json.loads(path.read_text())
+    cells = {(x["model"], x["threads"], x["n_prompt"]) for x in data["samples"]}
+    for model, threads, n in cells:
+        for name in data["settings"]["configs"]:
+            rounds = [x["round"] for x in data["samples"] if (x["model"], x["threads"], x["n_prompt"]) ==
+                      (model, threads, n) and x["config"] == name]
+            assert sorted(rounds) in ([], list(range(data["settings"]["rounds"]))), (model, threads, n, name)

@@ -168,6 +168,24 @@ def test_calibrate_shows_the_cost_curve(isolated_home, smollm2_path):
     assert ("(measured)" if busy else "(cached)") in again.stdout
 
 
+def test_calibrate_takes_the_model_as_m_like_every_other_command(isolated_home, smollm2_path):
+    """`-m MODEL` as in generate, bench and serve (the positional name still works, above): the
+    cached curve written here is the one shown, so nothing is timed."""
+    from specgen.llama import tools
+    from specgen.costs.cache import cache_key, save_cached
+    from specgen.costs.curve import CostCurve
+    from specgen.host import cpu_name
+
+    key = cache_key(str(smollm2_path), tools.build_info().system_info, 1, 1024, cpu_name())
+    save_cached(isolated_home / "calibration" / f"{key}.json", CostCurve([1, 2, 4], [0.010, 0.015, 0.025]))
+    proc = specgen("calibrate", "-m", str(smollm2_path), "--threads", "1", "--ctx", "1024",
+                   env={"SPECGEN_HOME": str(isolated_home)})
+    assert proc.returncode == 0, proc.stderr
+    assert "(cached)" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [(int(r[0]), float(r[1])) for r in rows[:3]] == [(1, 10.0), (2, 15.0), (4, 25.0)]
+
+
 def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     """With a seed auto plans from the cached calibration alone, not from this machine's timings.
     The curve written there makes a batch cost 1 + (B - 1)/2 single decodes: drafting after a
@@ -191,6 +209,9 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
 
 @pytest.mark.parametrize("args, message", [
     (["calibrate", SMOLLM2, "--threads", "0"], "--threads must be at least 1, found 0"),
+    (["calibrate"], "calibrate needs a model: -m MODEL (or MODEL alone), found none"),
+    (["calibrate", SMOLLM2, "-m", "gemma-3-270m-q4_k_m"],
+     f"calibrate takes one model, found two: {SMOLLM2} and -m gemma-3-270m-q4_k_m"),
     (["rpc-server", "--port", "0"], "--port must be in 1..65535, found 0"),
     (["rpc-server", "--threads", "0"], "--threads must be at least 1, found 0"),
     (["doctor", "--threads", "0"], "--threads must be at least 1, found 0"),

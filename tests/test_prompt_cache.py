@@ -202,6 +202,30 @@ def test_a_prefill_in_invariant_decodes_is_the_same_bits_however_it_is_split(req
         assert np.array_equal(last_logits(parts, INVARIANT_ROWS), cold), parts[:3]
 
 
+@pytest.mark.real
+def test_without_a_prompt_cache_a_q4_1_prompt_is_read_as_a_prompt_cache_reads_it(smollm2, gemma):
+    """`specgen generate` (no prompt cache) reads a Q4_1 model's prompt in the prompt cache's decodes,
+    which specgen's kernels read faster (backend.prompt_chunk), so its first token's log-probabilities
+    are the bits `specgen serve` gives, cache on or off. Q4_K_M's prompts stay in n_batch decodes
+    (llama.cpp's tiled kernels read them faster)."""
+    from specgen.llama.backend import prompt_chunk
+
+    text = " ".join(["The agent called get_weather for Paris and got 18 C and sunny, then answered."] * 20)
+    tokens = smollm2.tokenize(text, add_special=True, parse_special=False)[:300]
+    ctx = smollm2.new_context(1024, n_batch=512, n_threads=2)
+
+    def first(cache):
+        request = GenerationRequest(tokens, 1, SamplingParams(), logprobs=5)
+        return next(e for e in generate(smollm2, ctx, request, RunStats(), None, cache)
+                    if isinstance(e, TokenEvent)).logprob
+
+    assert first(None) == first(PromptCache(reuse=False))
+    assert gemma.prompt_chunk is None and smollm2.prompt_chunk == 128
+    info = "| SPECGEN_INVARIANT = on | SPECGEN_KERNELS = avx512vnni: q8_0 q4_1 |"
+    assert prompt_chunk("3", info, 0) == 128 and prompt_chunk("9", info, 0) is None  # Q5_1's kernel is off
+    assert prompt_chunk("3", info, 1) is None and prompt_chunk("3", info.replace("= on", "= off"), 0) is None
+
+
 # -- a real server ---------------------------------------------------------------------------------
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant for a travel agency. Answer in one sentence, "

@@ -16,7 +16,7 @@ from specgen.app import doctor as d
 from specgen.app.config import RunConfig, check_ctx, check_threads
 from specgen.models.curves import CALIBRATE_BUDGET_S, calibration_summary, cost_curve
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
-from specgen.cli.options import Ctx, GpuLayers, Threads
+from specgen.cli.options import Ctx, GpuLayers, Target, Threads
 from specgen.cli.render import warn
 from specgen.drafting.tuning import LONG_PROMPT
 from specgen.errors import ConfigError, SpecgenError
@@ -51,7 +51,9 @@ def rpc_server(
 
 
 def calibrate(
-    model: str = typer.Argument(..., metavar="MODEL", help="GGUF path or models.txt name."),
+    name: Optional[str] = typer.Argument(None, metavar="MODEL", help="GGUF path or models.txt name "
+                                         "(or -m MODEL, as in the other commands)."),
+    target: Target = None,
     threads: Threads = None,
     ctx: Ctx = None,
     gpu_layers: GpuLayers = None,
@@ -61,8 +63,9 @@ def calibrate(
 
     \b
     Example:
-      specgen calibrate gemma-3-270m-f32
+      specgen calibrate -m gemma-3-270m-f32
     """
+    model = calibrated_model(name, target)
     check_threads(threads)
     defaults = RunConfig()
     ctx = defaults.ctx if ctx is None else ctx
@@ -101,6 +104,15 @@ def calibrate(
               f"+{curve.per_context * 8 * 2048 * 1000:.1f} ms)")
     else:
         print(f"context: not measured yet (auto measures it after its first prompt over {LONG_PROMPT} tokens)")
+
+
+def calibrated_model(name: str | None, target: str | None) -> str:
+    """The one model calibrate was given, positionally or as -m."""
+    if name is None and target is None:
+        raise ConfigError("calibrate needs a model: -m MODEL (or MODEL alone), found none")
+    if name is not None and target is not None and name != target:
+        raise ConfigError(f"calibrate takes one model, found two: {name} and -m {target}")
+    return target or name  # type: ignore[return-value]
 
 
 def doctor(

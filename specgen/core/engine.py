@@ -108,7 +108,9 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     keep = 0 if cache is None or not request.cache_prompt else cache.reusable(tokens, ctx)
     if cache is not None:
         cache.forget()
-    keep = prefill(ctx, tokens, keep, None if cache is None else INVARIANT_ROWS)
+    # With a cache, decodes whose every token gets the same bits in any batch; without, the size
+    # that reads this model's prompts fastest (backend.prompt_chunk; None: n_batch).
+    keep = prefill(ctx, tokens, keep, getattr(ctx, "prompt_chunk", None) if cache is None else INVARIANT_ROWS)
     if drafter is not None:
         drafter.reset(list(tokens))  # a draft model prefills the prompt too (whole: it keeps no cache)
     stats.prefill_s, stats.n_prompt, stats.n_cached = clock() - t0, len(tokens), keep

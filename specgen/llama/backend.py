@@ -18,6 +18,7 @@ import numpy as np
 
 import llama_cpp as L
 
+from specgen.core.kv import INVARIANT_ROWS
 from specgen.core.protocol import Batch, LogitsPatch, SubsetMap, VocabInfo
 from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 
@@ -46,6 +47,26 @@ def check_gguf_file(path: Path) -> None:
         raise ModelError(f"cannot read model file {path}: {e.strerror}") from None
     if magic != GGUF_MAGIC:
         raise ModelError(f"not a GGUF file: {path} (expected magic bytes 'GGUF', found {magic!r})")
+
+
+# Weight types (GGUF general.file_type) whose prompts specgen's few-column kernels read faster in
+# decodes of INVARIANT_ROWS than llama.cpp's own kernels read them in decodes of n_batch: llama.cpp
+# has no tiled product for these (each column through ggml's vec_dot), specgen's kernel unpacks each
+# weight block once for 8 columns. 512 tokens, 1 thread, CPU seconds on an AVX-512 EPYC: Q4_1 2.0
+# against 2.9, Q5_1 2.1-2.3 against 3.6-3.9. Q4_0 (tinyBLAS: 2.2 against 1.5-1.7) and Q4_K_M (the
+# tiled K-quant matmul and tiled attention: 2.0-2.3 against 1.3-1.5) stay at n_batch (docs/serve.md).
+FEW_COLUMN_PROMPTS = {"3": "q4_1", "9": "q5_1"}
+
+
+def prompt_chunk(file_type: str | None, system_info: str, gpu_layers: int) -> int | None:
+    """The decode size a prompt is read in without a prompt cache: INVARIANT_ROWS where specgen's
+    kernel for the model's weights is on and faster at it (above), on the CPU; None (n_batch)
+    otherwise. Those decodes also give each token the bits a prompt cache's decodes give it."""
+    kernel = FEW_COLUMN_PROMPTS.get(file_type or "")
+    if kernel is None or gpu_layers != 0 or "SPECGEN_INVARIANT = on" not in system_info:
+        return None
+    kernels = system_info.split("SPECGEN_KERNELS = ", 1)[-1].split("|", 1)[0].split(":", 1)[-1].split()
+    return INVARIANT_ROWS if kernel in kernels else None
 
 
 class LlamaModel:
@@ -79,6 +100,8 @@ class LlamaModel:
         template = L.llama_model_chat_template(self._model, None)
         self.chat_template: str | None = template.decode("utf-8", errors="replace") if template else None
         self._pieces: dict[int, bytes] = {}
+        self.prompt_chunk = prompt_chunk(self.meta("general.file_type"),
+                                         L.llama_print_system_info().decode(errors="replace"), gpu_layers)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
@@ -224,6 +247,7 @@ class LlamaContext:
         self.adaptive = n_threads is None
         self._cpu_seen, self._next_check = None, 0.0
         self.n_vocab = model.n_vocab
+        self.prompt_chunk = model.prompt_chunk  # kv.prefill's decode size without a prompt cache
         self.columns = None
         self._mem = L.llama_get_memory(self._ctx)
         # Cells the decodes took since the last clear(): specgen's build never moves the cache's head
