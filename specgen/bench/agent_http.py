@@ -44,7 +44,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([*self.command, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                         env=env)
+                                         env=env, start_new_session=True)  # a Ctrl-C is the bench's to handle
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -137,6 +137,8 @@ def chat(url: str, body: dict) -> Reply:
                 _read_chunk(chunk, reply, content, calls, time.perf_counter() - started)
     except urllib.error.HTTPError as e:
         reply.error = f"HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}"
+    except (OSError, ValueError) as e:  # the server went away, or sent what is not JSON
+        reply.error = f"{type(e).__name__}: {e}"
     reply.wall_s = time.perf_counter() - started
     reply.content = "".join(content) or None
     reply.calls = [calls[i] for i in sorted(calls)]

@@ -15,10 +15,12 @@ def _caption(data: dict, link: str) -> str:
     half = settings.get("split") or "all"
     target = (data.get("models") or {}).get("target") or {}
     n_requests = next((r["n_requests"] for r in data["summary"] if r["turn"] is None and r["prompt_id"] is None), 0)
+    cut = " · **interrupted: the requests every row answered**" if settings.get("interrupted") else ""
+    n_convs = len({r["prompt_id"] for r in data["summary"] if r["prompt_id"] is not None})
     return (f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
-            f"suite agent{'' if half == 'all' else f', {half} half'}: {settings.get('n_prompts', '?')} conversations, "
+            f"suite agent{'' if half == 'all' else f', {half} half'}: {n_convs} of {settings.get('n_prompts', '?')} conversations, "
             f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request · "
-            f"target {target.get('name', '?')} · results: [{Path(link).name}]({link})*")
+            f"target {target.get('name', '?')}{cut} · results: [{Path(link).name}]({link})*")
 
 
 def render(data: dict, link: str) -> str:

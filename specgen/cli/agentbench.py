@@ -64,6 +64,7 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
     with tempfile.TemporaryDirectory(prefix="specgen-agent-") as logs:
         note(f"starting {len(rows)} servers: {', '.join(names)}")
         servers = agent.start_all(rows, Path(logs))
+        interrupted = False
         try:
             with count_progress(n_requests, f"agent bench: {len(convs)} conversations, {n_requests} requests x "
                                 f"{len(rows)} rows") as advance:
@@ -71,6 +72,8 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
                     agent.run_conversation(conv, servers, n_max, turns, on_exchange=lambda e: (
                         records.extend(agent.reply_record(by_id[e.prompt_id], e, n) for n in names), advance()),
                         answer_max_tokens=answer_max_tokens)
+        except KeyboardInterrupt:
+            interrupted = True  # report the requests every row answered, then exit 130
         finally:
             agent.stop_all(servers)
     machine = machine_info(n_threads, info)
@@ -83,10 +86,12 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
                          if their_draft else None},
               "settings": {"suite": SUITE, "split": split, "n_prompts": len(convs), "turns": turns,
                            "max_tokens": n_max, "answer_max_tokens": answer_max_tokens or n_max, "temperature": 0.0, "threads": n_threads, "ctx": n_ctx,
-                           "repeats": 1, "methods": names, "baseline": agent.BASELINE},
+                           "repeats": 1, "interrupted": interrupted, "methods": names, "baseline": agent.BASELINE},
               "rows": [{"name": r.name, "engine": r.engine, "command": r.command} for r in rows],
               "records": records, "summary": agent_summary.as_json(summary)}
     print(render(report, str(json_file) if json_file else "(not written)"))
     if json_file is not None:
         write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    if interrupted:
+        raise KeyboardInterrupt
     return report

@@ -204,9 +204,12 @@ def _agent(given: dict) -> None:
         raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
     if not given["target"]:
         raise ConfigError("--suite agent needs a target model (-m MODEL), found none")
-    run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"], given["threads"],
-                    given["ctx"], given["draft"], given["json_file"], given["llama_cpp"], given["spec_type"],
-                    given["llama_cpp_draft"])
+    try:
+        run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"],
+                        given["threads"], given["ctx"], given["draft"], given["json_file"], given["llama_cpp"],
+                        given["spec_type"], given["llama_cpp_draft"])
+    except KeyboardInterrupt:  # what finished is written; the servers are stopped
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _written(write, option: str, path: Path) -> list[str]:
