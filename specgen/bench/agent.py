@@ -73,8 +73,9 @@ def run_conversation(conv: AgentConversation, servers: dict[str, Server], max_to
                      on_exchange: Callable[[Exchange], None] = lambda e: None,
                      answer_max_tokens: int | None = None) -> list[Exchange]:
     """Every turn of `conv` (the first `turns`), each request sent to every row, the reference first;
-    the conversation goes on from the reference's replies. `answer_max_tokens`: the answers' own
-    limit [max_tokens]."""
+    the conversation goes on from the reference's replies. Where the reference's call request
+    ends without a call (its text cut by max_tokens, say), there is nothing to run and the turn
+    ends there, as in a framework's loop. `answer_max_tokens`: the answers' own limit [max_tokens]."""
     messages: list[dict] = [{"role": "system", "content": conv.system}]
     out = []
     for t, user in enumerate(conv.turns[:turns], 1):
@@ -90,6 +91,8 @@ def run_conversation(conv: AgentConversation, servers: dict[str, Server], max_to
             for i, call in enumerate(reference.calls):  # a call a framework would run: the tool's result
                 messages.append({"role": "tool", "tool_call_id": f"call_{i}", "name": call["name"],
                                  "content": tool_result(conv, call["name"], call["arguments"])})
+            if not reference.calls:  # (a request ending in an assistant message would continue it)
+                break
     return out
 
 
