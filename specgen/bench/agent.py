@@ -10,6 +10,7 @@ answers, and rows take each request in turn, so drift in the machine's speed hit
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -120,10 +121,15 @@ def stop_all(servers: dict[str, Server]) -> None:
         server.stop()
 
 
+def reply_text(content: str | None, calls: Sequence[dict]) -> str:
+    """A reply as one text (its content, then a line per call), which `bench-report --publish` hashes."""
+    return "\n".join([content or "", *(json.dumps(c, ensure_ascii=False) for c in calls)])
+
+
 def reply_record(conv: AgentConversation, exchange: Exchange, row: str) -> dict:
     r = exchange.replies[row]
     base = exchange.replies[BASELINE]
     valid = [call_valid(conv, c["name"], c["arguments"]) for c in r.calls]
     return {"prompt_id": exchange.prompt_id, "turn": exchange.turn, "kind": exchange.kind, "row": row,
-            **{k: v for k, v in asdict(r).items()}, "calls_valid": sum(valid),
+            **asdict(r), "text": reply_text(r.content, r.calls), "calls_valid": sum(valid),
             "call_made": bool(r.calls) and all(valid), "identical": r.same_as(base)}
