@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md",
+                                  "docs/agent-bench.md"])
 def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
     found = published.blocks(ROOT / page)
     assert found, f"{page} has no bench-table block"

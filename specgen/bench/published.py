@@ -199,7 +199,12 @@ def _lead(rows: dict[str, dict], models: dict) -> str | None:
 def render(data: dict, link: str) -> str:
     """The markdown of one results file: a caption (date, commit, machine, suite, settings), a row per
     method over the whole suite, auto's speedup per group, its head-to-head line, and the models with
-    their sha256; `link`: the results file as the page links it."""
+    their sha256; `link`: the results file as the page links it. An agent bench's file (`--suite
+    agent`) is rendered by agent_view."""
+    if data["settings"].get("suite") == "agent" and "rows" in data:
+        from specgen.bench.agent_view import render as render_agent
+
+        return render_agent(data, link)
     settings, models, run = data["settings"], data["models"], data.get("run") or {}
     methods = settings.get("methods") or list(dict.fromkeys(r["method"] for r in data["summary"]))
     rows = {r["method"]: r for r in data["summary"] if r["group"] == OVERALL and r.get("turn") is None}

@@ -34,8 +34,9 @@ from specgen.host import cpu_sample, others_cores
 def bench(
     target: Target = None,
     draft: Draft = None,
-    suite: Optional[str] = typer.Option(None, "--suite", metavar="NAME|FILE", help="builtin | humaneval | a Spec-Bench "
-                                        "question.jsonl path [builtin]."),
+    suite: Optional[str] = typer.Option(None, "--suite", metavar="NAME|FILE", help="builtin | json | agent | humaneval | "
+                                        "a Spec-Bench question.jsonl path [builtin]; agent: tool loops through "
+                                        "real servers (specgen serve's rows, llama-server's with --llama-cpp)."),
     methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
                                           "(and jump, where prompts are constrained) [every method that can run "
                                           "with the models given]."),
@@ -85,6 +86,8 @@ def bench(
     """
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
+    if suite == "agent":
+        return _agent(locals())
     values = merged_settings(config, dict(
         **sampling,
         target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
@@ -173,6 +176,33 @@ def bench(
         raise typer.Exit(EXIT_INTERRUPTED)
     if failed:
         raise typer.Exit(EXIT_WRITE_FAILED)
+
+
+# What --suite agent reads (bench/agent.py: servers, greedy); any other option given is refused.
+_AGENT_OPTIONS = {"target", "draft", "suite", "limit", "split", "max_tokens", "threads", "ctx", "json_file",
+                  "llama_cpp", "spec_type", "llama_cpp_draft", "config"}
+
+
+def _agent(given: dict) -> None:
+    from specgen.cli.agentbench import run_agent_bench
+
+    unused = [k for k, v in given.items() if k not in _AGENT_OPTIONS and v not in (None, False, [], ())
+              and not k.startswith("_") and k not in ("backend", "tools")]
+    if unused or given.get("config") is not None:
+        name = "config" if given.get("config") is not None else unused[0]
+        raise ConfigError(f"--suite agent runs servers greedily with its own rows: it takes -m, -d, --split, --limit, "
+                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type and --llama-cpp-draft, found --"
+                          f"{name.replace('_', '-')}")
+    if given["limit"] is not None and given["limit"] < 1:
+        raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
+    if not given["target"]:
+        raise ConfigError("--suite agent needs a target model (-m MODEL), found none")
+    try:
+        run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"],
+                        given["threads"], given["ctx"], given["draft"], given["json_file"], given["llama_cpp"],
+                        given["spec_type"], given["llama_cpp_draft"])
+    except KeyboardInterrupt:  # what finished is written; the servers are stopped
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _written(write, option: str, path: Path) -> list[str]:

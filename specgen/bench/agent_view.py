@@ -1,0 +1,60 @@
+"""The agent bench's results file as markdown (`specgen bench-report` renders it, published.py
+hands it here): the caption, a row per server over the whole loop, and per turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _caption(data: dict, link: str) -> str:
+    from specgen.bench.published import _machine  # one way to name a machine
+
+    run, settings = data.get("run") or {}, data["settings"]
+    commit = run.get("commit")
+    code = f"commit {commit[:10]}" if commit else "commit not recorded"
+    half = settings.get("split") or "all"
+    target = (data.get("models") or {}).get("target") or {}
+    n_requests = next((r["n_requests"] for r in data["summary"] if r["turn"] is None and r["prompt_id"] is None), 0)
+    cut = " · **interrupted: the requests every row answered**" if settings.get("interrupted") else ""
+    n_convs = len({r["prompt_id"] for r in data["summary"] if r["prompt_id"] is not None})
+    return (f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
+            f"suite agent{'' if half == 'all' else f', {half} half'}: {n_convs} of {settings.get('n_prompts', '?')} conversations, "
+            f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request · "
+            f"target {target.get('name', '?')}{cut} · results: [{Path(link).name}]({link})*")
+
+
+def render(data: dict, link: str) -> str:
+    summary = data["summary"]
+    names = data["settings"].get("methods") or list(dict.fromkeys(r["row"] for r in summary))
+    overall = {r["row"]: r for r in summary if r["turn"] is None and r["prompt_id"] is None}
+    base = data["settings"].get("baseline")
+    lines = [_caption(data, link), "",
+             "| row | loop s | speedup | TTFT call s | TTFT answer s | decode tok/s | decode ratio | prompt read / "
+             "cached | identical | calls valid |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        r = overall.get(name)
+        if r is None:
+            continue
+        same = "" if name == base else f"{r['identical']}/{r['n_requests']}"
+        errors = f" ({r['errors']} errors)" if r.get("errors") else ""
+        lines.append(f"| {name} | {r['wall_s']:.1f} | {r['speedup']:.2f}x | {r['ttft_call_s']:.2f} | "
+                     f"{r['ttft_answer_s']:.2f} | {r['tokens_per_s']:.1f} | {r['decode_ratio']:.2f}x | "
+                     f"{r['prompt_read']} / {r['prompt_cached']} | {same} | {r['calls_valid']}/{r['call_requests']}"
+                     f"{errors} |")
+    turns = sorted({r["turn"] for r in summary if r["turn"] is not None})
+    if turns:
+        lines += ["", "Per turn: the turn's wall time in seconds (speedup over the baseline) · the call's time to "
+                  "first token:", "", "| row | " + " | ".join(f"turn {t}" for t in turns) + " |",
+                  "|---|" + "---|" * len(turns)]
+        cell = {(r["row"], r["turn"]): r for r in summary if r["turn"] is not None}
+        for name in names:
+            cells = [cell.get((name, t)) for t in turns]
+            lines.append(f"| {name} | " + " | ".join(
+                f"{c['wall_s']:.1f} ({c['speedup']:.2f}x) · {c['ttft_call_s']:.2f}" if c else "" for c in cells) + " |")
+    convs = [r for r in summary if r["prompt_id"] is not None]
+    if convs:
+        lines += ["", "Per conversation, the loop's speedup over the baseline: " + "; ".join(
+            f"{name} " + ", ".join(f"{r['prompt_id']} {r['speedup']:.2f}x" for r in convs if r["row"] == name)
+            for name in names if name != base) + "."]
+    return "\n".join(lines) + "\n"

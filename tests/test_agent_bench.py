@@ -1,0 +1,111 @@
+"""`specgen bench --suite agent`: the suite file, the schema check of calls, and one small real run
+through real specgen servers (2 conversations x 2 turns) checking the bench's contract."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specgen.app.structured import GENERIC, HERMES, read_tools, tool_constraint
+from specgen.bench import published
+from specgen.bench.agent import BASELINE
+from specgen.bench.agent_suite import call_valid, fits, load_agent_suite, tool_result
+from specgen.drafting.methods import JUMP
+
+SMOLLM2 = "smollm2-135m-instruct-q4_1"
+CACHED = ("plain", JUMP, "auto")
+
+
+def _walk(schema):
+    yield schema
+    for sub in (schema.get("properties") or {}).values():
+        yield from _walk(sub)
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"])
+
+
+def test_agent_suite_records_are_well_formed():
+    """16+ conversations of 4+ turns (8+ in the report half), tools that read as OpenAI's and whose
+    call grammars build, enums in every conversation, arrays and nested objects in most, a result
+    for every function."""
+    convs, report = load_agent_suite("all"), load_agent_suite("report")
+    assert len(convs) >= 16 and len(report) >= 8 and len({c.prompt_id for c in convs}) == len(convs)
+    with_arrays = with_nested = 0
+    for c in convs:
+        assert len(c.turns) >= 4 and c.system
+        tools = read_tools(list(c.tools), "required")
+        for fmt in (GENERIC, HERMES):
+            assert tool_constraint(tools, fmt).kind in ("json_schema", "lark")
+        inner = [n for t in c.tools for n in list(_walk(t["function"]["parameters"]))[1:]]  # below the top
+        assert any("enum" in n for n in inner), c.prompt_id
+        with_arrays += any(n.get("type") == "array" for n in inner)
+        with_nested += any(n.get("type") == "object" for n in inner)
+        for name in tools.names():
+            json.loads(tool_result(c, name, "{}"))  # a result even for a call without arguments
+    assert with_arrays >= 12 and with_nested >= 12
+
+
+def test_tool_results_are_filled_from_the_call():
+    conv = next(c for c in load_agent_suite("all") if "get_forecast" in c.results)
+    result = json.loads(tool_result(conv, "get_forecast", json.dumps({"city": "Bergen", "country": "Norway",
+                                                                      "days": 3, "units": "metric"})))
+    assert result["city"] == "Bergen" and result["units"] == "metric"
+    assert json.loads(tool_result(conv, "nope", "{}")) == {"error": "no tool named nope"}
+
+
+def test_calls_are_checked_against_the_closed_schema():
+    conv = next(c for c in load_agent_suite("all") if "get_forecast" in c.results)
+    good = {"city": "Bergen", "country": "Norway", "days": 3, "units": "metric"}
+    assert call_valid(conv, "get_forecast", json.dumps(good))
+    assert not call_valid(conv, "get_forecast", json.dumps({**good, "units": "kelvin"}))  # enum
+    assert not call_valid(conv, "get_forecast", json.dumps({**good, "days": 9}))  # maximum
+    assert not call_valid(conv, "get_forecast", json.dumps({**good, "extra": 1}))  # closed
+    assert not call_valid(conv, "get_forecast", json.dumps({"city": "Bergen"}))  # required
+    assert not call_valid(conv, "get_forecast", "{not json")
+    assert not call_valid(conv, "book_hotel", json.dumps(good))  # not one of this conversation's tools
+    assert fits({"type": "array", "items": {"type": "integer"}}, [1, 2]) and not fits({"type": "integer"}, True)
+
+
+def test_agent_suite_refuses_options_it_would_ignore():
+    r = subprocess.run([sys.executable, "-m", "specgen", "bench", "--suite", "agent", "-m", SMOLLM2,
+                        "--methods", "lookup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "found --methods" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from specgen.cli.agentbench import run_agent_bench
+
+    out = tmp_path_factory.mktemp("agent") / "agent.json"
+    report = run_agent_bench(SMOLLM2, "report", 2, 64, None, None, None, out, None, None, None, turns=2,
+                             answer_max_tokens=8)
+    return report, out
+
+
+@pytest.mark.real
+def test_agent_bench_rows_replay_the_baseline_exactly(small_run):
+    """Every row answered every request; plain with the cache, jump and auto wrote what the
+    baseline (plain, no cache) wrote, their caches kept tokens on the later turn, and every call
+    request was answered with a call that fits its tool's schema."""
+    report, _ = small_run
+    names = [BASELINE, *CACHED]
+    assert report["settings"]["methods"] == names
+    records = report["records"]
+    assert len(records) == 2 * 2 * 2 * len(names)  # conversations x turns x (call, answer) x rows: calls made
+    assert all(r["error"] is None for r in records)
+    assert all(r["identical"] for r in records if r["row"] in CACHED)
+    assert all(r["cache_n"] == 0 for r in records if r["row"] == BASELINE)
+    for row in CACHED:
+        assert sum(r["cache_n"] for r in records if r["row"] == row and r["turn"] == 2) > 0, row
+    assert all(r["call_made"] for r in records if r["kind"] == "call"), [
+        (r["row"], r["prompt_id"], r["turn"], r["content"]) for r in records if r["kind"] == "call" and not r["call_made"]]
+    overall = {r["row"]: r for r in report["summary"] if r["turn"] is None and r["prompt_id"] is None}
+    assert set(overall) == set(names) and overall[BASELINE]["speedup"] == 1.0
+
+
+@pytest.mark.real
+def test_agent_bench_file_renders_as_a_table(small_run):
+    _, out = small_run
+    text = published.render_files([out], out.parent)
+    assert f"| {BASELINE} |" in text and "| auto |" in text and "turn 2" in text
