@@ -87,7 +87,7 @@ def bench(
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
     if suite == "agent":
-        return _agent(locals())
+        return _agent({k: v for k, v in {**locals(), **sampling}.items() if k != "sampling"})
     values = merged_settings(config, dict(
         **sampling,
         target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
