@@ -108,7 +108,7 @@ def main() -> None:
         print(f"{spec}: greedy agreement with {args.target} {agreed / len(reference):.3f}")
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.json:
-        from specgen.bench.report import run_info
+        from specgen.bench.results import run_info
         from specgen.host import cpu_name
 
         out = {"run": {**run_info(), "command": ["python", "scripts/draft_agreement.py", *sys.argv[1:]]}, "cpu": cpu_name(), "target": describe_model(args.target, paths[args.target]),

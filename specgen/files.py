@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specgen.errors import ConfigError
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 
 @contextlib.contextmanager

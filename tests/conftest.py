@@ -58,10 +58,10 @@ def gemma_f32():
 
 @pytest.fixture
 def warnings(monkeypatch):
-    """What lower layers warn about (report.reporter()), and a fresh list of failed writes."""
-    from specgen import report
+    """What lower layers warn about (reporter.reporter()), and a fresh list of failed writes."""
+    from specgen import reporter
 
-    class Recorder(report.Reporter):
+    class Recorder(reporter.Reporter):
         def __init__(self):
             self.warnings = []
 
@@ -69,10 +69,10 @@ def warnings(monkeypatch):
             self.warnings.append(message)
 
     recorder = Recorder()
-    monkeypatch.setattr(report, "_failed_writes", [])
-    old = report.use(recorder)
+    monkeypatch.setattr(reporter, "_failed_writes", [])
+    old = reporter.use(recorder)
     yield recorder.warnings
-    report.use(old)
+    reporter.use(old)
 
 
 @pytest.fixture

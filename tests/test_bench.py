@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeModel, NoisyDraft
-from specgen.bench import report, run, suites, summary
+from specgen.bench import results, run, suites, summary
 from specgen.bench.view import check_plot_path, summary_table, svg_chart
 from specgen.app.config import RunConfig
 from specgen.costs.curve import CostCurve
@@ -211,7 +211,7 @@ def test_multi_turn_groups_get_a_row_per_turn():
     assert (summary.OVERALL, 1, "auto") not in rows  # overall has no turns of its own
     table = summary_table([r for r in rows.values()], ["plain", "auto"], "t", 1)
     assert [str(c) for c in table.columns[0]._cells] == ["mt_bench", "  turn 1", "  turn 2", "[bold]overall[/bold]"]
-    record = report.trial_record(trials[1], {})
+    record = results.trial_record(trials[1], {})
     assert [t["tokens_per_s"] for t in record["turns"]] == [60.0, 150.0]
 
 

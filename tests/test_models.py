@@ -231,10 +231,10 @@ def hash_counter(monkeypatch) -> list[Path]:
 
 
 def warnings_to(monkeypatch) -> list[str]:
-    from specgen import report
+    from specgen import reporter
 
     warned: list[str] = []
-    monkeypatch.setattr(report.reporter(), "warn", warned.append)
+    monkeypatch.setattr(reporter.reporter(), "warn", warned.append)
     return warned
 
 
@@ -302,17 +302,17 @@ def test_a_corrupt_record_is_set_aside_and_rebuilt(pulled, monkeypatch, content,
 
 
 def test_a_record_that_cannot_be_written_is_named_not_fatal(pulled, monkeypatch):
-    from specgen import report
+    from specgen import reporter
     from specgen.models import integrity
 
     def full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "_failed_writes", [])
+    monkeypatch.setattr(reporter, "_failed_writes", [])
     monkeypatch.setattr(integrity, "write_text", full)
     pulled.with_name("one.verified").unlink()
     assert models.resolve("one") == pulled
-    assert report.failed_writes() == [str(pulled.with_name("one.verified"))]
+    assert reporter.failed_writes() == [str(pulled.with_name("one.verified"))]
 
 
 def test_models_verify_lines_and_exit_codes(pulled):
@@ -364,7 +364,7 @@ def test_doctor_reports_a_damaged_model(pulled):
 
 
 def test_a_damaged_sha256_memo_is_set_aside_and_recomputed(isolated_home, tmp_path, monkeypatch):
-    from specgen import report
+    from specgen import reporter
 
     f = tmp_path / "m.gguf"
     f.write_bytes(A)
@@ -375,13 +375,13 @@ def test_a_damaged_sha256_memo_is_set_aside_and_recomputed(isolated_home, tmp_pa
     assert memo.with_name(memo.name + ".bad").read_bytes() == b"\x00garbage\n"
     assert memo.read_text() == sha(A) + "\n"
     memo.unlink()
-    monkeypatch.setattr(report, "_failed_writes", [])
+    monkeypatch.setattr(reporter, "_failed_writes", [])
     def read_only(path, text):
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(manifest, "write_text", read_only)
     assert manifest.known_sha256(str(f), f) is None and manifest.remembered_sha256(f) == sha(A)
-    assert report.failed_writes() == [str(memo)]
+    assert reporter.failed_writes() == [str(memo)]
 
 
 def test_a_self_entry_whose_draft_is_gone_is_derived_again(isolated_home, monkeypatch, tmp_path):

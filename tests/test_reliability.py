@@ -14,7 +14,7 @@ import pytest
 
 from clihelp import assert_one_line_error, specgen
 from conftest import SMOLLM2
-from specgen import report
+from specgen import reporter
 from specgen.errors import ConfigError
 
 
@@ -55,7 +55,7 @@ def test_a_store_on_a_full_disk_is_said_once_and_the_run_goes_on(tmp_path, warni
     store = Store(path)
     store.append([1, 2, 3])
     store.append([4, 5, 6])
-    assert store.failed and report.failed_writes() == [str(path)]
+    assert store.failed and reporter.failed_writes() == [str(path)]
     assert len(warnings) == 1 and f"could not write {path}: No space left on device" in warnings[0]
 
 
@@ -66,7 +66,7 @@ def test_a_store_path_under_a_file_does_not_crash(tmp_path, warnings):
     store = Store(tmp_path / "history" / "abc.u32")
     assert len(store.read()) == 0
     store.append([1, 2, 3])
-    assert store.failed and len(report.failed_writes()) == 1
+    assert store.failed and len(reporter.failed_writes()) == 1
 
 
 def test_a_calibration_that_cannot_be_cached_serves_the_run(tmp_path, warnings, monkeypatch):
@@ -78,7 +78,7 @@ def test_a_calibration_that_cannot_be_cached_serves_the_run(tmp_path, warnings, 
 
     monkeypatch.setattr(cache, "write_text", full)
     cache.save_cached(tmp_path / "c.json", CostCurve([1, 2], [0.01, 0.015]))
-    assert report.failed_writes() == [str(tmp_path / "c.json")] and "serves this run only" in warnings[0]
+    assert reporter.failed_writes() == [str(tmp_path / "c.json")] and "serves this run only" in warnings[0]
 
 
 def test_replacing_removes_its_temporary_file_when_the_write_fails(tmp_path):

@@ -18,7 +18,7 @@ from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
 from specgen.errors import ConfigError
 from specgen.host import DEFAULT_CONFIG, default_threads
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from specgen.drafting import methods as M
 from specgen.drafting.history import History, Store, store_path, vocab_key
 from specgen.files import set_aside
 from specgen.host import specgen_home
-from specgen.report import reporter, write_failed
+from specgen.reporter import reporter, write_failed
 
 TARGET_SEQS = 32  # sequence ids a speculative target context reserves for tree branches
 TARGET_OUTPUTS = max(BATCH_SIZES)  # logits rows it has room for from the start: its largest decode

@@ -19,7 +19,7 @@ from specgen.models.manifest import describe, drafts_dir, remembered_sha256
 from specgen.app.session import Session
 from specgen.core.vocab import SUBSET_IDS_KEY
 from specgen.errors import SpecgenError
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 WHOLE = "-d self, whole vocabulary"
 

@@ -45,7 +45,7 @@ from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.errors import ConfigError, SpecgenError
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 BINARY = "llama-speculative-simple"
 PLAIN_BINARY = "llama-completion"

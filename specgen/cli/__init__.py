@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from specgen import report
-from specgen.cli import bench, chat, generate, manage, serve, tools
+from specgen import reporter
+from specgen.cli import bench, chat, generate, manage, serve, upkeep
 from specgen.cli.options import EXIT_INTERRUPTED, EXIT_WRITE_FAILED, Command, new_typer
 from specgen.cli.render import OutputClosed, TerminalReporter
 from specgen.errors import SpecgenError
@@ -25,15 +25,15 @@ app.add_typer(cache_app, name="cache")
 @app.callback()
 def _show_reports() -> None:
     """Lower layers report progress and warnings; on the command line they go to stderr."""
-    report.use(TerminalReporter())
+    reporter.use(TerminalReporter())
 
 
 for group, name, command in (
         (app, None, generate.generate), (app, None, bench.bench), (app, "bench-report", bench.bench_report),
         (app, None, generate.demo), (app, None, chat.chat),
         (app, None, serve.serve),
-        (app, "rpc-server", tools.rpc_server), (app, None, tools.calibrate), (app, None, tools.doctor),
-        (cache_app, "clear", tools.cache_clear), (draft_app, "derive", manage.draft_derive),
+        (app, "rpc-server", upkeep.rpc_server), (app, None, upkeep.calibrate), (app, None, upkeep.doctor),
+        (cache_app, "clear", upkeep.cache_clear), (draft_app, "derive", manage.draft_derive),
         (models_app, "list", manage.models_list), (models_app, "pull", manage.models_pull),
         (models_app, "path", manage.models_path), (models_app, "verify", manage.models_verify)):
     group.command(name, cls=Command)(command)
@@ -45,7 +45,7 @@ def main() -> None:
     try:
         app()
     except SystemExit as e:
-        if e.code in (0, None) and report.failed_writes():
+        if e.code in (0, None) and reporter.failed_writes():
             sys.exit(EXIT_WRITE_FAILED)  # each failed write was named as it happened
         raise
     except SpecgenError as e:

@@ -28,7 +28,7 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
     from specgen.app.manifest import describe
     from specgen.app.models import resolve
     from specgen.bench.drafts import gguf_facts
-    from specgen.bench.report import machine_info, run_info
+    from specgen.bench.results import machine_info, run_info
     from specgen.bench.agent_view import render
     from specgen.host import cpu_sample, others_cores
     from specgen.llama import backend, tools

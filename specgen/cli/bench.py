@@ -15,7 +15,7 @@ from specgen.app.runner import Runner
 from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
 # bench_report is the command below: the report of a run is imported under another name.
-from specgen.bench.report import bench_report as results_of_run, header, machine_info, run_info
+from specgen.bench.results import bench_report as results_of_run, header, machine_info, run_info
 from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import head_to_head, summarize

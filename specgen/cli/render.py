@@ -13,7 +13,7 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
                            TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
 from specgen.core.engine import Event, TokenEvent
-from specgen.report import Reporter
+from specgen.reporter import Reporter
 
 _stderr = Console(stderr=True, highlight=False)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specgen.costs.curve import CostCurve
 from specgen.files import set_aside, write_text
-from specgen.report import write_failed
+from specgen.reporter import write_failed
 
 
 # bump when what a cached curve means changes (2: every row outputs logits; 3: one-output cost;

@@ -23,11 +23,11 @@ from typing import Callable
 
 import numpy as np
 
-from specgen.core.tuning import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER
+from specgen.core.tuned import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER
 
 # Every size up to 16: quantized kernels process rows in tiles (on these CPUs 8 rows cost less
 # than 5-7 for gemma Q4_K_M), so the curve is not smooth enough to interpolate there. Up to 80,
-# auto's largest tree (core.tuning.AUTO_NODES): beyond the last measured size nothing is known, and gemma
+# auto's largest tree (core.tuned.AUTO_NODES): beyond the last measured size nothing is known, and gemma
 # Q4_K_M's 65 rows took 186 ms where 64 took 170 (the 65th row's output layer runs apart from the
 # tiles), against 164.5 extrapolated from 48 and 64: loop chains of 65 were chosen for it.
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64, AUTO_NODES)

@@ -32,7 +32,7 @@ from typing import IO, Iterable, Iterator, Sequence
 import numpy as np
 
 from specgen.files import replacing, set_aside
-from specgen.report import reporter, write_failed
+from specgen.reporter import reporter, write_failed
 
 SEPARATOR = 0xFFFFFFFF  # between texts; never a token id
 STORE_MAX, STORE_KEEP = 1_000_000, 500_000  # tokens: the store is cut to its newest STORE_KEEP

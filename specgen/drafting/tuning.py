@@ -13,7 +13,7 @@ starts, a little below what was measured, and the text at hand overrules them wi
 
 from __future__ import annotations
 
-from specgen.core.tuning import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER  # noqa: F401 (listed here)
+from specgen.core.tuned import AUTO_NODES, CURVE_COUPLING, CURVE_EMA, CURVE_OUTLIER  # noqa: F401 (listed here)
 from specgen.drafting.sources import MAJORITY, MINORITY, UNANIMOUS
 
 # --- auto's shape (methods.py passes these to AutoDrafter) ----------------------------------------

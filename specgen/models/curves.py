@@ -11,7 +11,7 @@ from specgen.costs.cache import cache_key, load_cached, save_cached
 from specgen.costs.curve import BUSY_CORES, MEASURE_BUDGET_S, CostCurve
 from specgen.costs.measure import measure
 from specgen.host import cpu_name, specgen_home
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 
 def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: float = MEASURE_BUDGET_S) -> CostCurve:

@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specgen import report
+from specgen import reporter
 from specgen.models import manifest  # by module: tests count manifest.file_sha256 calls
 from specgen.models.manifest import ModelEntry, is_sha256, manifest_path, models_dir
 from specgen.errors import ModelError
@@ -79,7 +79,7 @@ def write_record(entry: ModelEntry, st: os.stat_result, sha: str) -> None:
     try:
         write_text(path, text + "\n")
     except OSError as e:
-        report.write_failed(path, e, "the model is checked again next time")
+        reporter.write_failed(path, e, "the model is checked again next time")
 
 
 def remember(entry: ModelEntry, sha: str) -> None:

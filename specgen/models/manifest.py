@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from specgen import report
+from specgen import reporter
 from specgen.errors import ModelError
 from specgen.files import set_aside, write_text
 from specgen.host import MANIFEST, TEMPLATES, specgen_home
@@ -204,7 +204,7 @@ def remembered_sha256(path: Path) -> str:
         try:
             write_text(memo, sha + "\n")
         except OSError as e:
-            report.write_failed(memo, e, "it is hashed again next time")
+            reporter.write_failed(memo, e, "it is hashed again next time")
     return sha
 
 

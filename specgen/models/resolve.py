@@ -26,7 +26,7 @@ from specgen.models.manifest import (CHUNK, ModelEntry, describe, file_sha256, l
 from specgen.models.selfdraft import derive_self_draft, derived_path
 from specgen.errors import ModelError
 from specgen.files import replacing, write_text
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 
 def resolve(spec: str, pull_missing: bool = True) -> Path:

@@ -31,7 +31,7 @@ from specgen.core.vocab import SubsetContext
 from specgen.costs.curve import CostCurve
 from specgen.errors import ModelError
 from specgen.llama.gguf import TokenTable, cut_vocabulary
-from specgen.report import reporter
+from specgen.reporter import reporter
 
 DERIVE_VERSION = 2  # bump when what a derived draft contains changes
 # Tried when --type is not given. The body's type sets how often the draft agrees with its target

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from specgen.serve import fields, routes
 from specgen.serve.embeddings import Embeddings
-from specgen.serve.logprobs import Shown, chat_content, completion_logprobs
+from specgen.serve.logprob_shapes import Shown, chat_content, completion_logprobs
 from specgen.serve.marks import Piece
 from specgen.serve.requests import (Request, RequestError, body_json, chat_request, check_vocabulary,
                                     completion_request)

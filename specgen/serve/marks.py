@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass
 
 from specgen.core.stats import RunStats
-from specgen.serve.logprobs import Shown
+from specgen.serve.logprob_shapes import Shown
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
 from specgen.serve.fields import SPECGEN_ORDER
-from specgen.serve.logprobs import Shown, native_probabilities
+from specgen.serve.logprob_shapes import Shown, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
 from specgen.serve.worker import Done, Worker, overrides

@@ -20,7 +20,7 @@ from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
-from specgen.serve.logprobs import Pending, Shown, shown
+from specgen.serve.logprob_shapes import Pending, Shown, shown
 from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
