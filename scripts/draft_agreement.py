@@ -59,7 +59,7 @@ def held_out_texts(writer: LlamaModel, n_vocab: int, max_tokens: int) -> list[tu
 
 def describe_model(spec: str, path: Path) -> dict:
     """name, sha256 and GGUF facts (quantization, output matrix, vocabulary and whether it was cut)."""
-    from specgen.app.manifest import remembered_sha256
+    from specgen.models.manifest import remembered_sha256
     from specgen.bench.drafts import gguf_facts
 
     name = Path(spec).stem if Path(spec).suffix == ".gguf" else spec

@@ -112,7 +112,7 @@ def specgen_run(model: str, sizes: list[int], chunk: str, threads: int, env: dic
 
 
 def measure(args: argparse.Namespace, configs: dict) -> dict:
-    from specgen.app import models
+    from specgen.models import resolve as models
     from specgen.bench.results import run_info
     from specgen.host import cpu_name, cpu_sample, others_cores
 

@@ -25,8 +25,8 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
     """Run the bench, print its table, write --json; the report (bench's JSON object) is returned.
     `turns` (the first N of each conversation) and `answer_max_tokens` (the answers' limit, else
     -n's) keep a test's run small."""
-    from specgen.app.manifest import describe
-    from specgen.app.models import resolve
+    from specgen.models.manifest import describe
+    from specgen.models.resolve import resolve
     from specgen.bench.drafts import gguf_facts
     from specgen.bench.results import machine_info, run_info
     from specgen.bench.agent_view import render
