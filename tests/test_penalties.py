@@ -173,9 +173,17 @@ def test_out_of_range_options_are_one_line_errors(command, args, message):
 
 def test_options_reach_the_sampling_settings():
     from specgen.app.config import build_config
-    from specgen.cli.options import sampling_options
+    from specgen.cli.options import with_sampling
 
-    cfg = build_config(None, sampling_options(0.05, 1.1, 32, 0.5, -0.5, ["15043+1.5", "2-inf"]))
+    seen = {}
+
+    @with_sampling
+    def command(sampling: dict = None):
+        seen.update(sampling)
+
+    command(min_p=0.05, repeat_penalty=1.1, repeat_last_n=32, presence_penalty=0.5, frequency_penalty=-0.5,
+            logit_bias=["15043+1.5", "2-inf"])
+    cfg = build_config(None, seen)
     assert cfg.sampling.min_p == 0.05 and cfg.sampling.penalties == Penalties(
         repeat=1.1, last_n=32, frequency=-0.5, presence=0.5, bias=((15043, 1.5), (2, -math.inf)))
 
