@@ -34,7 +34,7 @@ browser:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 test: models browser
-	SPECGEN_REQUIRE_INVARIANT=1 $(BIN)/python -m pytest -q
+	SPECGEN_REQUIRE_INVARIANT=1 $(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) *.egg-info

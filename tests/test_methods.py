@@ -73,7 +73,7 @@ def test_an_installed_wheel_finds_the_manifest_and_the_default_config(tmp_path):
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                               str(wheel)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr
-    probe = ("from specgen import host; from specgen.app import config, manifest; "
+    probe = ("from specgen import host; from specgen.app import config; from specgen.models import manifest; "
              "print(host.PACKAGE_DIR); print(len(manifest.load_manifest())); print(config.build_config(None, {}).target)")
     env = {k: v for k, v in os.environ.items() if k != "SPECGEN_MODELS_TXT"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
