@@ -78,7 +78,7 @@ def small_run(tmp_path_factory):
     from specgen.cli.agentbench import run_agent_bench
 
     out = tmp_path_factory.mktemp("agent") / "agent.json"
-    report = run_agent_bench(SMOLLM2, "report", 2, 64, None, None, None, out, None, None, None, turns=2,
+    report = run_agent_bench(SMOLLM2, "report", 1, 64, None, None, None, out, None, None, None, turns=2,
                              answer_max_tokens=8)
     return report, out
 
@@ -92,7 +92,7 @@ def test_agent_bench_rows_replay_the_baseline_exactly(small_run):
     names = [BASELINE, *CACHED]
     assert report["settings"]["methods"] == names
     records = report["records"]
-    assert len(records) == 2 * 2 * 2 * len(names)  # conversations x turns x (call, answer) x rows: calls made
+    assert len(records) == 1 * 2 * 2 * len(names)  # conversations x turns x (call, answer) x rows: calls made
     assert all(r["error"] is None for r in records)
     assert all(r["identical"] for r in records if r["row"] in CACHED)
     assert all(r["cache_n"] == 0 for r in records if r["row"] == BASELINE)
