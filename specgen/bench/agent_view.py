@@ -5,19 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specgen.bench.captions import machine_caption, run_caption
+
 
 def _caption(data: dict, link: str) -> str:
-    from specgen.bench.published import _machine  # one way to name a machine
-
     run, settings = data.get("run") or {}, data["settings"]
-    commit = run.get("commit")
-    code = f"commit {commit[:10]}" if commit else "commit not recorded"
     half = settings.get("split") or "all"
     target = (data.get("models") or {}).get("target") or {}
     n_requests = next((r["n_requests"] for r in data["summary"] if r["turn"] is None and r["prompt_id"] is None), 0)
     cut = " · **interrupted: the requests every row answered**" if settings.get("interrupted") else ""
     n_convs = len({r["prompt_id"] for r in data["summary"] if r["prompt_id"] is not None})
-    return (f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
+    return (f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
             f"suite agent{'' if half == 'all' else f', {half} half'}: {n_convs} of {settings.get('n_prompts', '?')} conversations, "
             f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request · "
             f"target {target.get('name', '?')}{cut} · results: [{Path(link).name}]({link})*")

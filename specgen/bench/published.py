@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from specgen.bench.captions import machine_caption, run_caption
 from specgen.bench.run import UNSCREENED
 from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
@@ -31,9 +32,6 @@ START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
 _BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
 OVERALL = "overall"
 LLAMA_CPP_PLAIN = "llama.cpp plain"
-_CPU_FEATURES = ("AVX512", "AVX2", "NEON")
-
-
 def load(path: Path) -> dict:
     """A bench --json file, or a one-line ConfigError saying what is wrong with it."""
     try:
@@ -72,20 +70,6 @@ def _model_line(role: str, model: dict | None) -> str | None:
     if what and name.endswith(")"):  # "NAME (how it was made)": one bracket for both
         return f"- {role}: {name[:-1]}; {what}), {_sha(model)}"
     return f"- {role}: {name}{f' ({what})' if what else ''}, {_sha(model)}"
-
-
-def _machine(machine: dict) -> str:
-    info = (machine.get("llama_cpp") or {}).get("system_info", "")
-    features = next((f for f in _CPU_FEATURES if f"{f} = 1" in info), None)
-    cpu = machine.get("cpu") or "unknown CPU"
-    others = machine.get("others_cores")
-    # Always from the file, quiet or not, so that no prose beside the table has to say it.
-    busy = f" (other processes used {others:.2f} of its {machine.get('cores', '?')} cores meanwhile)" \
-        if isinstance(others, (int, float)) else " (other processes' load not recorded)"
-    build = (machine.get("llama_cpp") or {}).get("llama_cpp_python")
-    return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
-            f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}{busy}"
-            f"{f', llama.cpp of llama-cpp-python {build}' if build else ''}")
 
 
 def _suite(settings: dict, n_turns: int | None) -> str:
@@ -212,11 +196,8 @@ def render(data: dict, link: str) -> str:
     repeats = settings.get("repeats", 1) or 1
     n_trials = (rows.get("plain") or {}).get("n_prompts", settings.get("n_prompts", 0)) * repeats
     plain_turns = [len(r.get("turns") or [0]) for r in data.get("records", []) if r.get("method") == "plain"]
-    commit = run.get("commit")
-    code = (f"commit {commit[:10]}" + (f" (with changes to {', '.join(run['modified'])})" if run.get("modified") else "")
-            if commit else "commit not recorded")
     interrupted = " · **interrupted: only the prompts every method finished**" if settings.get("interrupted") else ""
-    lines = [f"*{(run.get('date') or 'date not recorded')[:10]} · {code} · {_machine(data.get('machine', {}))} · "
+    lines = [f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
              *_table(rows, methods, n_trials, greedy, models.get("llama_cpp_draft")), ""]
