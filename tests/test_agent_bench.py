@@ -2,6 +2,7 @@
 through real specgen servers (2 conversations x 2 turns) checking the bench's contract."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -71,6 +72,23 @@ def test_agent_suite_refuses_options_it_would_ignore():
     r = subprocess.run([sys.executable, "-m", "specgen", "bench", "--suite", "agent", "-m", SMOLLM2,
                         "--methods", "lookup"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "found --methods" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_llama_cpp_template_goes_to_llama_server_only(tmp_path):
+    """--llama-cpp-template is llama-server's --chat-template-file: refused without --llama-cpp,
+    refused outside the agent suite, and a missing file is named."""
+    from specgen.bench.agent import llama_server_rows
+
+    tpl = tmp_path / "tools.jinja"
+    tpl.write_text("{{ messages }}")
+    rows = llama_server_rows(Path("/bin/llama-server"), Path("m.gguf"), 2, 4096, ["ngram-mod"], template=tpl)
+    assert all(r.command[-2:] == ["--chat-template-file", str(tpl)] or "--spec-type" in r.command for r in rows)
+    assert all(str(tpl) in r.command for r in rows)
+    for extra, words in ((["--suite", "agent"], "give --llama-cpp DIR too"),
+                         (["--llama-cpp", str(tmp_path)], "it goes with --suite agent, found --suite builtin")):
+        r = subprocess.run([sys.executable, "-m", "specgen", "bench", "-m", SMOLLM2, "--llama-cpp-template", str(tpl),
+                            *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,13 @@ def specgen_rows(target: str, threads: int, ctx: int, draft: str | None = None) 
 
 
 def llama_server_rows(binary: Path, model: Path, threads: int, ctx: int, spec_types: Sequence[str],
-                      draft: Path | None = None, draft_label: str | None = None) -> list[Row]:
+                      draft: Path | None = None, draft_label: str | None = None,
+                      template: Path | None = None) -> list[Row]:
     """llama-server with its prompt cache (cache_prompt, on by default; one slot, so one cache), and
-    once per speculative type; a draft-* type loads `draft`."""
-    base = [str(binary), "-m", str(model), "--jinja", "-np", "1", "-t", str(threads), "-c", str(ctx), "--no-warmup"]
+    once per speculative type; a draft-* type loads `draft`; `template` replaces the model's chat
+    template (--chat-template-file)."""
+    base = [str(binary), "-m", str(model), "--jinja", "-np", "1", "-t", str(threads), "-c", str(ctx), "--no-warmup",
+            *(["--chat-template-file", str(template)] if template else [])]
     rows = [Row("llama-server", base, "llama-server")]
     for spec in spec_types:
         with_draft = spec.startswith("draft") and draft is not None

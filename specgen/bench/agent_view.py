@@ -18,7 +18,12 @@ def _caption(data: dict, link: str) -> str:
     return (f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
             f"suite agent{'' if half == 'all' else f', {half} half'}: {n_convs} of {settings.get('n_prompts', '?')} conversations, "
             f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request · "
-            f"target {target.get('name', '?')}{cut} · results: [{Path(link).name}]({link})*")
+            f"target {target.get('name', '?')}{_template(settings)}{cut} · results: [{Path(link).name}]({link})*")
+
+
+def _template(settings: dict) -> str:
+    name = settings.get("llama_cpp_template")
+    return f" · llama-server's chat template {name}" if name else ""
 
 
 def render(data: dict, link: str) -> str:

@@ -21,7 +21,7 @@ DEFAULT_SPEC_TYPES = ("ngram-mod",)  # llama-server's n-gram drafting: no draft 
 def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int | None, threads: int | None,
                     ctx: int | None, draft: str | None, json_file: Path | None, llama_cpp: Path | None,
                     spec_type: list[str] | None, llama_cpp_draft: str | None, turns: int | None = None,
-                    answer_max_tokens: int | None = None) -> dict:
+                    answer_max_tokens: int | None = None, template: Path | None = None) -> dict:
     """Run the bench, print its table, write --json; the report (bench's JSON object) is returned.
     `turns` (the first N of each conversation) and `answer_max_tokens` (the answers' limit, else
     -n's) keep a test's run small."""
@@ -50,11 +50,13 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
         needs = [t for t in types if t.startswith("draft")]
         if needs and their_draft is None:
             raise ConfigError(f"--spec-type {needs[0]} loads a draft: give --llama-cpp-draft MODEL too")
+        if template is not None and not Path(template).expanduser().is_file():
+            raise ConfigError(f"--llama-cpp-template expects a Jinja chat template file, found {str(template)!r}: no such file")
         rows += agent.llama_server_rows(binary, target_path, n_threads, n_ctx, types, their_draft,
-                                        llama_cpp_draft)
-    elif spec_type or llama_cpp_draft:
-        raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama-server's speculative "
-                          "decoding: give --llama-cpp DIR too")
+                                        llama_cpp_draft, template=Path(template).expanduser() if template else None)
+    elif spec_type or llama_cpp_draft or template:
+        raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft' if llama_cpp_draft else '--llama-cpp-template'} "
+                          "sets up llama-server: give --llama-cpp DIR too")
     names = [r.name for r in rows]
     n_requests = sum(2 * len(c.turns[:turns]) for c in convs)
     info = tools.build_info()
@@ -86,7 +88,9 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
                          if their_draft else None},
               "settings": {"suite": SUITE, "split": split, "n_prompts": len(convs), "turns": turns,
                            "max_tokens": n_max, "answer_max_tokens": answer_max_tokens or n_max, "temperature": 0.0, "threads": n_threads, "ctx": n_ctx,
-                           "repeats": 1, "interrupted": interrupted, "methods": names, "baseline": agent.BASELINE},
+                           "repeats": 1, "interrupted": interrupted,
+                           "llama_cpp_template": Path(template).name if template else None,
+                           "methods": names, "baseline": agent.BASELINE},
               "rows": [{"name": r.name, "engine": r.engine, "command": r.command} for r in rows],
               "records": records, "summary": agent_summary.as_json(summary)}
     print(render(report, str(json_file) if json_file else "(not written)"))

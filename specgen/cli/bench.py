@@ -75,6 +75,10 @@ def bench(
     llama_cpp_draft: Optional[str] = typer.Option(None, "--llama-cpp-draft", metavar="MODEL", help="With --llama-cpp: "
                                                   "the draft its draft modes load [-d's; for a vocabulary-cut -d self, "
                                                   "the same draft with its whole vocabulary]."),
+    llama_cpp_template: Optional[Path] = typer.Option(None, "--llama-cpp-template", metavar="FILE", help="With "
+                                                      "--suite agent and --llama-cpp: the chat template llama-server "
+                                                      "renders (its --chat-template-file), e.g. one that writes tools "
+                                                      "for a model whose own template does not."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
 
@@ -116,6 +120,9 @@ def bench(
     constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None, constrained), constrained)
 
+    if llama_cpp_template is not None:
+        raise ConfigError("--llama-cpp-template sets llama-server's chat template: it goes with --suite agent, "
+                          f"found --suite {values.get('suite') or 'builtin'}")
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
     if (spec_type or llama_cpp_draft) and binary is None:
         raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
@@ -180,7 +187,7 @@ def bench(
 
 # What --suite agent reads (bench/agent.py: servers, greedy); any other option given is refused.
 _AGENT_OPTIONS = {"target", "draft", "suite", "limit", "split", "max_tokens", "threads", "ctx", "json_file",
-                  "llama_cpp", "spec_type", "llama_cpp_draft", "config"}
+                  "llama_cpp", "spec_type", "llama_cpp_draft", "llama_cpp_template", "config"}
 
 
 def _agent(given: dict) -> None:
@@ -191,7 +198,8 @@ def _agent(given: dict) -> None:
     if unused or given.get("config") is not None:
         name = "config" if given.get("config") is not None else unused[0]
         raise ConfigError(f"--suite agent runs servers greedily with its own rows: it takes -m, -d, --split, --limit, "
-                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type and --llama-cpp-draft, found --"
+                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type, --llama-cpp-draft and "
+                          f"--llama-cpp-template, found --"
                           f"{name.replace('_', '-')}")
     if given["limit"] is not None and given["limit"] < 1:
         raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
@@ -200,7 +208,7 @@ def _agent(given: dict) -> None:
     try:
         run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"],
                         given["threads"], given["ctx"], given["draft"], given["json_file"], given["llama_cpp"],
-                        given["spec_type"], given["llama_cpp_draft"])
+                        given["spec_type"], given["llama_cpp_draft"], template=given["llama_cpp_template"])
     except KeyboardInterrupt:  # what finished is written; the servers are stopped
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
