@@ -183,9 +183,16 @@ def test_named_tool_streamed_as_openai_fragments(server):
     stream = server.client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, stream=True)
-    calls, reason = streamed_calls(stream)
+    chunks = list(stream)
+    calls, reason = streamed_calls(chunks)
     assert reason == "tool_calls" and calls[0]["name"] == "get_time"
     assert set(json.loads(calls[0]["arguments"])) == {"city"}
+    # written as it is generated: the head (id, name) first, then the arguments in several pieces,
+    # and the finish_reason in a chunk after them, never a whole call held to the end
+    fragments = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert fragments[0].id and fragments[0].function.name == "get_time" and fragments[0].function.arguments == ""
+    assert all(f.id is None and f.function.name is None for f in fragments[1:]) and len(fragments) >= 3
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and not chunks[-1].choices[0].delta.tool_calls
 
 
 def test_prefill_and_system_nudge_at_the_end(server):

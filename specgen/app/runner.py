@@ -11,6 +11,7 @@ from typing import Any, Iterator
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
+from specgen.app.callstream import CallStream
 from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, call_history, generic_messages,
                                     generic_system_prompt, parse_answer, tool_constraint, tool_format)
 from specgen.core.constraint import ConstraintSpec
@@ -240,6 +241,10 @@ class Runner:
         if prompt.tools is None:
             return None
         return parse_answer(text, tools_format(self.session.target, self.chat), prompt.tools)
+
+    def call_stream(self, prompt: Prompt) -> CallStream | None:
+        """With tools: what streams the answer as it is written, calls as they are written (None without)."""
+        return None if prompt.tools is None else CallStream(tools_format(self.session.target, self.chat))
 
     def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
         """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""

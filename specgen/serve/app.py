@@ -19,6 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specgen.app.callstream import CallHead
 from specgen.serve import fields, routes
 from specgen.serve.embeddings import Embeddings
 from specgen.serve.logprob_shapes import Shown, chat_content, completion_logprobs
@@ -298,9 +299,9 @@ class Reply:
                                                               else [])]
 
     def answer_chunks(self, done: Done) -> list[dict]:
-        """With tools, the whole answer at its end: its content, then each call as OpenAI streams
-        one (id, type and name first, then the arguments)."""
-        if done.answer is None:
+        """With tools, the whole answer at its end where none of it was streamed as it was written
+        (a text cut before its branch showed): its content, then each call as OpenAI streams one."""
+        if done.answer is None or done.streamed:
             return []
         out = [self.chunk({"content": done.answer.content})] if done.answer.content else []
         for i, call in enumerate(done.answer.calls):
@@ -315,8 +316,16 @@ class Reply:
         return {**self._head(name), "choices": [self._choice(content, None, False, logprobs)]}
 
     def piece(self, piece: Piece) -> dict:
-        """A chunk of streamed text, with specgen's extension: the text by source, tok/s and τ so far."""
-        return {**self.chunk(piece.text, piece.logprobs), "specgen": piece.extension()}
+        """A chunk of streamed text, with specgen's extension: the text by source, tok/s and τ so far.
+        With tools: the content, and the calls' fragments as OpenAI streams them (the head: index,
+        id, type, name and empty arguments; then the arguments' text in pieces)."""
+        if not piece.calls:
+            return {**self.chunk(piece.text, piece.logprobs), "specgen": piece.extension()}
+        fragments = [{"index": f.index, "id": f.id, "type": "function", "function": {"name": f.name, "arguments": ""}}
+                     if isinstance(f, CallHead) else {"index": f.index, "function": {"arguments": f.text}}
+                     for f in piece.calls]
+        delta = {**({"content": piece.text} if piece.text else {}), "tool_calls": fragments}
+        return {**self.chunk(delta), "specgen": piece.extension()}
 
     def last(self, done: Done) -> dict:
         """The chunk that ends the choice: its finish_reason, and the numbers local clients read."""

@@ -9,6 +9,7 @@ import bisect
 
 from dataclasses import dataclass
 
+from specgen.app.callstream import CallArguments, CallHead
 from specgen.core.stats import RunStats
 from specgen.serve.logprob_shapes import Shown
 
@@ -41,6 +42,7 @@ class Piece:
     live: Live
     tokens: tuple[int, ...] = ()  # the ids of the tokens whose text starts in this piece
     logprobs: tuple["Shown", ...] = ()  # those tokens' log-probabilities, when the request asked for them
+    calls: tuple[CallHead | CallArguments, ...] = ()  # with tools: the calls' fragments written meanwhile
 
     def extension(self) -> dict:
         """The `specgen` object of a streamed chunk."""

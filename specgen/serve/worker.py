@@ -61,6 +61,7 @@ class Done:
     answer: ToolAnswer | None = None  # with tools: the text as content and calls
     stopping_word: str = ""  # the stop string that ended it, if one did
     logprobs: tuple[Shown, ...] = ()  # every shown token's, when the request asked for them
+    streamed: bool = False  # with tools: the answer went out as it was written (nothing more to send)
 
 
 @dataclass
@@ -190,14 +191,17 @@ class Worker:
         stats, stop, reason = RunStats(), StopText(request.stop), "length"
         if self._limit(request) == 0:  # llama-server's n_predict 0: nothing to generate
             return Done("", reason, stats)
-        # With tools the text is a call or an answer only once it is whole: nothing is streamed before.
-        held = request.prompt.tools is not None
+        # With tools the text is read as content and calls as it is written (callstream.py).
+        calls = runner.call_stream(request.prompt)
         pending, target = Pending(), runner.session.target
         events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs, request.cache_prompt)
         sources = Sources()
 
         def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
-            if (text or logprobs) and not held:
+            if calls is not None:
+                if text and (delta := calls.feed(stop.text[:stop.sent])):
+                    job.put(Piece(delta.content, (), Live.of(stats), calls=delta.calls))
+            elif text or logprobs:
                 end = sent + len(text)
                 job.put(Piece(text, sources.cut(stop.text, sent, end), Live.of(stats), sources.tokens(sent, end),
                               logprobs))
@@ -226,7 +230,8 @@ class Worker:
         answer = runner.answer(request.prompt, stop.text)
         if answer is not None and answer.calls and reason == "stop":
             reason = "tool_calls"
-        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent))
+        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent),
+                    calls is not None and calls.streamed)
 
     def _limit(self, request: Request) -> int:
         """Tokens the request may generate: its max_tokens, else the server's default; -1 (or no

@@ -1,0 +1,212 @@
+"""A tool answer streamed as it is written, as OpenAI and llama-server stream one: content as text,
+each call as its head (index, id, name) once the name is whole, then its arguments' JSON text in
+pieces as the model writes them.
+
+The text is generated under the tools' grammar (structured.tool_constraint), so its layout is
+known: the generic format's one object (`{"tool_call": {"name": ..., "arguments": {...}}}` or
+`{"response": "..."}`), or hermes' `<tool_call>` blocks (or free text that never opens with
+"<"). `CallStream.feed` takes the text as it grows and returns what may be shown of it now;
+nothing is shown that a later token could take back. The whole answer (structured.parse_answer)
+still decides the calls a non-streamed reply carries; streamed arguments are the model's own text
+of them, which parses to the same object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from specgen.app.structured import CLOSE, GENERIC, OPEN
+
+_KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+_SPACE = re.compile(r"\s*")
+
+
+@dataclass(frozen=True)
+class CallHead:
+    """A call begins: OpenAI's first fragment of it (id, type, the whole name, empty arguments)."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """More of a call's arguments, as JSON text."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a step adds to the answer: content text, then call fragments."""
+
+    content: str = ""
+    calls: tuple[CallHead | CallArguments, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.calls)
+
+
+def _end_of_value(text: str, start: int) -> int | None:
+    """Where the JSON object or array at `start` ends (one past its closing bracket); None while
+    it is not whole. Brackets inside strings do not count."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _string_prefix(text: str, start: int) -> tuple[str, int | None]:
+    """The JSON string whose opening quote is at `start`, decoded as far as it can be now (never
+    half an escape), and one past its closing quote (None while it is not whole)."""
+    i, safe = start + 1, start + 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            return json.loads(text[start : i + 1]), i + 1
+        if c == "\\":
+            width = 6 if text[i + 1 : i + 2] == "u" else 2
+            if i + width > len(text):
+                break
+            i += width
+        else:
+            i += 1
+        safe = i
+    decoded = json.loads(text[start:safe] + '"')
+    if decoded and "\ud800" <= decoded[-1] <= "\udbff":  # half a surrogate pair: wait for the other half
+        decoded = decoded[:-1]
+    return decoded, None
+
+
+@dataclass
+class _Call:
+    """One call object being read: where its name and arguments are in the text."""
+
+    index: int
+    start: int  # its "{"
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+    name: str | None = None
+    args_at: int | None = None  # where the arguments' value starts
+    sent: int = 0  # how much of the arguments' text was shown
+    end: int | None = None  # one past the arguments' value, once whole
+
+
+class CallStream:
+    """Feed it the answer's text as it grows (`feed(whole text so far)`); it returns each step's Delta."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.content_sent = 0  # characters of content shown (decoded ones, for the generic response)
+        self.calls: list[_Call] = []
+        self.free_text: bool | None = None  # hermes: the text is content (True) or calls (False)
+        self.heads = 0  # calls whose head was shown
+        self.next_block = 0  # hermes: where the next `<tool_call>` may open
+
+    @property
+    def streamed(self) -> bool:
+        """Has anything been shown?"""
+        return self.content_sent > 0 or self.heads > 0
+
+    def feed(self, text: str) -> Delta:
+        return self._generic(text) if self.fmt == GENERIC else self._hermes(text)
+
+    def _generic(self, text: str) -> Delta:
+        """`{"response": "..."}` streams the string's text; `{"tool_call": {...}}` one call."""
+        at = _SPACE.match(text).end()
+        key = _KEY.match(text, at + 1) if text[at : at + 1] == "{" else None
+        if key is None or key.end() >= len(text):
+            return Delta()
+        value = key.end()
+        if key.group(1) == "response" and text[value] == '"':
+            decoded, _ = _string_prefix(text, value)
+            out, self.content_sent = decoded[self.content_sent:], max(self.content_sent, len(decoded))
+            return Delta(content=out)
+        if key.group(1) != "tool_call":
+            return Delta()
+        if not self.calls:
+            self.calls.append(_Call(0, value))
+        return Delta(calls=self._read_call(text, self.calls[0]))
+
+    def _hermes(self, text: str) -> Delta:
+        """Free text (content: it never opens with "<") or `<tool_call>` blocks, a line apart."""
+        if self.free_text is None and text:
+            self.free_text = not text.startswith("<")
+        if self.free_text:
+            out, self.content_sent = text[self.content_sent:], len(text)
+            return Delta(content=out)
+        fragments: list[CallHead | CallArguments] = []
+        while True:
+            if not self.calls or self.calls[-1].end is not None and self.next_block > self.calls[-1].start:
+                at = _SPACE.match(text, self.next_block).end()
+                if not text.startswith(OPEN, at) or (start := _SPACE.match(text, at + len(OPEN)).end()) >= len(text):
+                    break
+                self.calls.append(_Call(len(self.calls), start))
+            call = self.calls[-1]
+            fragments += self._read_call(text, call)
+            if call.end is None:
+                break
+            closing = _SPACE.match(text, _end_of_value(text, call.start) or len(text)).end()
+            if not text.startswith(CLOSE, closing):
+                break  # the closing tag is not whole yet
+            self.next_block = closing + len(CLOSE)
+        return Delta(calls=tuple(fragments))
+
+    def _read_call(self, text: str, call: _Call) -> tuple[CallHead | CallArguments, ...]:
+        """The call object at call.start: its head once "name" is whole, its arguments as written."""
+        out: list[CallHead | CallArguments] = []
+        if call.name is None or call.args_at is None:
+            self._keys(text, call)
+        if call.name is not None and self.heads <= call.index:
+            out.append(CallHead(call.index, call.id, call.name))
+            self.heads = call.index + 1
+        if call.name is not None and call.args_at is not None and call.end is None:
+            end = _end_of_value(text, call.args_at)
+            upto = len(text) if end is None else end
+            if upto > call.args_at + call.sent:
+                out.append(CallArguments(call.index, text[call.args_at + call.sent : upto]))
+                call.sent = upto - call.args_at
+            call.end = end
+        return tuple(out)
+
+    def _keys(self, text: str, call: _Call) -> None:
+        """Find the object's "name" (whole) and where its "arguments" start, in the order written."""
+        if text[call.start : call.start + 1] != "{":
+            return
+        pos = call.start + 1
+        while (key := _KEY.match(text, pos)) is not None and key.end() < len(text):
+            value = key.end()
+            if key.group(1) == "name" and text[value] == '"':
+                name, pos = _string_prefix(text, value)
+                if pos is None:
+                    return
+                call.name = name
+            elif key.group(1) in ("arguments", "parameters"):
+                call.args_at = value
+                if call.name is not None or (pos := _end_of_value(text, value)) is None:
+                    return
+            else:
+                return
+            comma = _SPACE.match(text, pos).end()
+            if text[comma : comma + 1] != ",":
+                return
+            pos = comma + 1
