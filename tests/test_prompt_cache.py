@@ -19,11 +19,11 @@ from specgen.drafting.lookup import LookupDrafter
 LOOPY = {(3, 4): 5, (4, 5): 3, (5, 3): 4}  # a text that repeats: lookup drafts and gets accepted
 
 
-def run(model, ctx, prompt, max_tokens, cache=None, stop_after=None):
+def run(model, ctx, prompt, max_tokens, cache=None, stop_after=None, cache_prompt=True):
     """The greedy tokens (a caller may stop after `stop_after` of them, closing the generator)."""
     stats = RunStats()
-    events = generate(model, ctx, GenerationRequest(prompt, max_tokens, SamplingParams()), stats,
-                      LookupDrafter(), cache)
+    events = generate(model, ctx, GenerationRequest(prompt, max_tokens, SamplingParams(), cache_prompt=cache_prompt),
+                      stats, LookupDrafter(), cache)
     tokens = []
     for event in events:
         if isinstance(event, TokenEvent):
@@ -169,6 +169,21 @@ def test_saved_prefixes_come_back_for_interleaved_conversations():
     one = len(cache.saved[-1].state) + 10
     _, _, cache = play(budget=one)
     assert len(cache.saved) == 1 and sum(len(s.state) for s in cache.saved) <= one
+
+
+def test_a_request_that_keeps_no_cache_leaves_the_live_conversation_saved():
+    """cache_prompt: false reads its own prompt whole, but the conversation the KV held is saved
+    first (with a budget), so the next turn of that conversation still resumes from it."""
+    model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
+    ctx, cache = FakeContext(model, n_ctx=1024, n_seq_max=8, n_batch=8), PromptCache(min_keep=3, budget=1 << 20)
+    talk = [0, 3, 4, 5, 6, 7, 8, 9, 2, 3]
+    talk += run(model, ctx, talk, 6, cache)[0]
+    other, stats = run(model, ctx, [0, 9, 8, 7, 6, 5, 4, 3], 4, cache, cache_prompt=False)
+    assert stats.n_cached == 0
+    talk += [4, 4, 5]
+    tokens, stats = run(model, ctx, talk, 5, cache)
+    assert stats.n_cached >= len(talk) - 4, stats.n_cached
+    assert tokens == run(model, FakeContext(model, n_ctx=1024, n_seq_max=8, n_batch=8), talk, 5)[0]
 
 
 # -- real models ---------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     check_prompt_fits(len(tokens), ctx)
     clock = time.perf_counter
     t0 = clock()
-    keep = 0 if cache is None or not request.cache_prompt else cache.reusable(tokens, ctx)
+    keep = 0 if cache is None else cache.reusable(tokens, ctx, take=request.cache_prompt)
     if cache is not None:
         cache.forget()
     # With a cache, decodes whose every token gets the same bits in any batch; without, the size

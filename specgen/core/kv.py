@@ -114,11 +114,16 @@ class PromptCache:
         self.n = 0
         self.saved: list[Saved] = []  # least recently used first
 
-    def reusable(self, prompt: list[int], ctx: Context) -> int:
+    def reusable(self, prompt: list[int], ctx: Context, take: bool = True) -> int:
         """Prompt tokens whose KV can be kept: the common prefix, less the root (never evaluated
         by a prefill: the first step does); 0 where the head is too far along (see above). With a
-        budget, the live prefix may be saved and a saved one put in its place first."""
+        budget, the live prefix may be saved and a saved one put in its place first. `take` False
+        (a request's cache_prompt: false): 0, the prompt read whole; the live prefix is saved first."""
         if not self.reuse:
+            return 0
+        if not take:
+            if self.budget > 0 and hasattr(ctx, "seq_load") and self.n >= self.min_keep:
+                self._save(ctx)
             return 0
         live = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
         lead = getattr(ctx, "cells_written", 0) - live  # how far the head is ahead of a cold start's
