@@ -91,6 +91,21 @@ def test_llama_cpp_template_goes_to_llama_server_only(tmp_path):
         assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_several_runs_render_with_their_spread():
+    """Two published runs in one block: each run's table, then each row's median and range across
+    them, computed from the files' own summaries."""
+    results = Path(__file__).parent.parent / "docs" / "results"
+    files = [results / "2026-11-27-agent-report.json", results / "2026-11-27-agent-report-2.json"]
+    text = published.render_files(files, results.parent)
+    assert text.count("| row | loop s |") == 2 and "Across the 2 runs above" in text
+    runs = [json.loads(f.read_text()) for f in files]
+    auto = sorted(next(r["speedup"] for r in d["summary"] if r["row"] == "auto" and r["turn"] is None
+                       and r["prompt_id"] is None) for d in runs)
+    line = [x for x in text.splitlines() if x.startswith("| auto |")][-1]  # the across table comes last
+    assert f"{sum(auto) / 2:.2f}x ({auto[0]:.2f}x-{auto[1]:.2f}x)" in line
+    assert "Across" not in published.render_files(files[:1], results.parent)
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     from specgen.cli.agentbench import run_agent_bench

@@ -61,3 +61,46 @@ def render(data: dict, link: str) -> str:
             f"{name} " + ", ".join(f"{r['prompt_id']} {r['speedup']:.2f}x" for r in convs if r["row"] == name)
             for name in names if name != base) + "."]
     return "\n".join(lines) + "\n"
+
+
+TTFT_TURN = 4  # issue 56's aim: the call's time to first token at turn 4
+
+
+def _spread(xs: list[float], fmt: str = "{:.2f}x") -> str:
+    """The median over runs, and the range when there are several."""
+    xs = sorted(xs)
+    mid = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return fmt.format(mid) + ("" if len(xs) < 2 else f" ({fmt.format(xs[0])}-{fmt.format(xs[-1])})")
+
+
+def across(runs: list[dict]) -> str:
+    """Several runs of the same conversations: each row's ratios as the median over the runs (the
+    range across them), and per conversation, in how many runs a row was faster over the whole loop
+    than every llama-server row."""
+    names = list(dict.fromkeys(n for d in runs for n in d["settings"].get("methods") or ()))
+    base = runs[0]["settings"].get("baseline")
+    over = [{r["row"]: r for r in d["summary"] if r["turn"] is None and r["prompt_id"] is None} for d in runs]
+    at_turn = [{r["row"]: r for r in d["summary"] if r["turn"] == TTFT_TURN and r["prompt_id"] is None}
+               for d in runs]
+    lines = [f"Across the {len(runs)} runs above: each ratio's median (and range), against {base} on the same "
+             "requests; TTFT at turn {TTFT_TURN} is the call request's time to first token over the baseline's "
+             "(lower: sooner).", "",
+             f"| row | loop speedup | decode ratio | TTFT call, turn {TTFT_TURN} | wins over every llama-server row, "
+             "per conversation |", "|---|---|---|---|---|"]
+    for name in names:
+        if name == base or not all(name in o for o in over):
+            continue
+        wins = []
+        for d in runs:
+            convs = {}
+            for r in d["summary"]:
+                if r["prompt_id"] is not None and r["turn"] is None:
+                    convs.setdefault(r["prompt_id"], {})[r["row"]] = r["wall_s"]
+            theirs = [n for n in d["settings"].get("methods") or () if n.startswith("llama-server")]
+            wins.append(f"{sum(all(c[name] < c[t] for t in theirs) for c in convs.values())}/{len(convs)}"
+                        if theirs and not name.startswith("llama-server") else "")
+        ttft = [a[name]["ttft_call_ratio"] for a in at_turn if name in a]
+        lines.append(f"| {name} | {_spread([o[name]['speedup'] for o in over])} | "
+                     f"{_spread([o[name]['decode_ratio'] for o in over])} | {_spread(ttft) if ttft else ''} | "
+                     f"{', '.join(w for w in wins if w)} |")
+    return "\n".join(lines) + "\n"

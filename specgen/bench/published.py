@@ -215,9 +215,17 @@ def render(data: dict, link: str) -> str:
 
 
 def render_files(paths: Sequence[Path], base: Path) -> str:
-    """render() of each file, linked relative to the folder `base` of the page that shows them."""
-    return "\n".join(render(load(p), Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix())
-                     for p in paths)
+    """render() of each file, linked relative to the folder `base` of the page that shows them;
+    several agent-bench runs of one suite and half end with their spread (agent_view.across)."""
+    datas = [load(p) for p in paths]
+    text = "\n".join(render(d, Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix())
+                     for d, p in zip(datas, paths))
+    agent = [d for d in datas if d["settings"].get("suite") == "agent" and "rows" in d]
+    if len(agent) >= 2 and len(agent) == len(datas) and len({d["settings"].get("split") for d in agent}) == 1:
+        from specgen.bench.agent_view import across
+
+        text += "\n" + across(agent)
+    return text
 
 
 def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
