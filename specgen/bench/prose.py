@@ -19,7 +19,7 @@ from pathlib import Path
 from specgen.bench import published
 from specgen.errors import ConfigError
 
-_BLOCK = re.compile(r"<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S)
+_BLOCK = re.compile(r"^<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S | re.M)
 # Decimals (and ranges of them) with an optional unit, percentages and counts; dates (2026-11-27) and plain integers are words.
 _FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+-\d+\.\d+x?|\d+\.\d+x?|\d+%|\d+/\d+)(?![\w.]*\d)")
 
@@ -31,8 +31,8 @@ def figures(text: str) -> list[str]:
 
 def unbacked(page: Path) -> list[str]:
     """'FIGURE (files)' for each figure in a figures block of `page` that its files do not render."""
-    text = Path(page).read_text(encoding="utf-8")
-    if "<!-- figures:" in text and not _BLOCK.search(text):
+    text = published.unfenced(Path(page).read_text(encoding="utf-8"))  # markers shown as examples are not read
+    if re.search("^<!-- figures:", text, re.M) and not _BLOCK.search(text):
         raise ConfigError(f"{page}: a figures block without its end marker (<!-- figures:end -->)")
     out = []
     for m in _BLOCK.finditer(text):
