@@ -162,6 +162,19 @@ def test_check_fails_on_a_stale_table_and_update_renders_it(tmp_path):
     assert "[r.json](results/r.json)" in text and "hand-typed" not in text
 
 
+def test_prose_may_quote_a_checked_in_file_that_is_not_a_bench_file_as_it_stands(tmp_path):
+    """A log, a junit XML or a script's JSON is no bench results file: its figures are quoted verbatim."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "check.log").write_text("  8  1.1   1.22  0.14\n")
+    (tmp_path / "results" / "steps.json").write_text(json.dumps({"seconds": 28.4}))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures: results/check.log results/steps.json -->\nc(8)/c(1) = 1.22, all in 28.4 s.\n"
+                    "<!-- figures:end -->\n")
+    assert prose.unbacked(page) == []
+    page.write_text(page.read_text().replace("1.22", "1.23"))
+    assert prose.unbacked(page) == ["1.23 (results/check.log results/steps.json)"]
+
+
 def test_markers_shown_as_examples_in_code_are_not_read(tmp_path):
     """A page may show the markers in a fenced code block or inline code (docs/benchmarking.md does):
     --check and --update read only markers on lines of their own, outside fences."""

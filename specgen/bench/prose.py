@@ -13,6 +13,7 @@ sentence cannot go on quoting a run that was re-rendered, or one that no file ho
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -29,6 +30,20 @@ def figures(text: str) -> list[str]:
     return _FIGURE.findall(text)
 
 
+def source_text(path: Path, base: Path) -> str:
+    """The text a figure may be quoted from: a bench --json file as published.render() renders it
+    (linked from the folder `base`), any other file as it stands."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    return published.render_files([path], base) if published.is_results(data) else text
+
+
 def unbacked(page: Path) -> list[str]:
     """'FIGURE (files)' for each figure in a figures block of `page` that its files do not render."""
     text = published.unfenced(Path(page).read_text(encoding="utf-8"))  # markers shown as examples are not read
@@ -39,6 +54,6 @@ def unbacked(page: Path) -> list[str]:
         files = [Path(page).parent / f for f in m.group("files").split()]
         if not files:
             raise ConfigError(f"{page}: a figures marker names no results file")
-        rendered = set(figures(published.render_files(files, Path(page).parent)))
+        rendered = set(figures("\n".join(source_text(f, Path(page).parent) for f in files)))
         out += [f"{f} ({m.group('files')})" for f in figures(m.group("body")) if f not in rendered]
     return out

@@ -41,9 +41,14 @@ def load(path: Path) -> dict:
         raise ConfigError(f"cannot read bench results {path}: {e.strerror or e}") from None
     except ValueError as e:
         raise ConfigError(f"bench results {path} are not JSON: {e}") from None
-    if not isinstance(data, dict) or not {"summary", "settings", "models"} <= set(data):
+    if not is_results(data):
         raise ConfigError(f"{path} is not a `specgen bench --json` file (expected summary, settings and models)")
     return data
+
+
+def is_results(data) -> bool:
+    """Whether parsed JSON is a `specgen bench --json` file (not some other script's)."""
+    return isinstance(data, dict) and {"summary", "settings", "models"} <= set(data)
 
 
 def publish(data: dict) -> dict:
