@@ -9,9 +9,10 @@ the page:
 
 `specgen bench-report --update PAGE` rewrites every such block from its files, `--check PAGE` fails
 where a block and its files disagree (tests/test_bench_report.py checks every page in docs/ and
-README.md so; markers shown as examples in fenced code are not read), and `--publish OUT` writes a results file fit to check in: the generated
-texts replaced by their sha256 (they may quote the benchmark's prompts, whose text stays out of the
-repository; their lengths, counters and identical-to-plain counts stay).
+README.md so; markers shown as examples in fenced code are not read), and `--publish OUT` writes
+a results file fit to check in: the generated texts replaced by their sha256 (they may quote the
+benchmark's prompts, whose text stays out of the repository; their lengths, counters and
+identical-to-plain counts stay).
 """
 
 from __future__ import annotations
