@@ -13,6 +13,7 @@ from specgen.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32
+PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md",
@@ -26,9 +27,10 @@ def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
                                f"specgen bench-report --update {page}")
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/measurements.md", "docs/structured-output.md"])
-def test_prose_quotes_only_figures_its_results_files_render(page):
-    assert prose.unbacked(ROOT / page) == []
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_passes_check_its_tables_and_prose_as_their_files_render(page):
+    """What `specgen bench-report --check PAGE` checks, on every page (a new page is covered as it lands)."""
+    assert published.stale(ROOT / page) == [] and prose.unbacked(ROOT / page) == []
 
 
 def test_check_fails_on_prose_quoting_a_figure_no_file_renders(tmp_path):
@@ -158,6 +160,36 @@ def test_check_fails_on_a_stale_table_and_update_renders_it(tmp_path):
     assert text.startswith("# Title\n\n<!-- bench-table: results/r.json -->\n*2026-11-26") and text.endswith(
         "<!-- bench-table:end -->\n\nafter\n")
     assert "[r.json](results/r.json)" in text and "hand-typed" not in text
+
+
+def test_prose_may_quote_a_checked_in_file_that_is_not_a_bench_file_as_it_stands(tmp_path):
+    """A log, a junit XML or a script's JSON is no bench results file: its figures are quoted verbatim."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "check.log").write_text("  8  1.1   1.22  0.14\n")
+    (tmp_path / "results" / "steps.json").write_text(json.dumps({"seconds": 28.4}))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures: results/check.log results/steps.json -->\nc(8)/c(1) = 1.22, all in 28.4 s.\n"
+                    "<!-- figures:end -->\n")
+    assert prose.unbacked(page) == []
+    page.write_text(page.read_text().replace("1.22", "1.23"))
+    assert prose.unbacked(page) == ["1.23 (results/check.log results/steps.json)"]
+
+
+def test_markers_shown_as_examples_in_code_are_not_read(tmp_path):
+    """A page may show the markers in a fenced code block or inline code (docs/benchmarking.md does):
+    --check and --update read only markers on lines of their own, outside fences."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text(json.dumps(report()))
+    example = ("```\n<!-- bench-table: results/none.json -->\n(rendered)\n<!-- bench-table:end -->\n"
+               "<!-- figures: results/none.json -->\nat 9.99x\n<!-- figures:end -->\n```\n")
+    page = tmp_path / "page.md"
+    page.write_text(f"Between `<!-- figures: FILES -->` and `<!-- figures:end -->`:\n\n{example}\n"
+                    "<!-- bench-table: results/r.json -->\nhand-typed\n<!-- bench-table:end -->\n")
+    result = CliRunner().invoke(app, ["bench-report", "--update", str(page), "--check", str(page)])
+    assert result.exit_code == 0, result.output
+    assert example in page.read_text() and "hand-typed" not in page.read_text()
+    page.write_text(example.strip("`\n") + "\n")  # the same markers outside the fence are read
+    assert_one_line_error(specgen("bench-report", "--check", str(page)), "cannot read bench results")
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):

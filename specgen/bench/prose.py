@@ -13,13 +13,14 @@ sentence cannot go on quoting a run that was re-rendered, or one that no file ho
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from specgen.bench import published
 from specgen.errors import ConfigError
 
-_BLOCK = re.compile(r"<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S)
+_BLOCK = re.compile(r"^<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S | re.M)
 # Decimals (and ranges of them) with an optional unit, percentages and counts; dates (2026-11-27) and plain integers are words.
 _FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+-\d+\.\d+x?|\d+\.\d+x?|\d+%|\d+/\d+)(?![\w.]*\d)")
 
@@ -29,16 +30,30 @@ def figures(text: str) -> list[str]:
     return _FIGURE.findall(text)
 
 
+def source_text(path: Path, base: Path) -> str:
+    """The text a figure may be quoted from: a bench --json file as published.render() renders it
+    (linked from the folder `base`), any other file as it stands."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    return published.render_files([path], base) if published.is_results(data) else text
+
+
 def unbacked(page: Path) -> list[str]:
     """'FIGURE (files)' for each figure in a figures block of `page` that its files do not render."""
-    text = Path(page).read_text(encoding="utf-8")
-    if "<!-- figures:" in text and not _BLOCK.search(text):
+    text = published.unfenced(Path(page).read_text(encoding="utf-8"))  # markers shown as examples are not read
+    if re.search("^<!-- figures:", text, re.M) and not _BLOCK.search(text):
         raise ConfigError(f"{page}: a figures block without its end marker (<!-- figures:end -->)")
     out = []
     for m in _BLOCK.finditer(text):
         files = [Path(page).parent / f for f in m.group("files").split()]
         if not files:
             raise ConfigError(f"{page}: a figures marker names no results file")
-        rendered = set(figures(published.render_files(files, Path(page).parent)))
+        rendered = set(figures("\n".join(source_text(f, Path(page).parent) for f in files)))
         out += [f"{f} ({m.group('files')})" for f in figures(m.group("body")) if f not in rendered]
     return out

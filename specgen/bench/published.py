@@ -8,10 +8,11 @@ the page:
     <!-- bench-table:end -->
 
 `specgen bench-report --update PAGE` rewrites every such block from its files, `--check PAGE` fails
-where a block and its files disagree (tests/test_bench_report.py checks README.md and
-docs/measurements.md so), and `--publish OUT` writes a results file fit to check in: the generated
-texts replaced by their sha256 (they may quote the benchmark's prompts, whose text stays out of the
-repository; their lengths, counters and identical-to-plain counts stay).
+where a block and its files disagree (tests/test_bench_report.py checks every page in docs/ and
+README.md so; markers shown as examples in fenced code are not read), and `--publish OUT` writes
+a results file fit to check in: the generated texts replaced by their sha256 (they may quote the
+benchmark's prompts, whose text stays out of the repository; their lengths, counters and
+identical-to-plain counts stay).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
 
 START, END = "<!-- bench-table:", "<!-- bench-table:end -->"
-_BLOCK = re.compile(r"<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S)
+_BLOCK = re.compile(r"^<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- bench-table:end -->", re.S | re.M)
+_FENCE = re.compile(r"^(```|~~~)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
 OVERALL = "overall"
 LLAMA_CPP_PLAIN = "llama.cpp plain"
 def load(path: Path) -> dict:
@@ -40,9 +42,14 @@ def load(path: Path) -> dict:
         raise ConfigError(f"cannot read bench results {path}: {e.strerror or e}") from None
     except ValueError as e:
         raise ConfigError(f"bench results {path} are not JSON: {e}") from None
-    if not isinstance(data, dict) or not {"summary", "settings", "models"} <= set(data):
+    if not is_results(data):
         raise ConfigError(f"{path} is not a `specgen bench --json` file (expected summary, settings and models)")
     return data
+
+
+def is_results(data) -> bool:
+    """Whether parsed JSON is a `specgen bench --json` file (not some other script's)."""
+    return isinstance(data, dict) and {"summary", "settings", "models"} <= set(data)
 
 
 def publish(data: dict) -> dict:
@@ -228,6 +235,13 @@ def render_files(paths: Sequence[Path], base: Path) -> str:
     return text
 
 
+def unfenced(text: str) -> str:
+    """`text` with each fenced code block blanked to spaces (same length, same lines): a page may show
+    markers there as examples, which are not its own. Markers count only at the start of a line, so
+    inline code quoting one is not read either."""
+    return _FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
 def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
     """Each bench-table block of a markdown page: (its files, resolved from the page's folder; the
     body as it stands; the body its files render)."""
@@ -236,12 +250,12 @@ def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
     except OSError as e:
         raise ConfigError(f"cannot read {page}: {e.strerror or e}") from None
     found = []
-    for m in _BLOCK.finditer(text):
+    for m in _BLOCK.finditer(unfenced(text)):
         files = [Path(page).parent / f for f in m.group("files").split()]
         if not files:
             raise ConfigError(f"{page}: a bench-table marker names no results file")
-        found.append((files, m.group("body"), render_files(files, Path(page).parent)))
-    if not found and START in text:
+        found.append((files, text[m.start("body"):m.end("body")], render_files(files, Path(page).parent)))
+    if not found and re.search(f"^{START}", unfenced(text), re.M):
         raise ConfigError(f"{page}: a bench-table block without its end marker ({END})")
     return found
 
@@ -249,8 +263,11 @@ def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
 def updated(page: Path) -> str:
     """The page's text with every bench-table block rendered anew from its files."""
     text = Path(page).read_text(encoding="utf-8")
-    rendered = iter([body for _, _, body in blocks(page)])
-    return _BLOCK.sub(lambda m: f"<!-- bench-table: {m.group('files')} -->\n{next(rendered)}{END}", text)
+    out, at = [], 0
+    for m, (_, _, body) in zip(_BLOCK.finditer(unfenced(text)), blocks(page)):
+        out += [text[at:m.start()], f"<!-- bench-table: {m.group('files')} -->\n{body}{END}"]
+        at = m.end()
+    return "".join(out) + text[at:]
 
 
 def stale(page: Path) -> list[str]:
