@@ -211,7 +211,7 @@ class LlamaContext:
     with room for `n_outputs` rows of logits from the start."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_seq_max: int = 1, n_batch: int = 512,
-                 n_threads: int | None = None, n_outputs: int = 1):
+                 n_threads: int | None = None, n_outputs: int = 1, eval_callback=None):
         self.model = model
         threads = n_threads or default_threads()
         params = L.llama_context_default_params()
@@ -234,6 +234,8 @@ class LlamaContext:
         if self.screen is not None:  # each output row's hidden state too, room reserved now
             params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_NONE
         self._embeddings = self.screen is not None
+        if eval_callback is not None:  # called around each graph node (profile.py); kept alive with the context
+            params.cb_eval, self._eval_callback = eval_callback, eval_callback
         self._ctx = L.llama_init_from_model(model._model, params)
         if not self._ctx:
             raise SpecgenError(f"llama.cpp could not create a context of {n_ctx} tokens for "

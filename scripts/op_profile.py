@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Where a decode of B tokens spends its time, op by op (issue 59): each model at B = 1, 4, 8, 16,
+with specgen's kernels and batch invariance (the wheel's default) and with llama.cpp's own kernels
+(SPECGEN_KERNELS=0), each in its own process (the setting is read once per process), in rounds
+whose order rotates. specgen/llama/profile.py times the nodes through llama.cpp's eval callback;
+a node computed alone pays a thread-pool start, measured on the nodes that do no work (views,
+reshapes, permutes) and taken off every category ("net"); the plain decode's time, without the
+callback, is kept beside the instrumented one.
+
+    python scripts/op_profile.py --out docs/results/profile/DATE.json
+    python scripts/op_profile.py --table docs/results/profile/DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
+SETTINGS = {"specgen": {}, "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
+SIZES = [1, 4, 8, 16]
+N_PAST = 256  # tokens of context before each timed decode
+NO_WORK = ("view", "reshape", "permute", "transpose", "cont", "none")  # nodes that only describe memory
+
+
+def one(model: str, sizes: list[int], repeats: int, threads: int) -> dict:
+    from specgen.llama.backend import LlamaModel
+    from specgen.llama.profile import profile
+    from specgen.models.resolve import resolve
+
+    m = LlamaModel(resolve(model))
+    token = m.tokenize(" the", add_special=False)[-1]
+    return profile(m, tuple(sizes), N_PAST, repeats, threads, token)
+
+
+def net(size: dict) -> dict[str, float]:
+    """Each category's ms less its nodes' share of the per-node overhead (the no-work nodes' mean)."""
+    idle = [k for k in size["ms"] if k in NO_WORK]
+    per_node = sum(size["ms"][k] for k in idle) / max(1, sum(size["nodes"][k] for k in idle))
+    return {k: max(0.0, v - per_node * size["nodes"][k]) for k, v in size["ms"].items() if k not in NO_WORK}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from specgen.bench.results import run_info
+    from specgen.host import cpu_name, cpu_sample, others_cores
+
+    before = cpu_sample()
+    runs = []
+    for r in range(args.rounds):
+        order = list(SETTINGS)[r % len(SETTINGS):] + list(SETTINGS)[:r % len(SETTINGS)]
+        for model in args.models:
+            for setting in order:
+                cmd = [sys.executable, __file__, "--one", model, "--sizes", ",".join(map(str, args.sizes)),
+                       "--repeats", str(args.repeats), "--threads", str(args.threads)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **SETTINGS[setting]})
+                if proc.returncode != 0:
+                    sys.exit(f"op_profile: {model} ({setting}) failed: {proc.stderr.strip().splitlines()[-1:]}")
+                runs.append({"round": r, "model": model, "setting": setting,
+                             "sizes": json.loads(proc.stdout.strip().splitlines()[-1])})
+    return {"run": run_info(), "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                                          "others_cores": others_cores(before, cpu_sample())},
+            "settings": {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "n_past": N_PAST,
+                         "sizes": args.sizes, "env": SETTINGS}, "runs": runs}
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def table(path: Path) -> str:
+    """Per model and setting: ms per decode by category (net of the per-node overhead, median over
+    rounds) at each B, each category's c(B)/c(1), and the plain decode's ms."""
+    data = json.loads(Path(path).read_text())
+    s, machine = data["settings"], data["machine"]
+    lines = [f"*{data['run'].get('date', '?')} · commit {str(data['run'].get('commit', '?'))[:10]} · {machine['cpu']}, "
+             f"{machine['cores']} cores, {s['threads']} threads (other processes used {machine['others_cores']:.2f} "
+             f"cores meanwhile) · {s['n_past']} tokens of context, every row's logits · median of {s['rounds']} "
+             f"rounds x {s['repeats']} decodes · results: [{Path(path).name}](results/profile/{Path(path).name})*", ""]
+    sizes = [str(b) for b in s["sizes"]]
+    for model in dict.fromkeys(r["model"] for r in data["runs"]):
+        for setting in dict.fromkeys(r["setting"] for r in data["runs"]):
+            mine = [r for r in data["runs"] if r["model"] == model and r["setting"] == setting]
+            nets = [{b: net(r["sizes"][b]) for b in sizes} for r in mine]
+            cats = sorted({k for n in nets for b in sizes for k in n[b]},
+                          key=lambda k: -_median([n[sizes[-1]].get(k, 0.0) for n in nets]))
+            lines += [f"**{model}, {setting}**", "",
+                      "| ms per decode | " + " | ".join(f"B={b}" for b in sizes) + f" | c({sizes[-1]})/c(1) |",
+                      "|---|" + "---|" * (len(sizes) + 1)]
+            for k in cats:
+                ms = [_median([n[b].get(k, 0.0) for n in nets]) for b in sizes]
+                ratio = f"{ms[-1] / ms[0]:.1f}" if ms[0] > 0.005 else ""
+                if max(ms) >= 0.05:
+                    lines.append(f"| {k} | " + " | ".join(f"{m:.2f}" for m in ms) + f" | {ratio} |")
+            plain = [_median([r["sizes"][b]["plain_ms"] for r in mine]) for b in sizes]
+            lines += [f"| **decode, no callback** | " + " | ".join(f"**{m:.2f}**" for m in plain) +
+                      f" | **{plain[-1] / plain[0]:.2f}** |", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--table", type=Path)
+    ap.add_argument("--one")
+    ap.add_argument("--models", type=lambda v: v.split(","), default=MODELS)
+    ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.sizes, args.repeats, args.threads)))
+    elif args.table:
+        print(table(args.table))
+    elif args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(measure(args), indent=1) + "\n")
+        print(table(args.out))
+    else:
+        ap.error("give --out FILE (measure) or --table FILE (render)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Where a decode's time goes, op by op (issue 59's profile): decodes of B tokens timed node by
+node through llama.cpp's eval callback, grouped by what the node does (each matrix product by its
+weight type, the output layer apart, attention, norms, the rest), beside the same decodes timed
+without the callback.
+
+How: a context made with `cb_eval` that asks for every node makes llama.cpp's scheduler compute
+the graph one node at a time, calling back after each; the time between two callbacks is that
+node's. Computing node by node costs a thread-pool start per node, so the instrumented decode is
+slower than a plain one: the plain decode's time is reported beside it, and the shares (not the
+absolute times) are what the profile is for. Only this package imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp as L
+
+from specgen.llama.backend import LlamaContext, LlamaModel
+
+GGML_MAX_SRC = 10
+
+
+class _Tensor(ctypes.Structure):
+    """The head of ggml's `struct ggml_tensor` (ggml.h), as far as the name."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * GGML_MAX_SRC), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
+
+
+def _ggml() -> ctypes.CDLL:
+    """ggml's own library, beside the libllama llama_cpp loaded (its op and type names)."""
+    lib = ctypes.CDLL(str(Path(L.llama_cpp._lib._name).with_name("libggml-base.so")))
+    lib.ggml_op_desc.restype, lib.ggml_op_desc.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    lib.ggml_type_name.restype, lib.ggml_type_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    return lib
+
+
+def category(op: str, name: str, weight_type: str | None) -> str:
+    """What a node is, for the profile: a product by its weight type (the output layer apart),
+    attention, a norm, or its op's own name."""
+    if op in ("MUL_MAT", "MUL_MAT_ID"):
+        if name.startswith("result_output"):
+            return f"output layer ({weight_type})"
+        if weight_type in ("f32", "f16") and not name.startswith(("attn_", "ffn_", "Qcur", "Kcur", "Vcur")):
+            return "attention products"  # K·Q and V·softmax without flash attention
+        return f"matmul {weight_type}"
+    if op in ("FLASH_ATTN_EXT", "SOFT_MAX"):
+        return "attention"
+    if op in ("RMS_NORM", "NORM", "L2_NORM"):
+        return "norms"
+    return op.lower()
+
+
+@dataclass
+class OpTimes:
+    """One decode size's nodes: seconds per category (summed over decodes), nodes per decode."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    nodes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    decodes: int = 0
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.lib = _ggml()
+        self.on, self.last, self.into = False, 0.0, OpTimes()
+        self.callback = L.ggml_backend_sched_eval_callback(self._called)
+
+    def _called(self, tensor: int, ask: bool, _user: int) -> bool:
+        if ask:
+            return self.on  # every node, computed alone, when recording
+        now = time.perf_counter()
+        t = _Tensor.from_address(tensor)
+        op = (self.lib.ggml_op_desc(tensor) or b"?").decode()
+        weight = None
+        if t.src[0]:
+            weight = (self.lib.ggml_type_name(_Tensor.from_address(t.src[0]).type) or b"?").decode()
+        key = category(op.upper(), t.name.decode(errors="replace"), weight)
+        self.into.seconds[key] += now - self.last
+        self.into.nodes[key] += 1
+        self.last = now
+        return True
+
+
+def _batch(n_past: int, size: int, token: int):
+    from specgen.core.protocol import Batch
+
+    b = Batch()
+    for i in range(size):
+        b.add(token, n_past + i, (0,), True)  # every row asks for logits, as a verified tree's do
+    return b
+
+
+def profile(model: LlamaModel, sizes: tuple[int, ...], n_past: int, repeats: int, threads: int,
+            token: int) -> dict:
+    """Per decode size: milliseconds per decode by category (instrumented), the instrumented and the
+    plain decode's wall time (medians over `repeats`), after `n_past` tokens of context."""
+    recorder = _Recorder()
+    timed = LlamaContext(model, n_past + max(sizes) + 8, 1, max(n_past, max(sizes)), threads, max(sizes),
+                         eval_callback=recorder.callback)
+    plain = LlamaContext(model, n_past + max(sizes) + 8, 1, max(n_past, max(sizes)), threads, max(sizes))
+    prompt = _batch(0, n_past, token)
+    prompt.logits = [False] * (n_past - 1) + [True]
+    for ctx in (timed, plain):
+        ctx.decode(prompt)
+    out = {}
+    for size in sizes:
+        times, walls, plain_walls = OpTimes(), [], []
+        for _ in range(repeats + 1):  # the first of each size warms up and is not kept
+            for ctx in (plain, timed):
+                ctx.seq_rm(0, n_past, -1)
+                recorder.on, recorder.into = ctx is timed, OpTimes()
+                start = recorder.last = time.perf_counter()
+                ctx.decode(_batch(n_past, size, token))
+                wall = time.perf_counter() - start
+                if ctx is timed:
+                    walls.append(wall)
+                    if len(walls) > 1:
+                        for k, v in recorder.into.seconds.items():
+                            times.seconds[k] += v
+                        times.nodes = recorder.into.nodes
+                        times.decodes += 1
+                else:
+                    plain_walls.append(wall)
+        recorder.on = False
+        n = max(1, times.decodes)
+        out[size] = {"ms": {k: round(1000 * v / n, 4) for k, v in sorted(times.seconds.items(), key=lambda kv: -kv[1])},
+                     "nodes": dict(times.nodes),
+                     "instrumented_ms": round(1000 * _median(walls[1:]), 4),
+                     "plain_ms": round(1000 * _median(plain_walls[1:]), 4)}
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0
