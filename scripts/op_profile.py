@@ -24,7 +24,6 @@ MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 SETTINGS = {"specgen": {}, "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
 SIZES = [1, 4, 8, 16]
 N_PAST = 256  # tokens of context before each timed decode
-NO_WORK = ("view", "reshape", "permute", "transpose", "cont", "none")  # nodes that only describe memory
 
 
 def one(model: str, sizes: list[int], repeats: int, threads: int) -> dict:
@@ -35,13 +34,6 @@ def one(model: str, sizes: list[int], repeats: int, threads: int) -> dict:
     m = LlamaModel(resolve(model))
     token = m.tokenize(" the", add_special=False)[-1]
     return profile(m, tuple(sizes), N_PAST, repeats, threads, token)
-
-
-def net(size: dict) -> dict[str, float]:
-    """Each category's ms less its nodes' share of the per-node overhead (the no-work nodes' mean)."""
-    idle = [k for k in size["ms"] if k in NO_WORK]
-    per_node = sum(size["ms"][k] for k in idle) / max(1, sum(size["nodes"][k] for k in idle))
-    return {k: max(0.0, v - per_node * size["nodes"][k]) for k, v in size["ms"].items() if k not in NO_WORK}
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -73,6 +65,8 @@ def _median(xs: list[float]) -> float:
 
 
 def table(path: Path) -> str:
+    from specgen.llama.profile import net
+
     """Per model and setting: ms per decode by category (net of the per-node overhead, median over
     rounds) at each B, each category's c(B)/c(1), and the plain decode's ms."""
     data = json.loads(Path(path).read_text())

@@ -186,6 +186,19 @@ def test_calibrate_takes_the_model_as_m_like_every_other_command(isolated_home, 
     assert [(int(r[0]), float(r[1])) for r in rows[:3]] == [(1, 10.0), (2, 15.0), (4, 25.0)]
 
 
+@pytest.mark.real
+def test_calibrate_kernels_times_each_weight_type_against_llama_cpps(smollm2_path):
+    """--kernels: a row per weight type of the model's products (the output layer apart) and one
+    for the whole decode, each cell specgen's ms / llama.cpp's at B = 1..16 (specgen/llama/profile.py)."""
+    proc = specgen("calibrate", "-m", str(smollm2_path), "--kernels", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "SPECGEN_KERNELS = " in proc.stderr and "c(16)/c(1)" in proc.stdout
+    rows = {line.strip().split("  ")[0]: line.strip() for line in proc.stdout.splitlines()}
+    for name in ("matmul q4_1", "output layer (q8_0)", "whole decode"):
+        cells = rows[name][len(name):].split()
+        assert len(cells) == 3 * 6 and all(float(c) > 0 for c in cells if c != "/"), rows[name]
+
+
 def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     """With a seed auto plans from the cached calibration alone, not from this machine's timings.
     The curve written there makes a batch cost 1 + (B - 1)/2 single decodes: drafting after a
@@ -210,6 +223,8 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
 @pytest.mark.parametrize("args, message", [
     (["calibrate", SMOLLM2, "--threads", "0"], "--threads must be at least 1, found 0"),
     (["calibrate"], "calibrate needs a model: -m MODEL (or MODEL alone), found none"),
+    (["calibrate", SMOLLM2, "--kernels", "--refresh"], "--kernels times the CPU's kernels afresh: it takes -m and "
+                                                        "--threads, found --refresh"),
     (["calibrate", SMOLLM2, "-m", "gemma-3-270m-q4_k_m"],
      f"calibrate takes one model, found two: {SMOLLM2} and -m gemma-3-270m-q4_k_m"),
     (["rpc-server", "--port", "0"], "--port must be in 1..65535, found 0"),

@@ -58,15 +58,24 @@ def calibrate(
     ctx: Ctx = None,
     gpu_layers: GpuLayers = None,
     refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of using the cache."),
+    kernels: bool = typer.Option(False, "--kernels", help="Time each matrix product of a decode of 1, 2, 4, 8 "
+                                 "and 16 tokens by weight type, with specgen's kernels and with llama.cpp's own "
+                                 "(SPECGEN_KERNELS=0): the table to paste into a bug report."),
 ) -> None:
     """Measure (or show the cached) cost of one decode of B tokens, the curve `auto` plans with.
 
     \b
     Example:
       specgen calibrate -m gemma-3-270m-f32
+      specgen calibrate -m smollm2-135m-instruct-q4_1 --kernels
     """
     model = calibrated_model(name, target)
     check_threads(threads)
+    if kernels:
+        if refresh or gpu_layers:
+            raise ConfigError(f"--kernels times the CPU's kernels afresh: it takes -m and --threads, found "
+                              f"{'--refresh' if refresh else '--gpu-layers'}")
+        return kernel_table(model, threads)
     defaults = RunConfig()
     ctx = defaults.ctx if ctx is None else ctx
     gpu_layers = defaults.gpu_layers if gpu_layers is None else gpu_layers
@@ -104,6 +113,41 @@ def calibrate(
               f"+{curve.per_context * 8 * 2048 * 1000:.1f} ms)")
     else:
         print(f"context: not measured yet (auto measures it after its first prompt over {LONG_PROMPT} tokens)")
+
+
+def kernel_table(model: str, threads: int | None) -> None:
+    """calibrate --kernels: per weight type, ms of its products in one decode at each B, specgen's
+    kernels against llama.cpp's; then the whole decode's ms and its c(B)/c(1)."""
+    from specgen.host import cpu_name
+    from specgen.llama import backend, tools
+    from specgen.llama.profile import KERNEL_SIZES, kernel_times
+    from specgen.models.resolve import resolve
+
+    path = resolve(model)
+    n_threads = threads or backend.default_threads()
+    print(f"timing the products of one decode of B tokens in {path.name}: {cpu_name()}, {n_threads} thread{'s' if n_threads != 1 else ''}, "
+          f"{_kernels_line(tools.build_info().system_info)} (a minute or two)", file=sys.stderr, flush=True)
+    got = kernel_times(str(path), KERNEL_SIZES, threads=n_threads)
+    table = Table(title=f"{path.name}: ms per decode of B tokens, specgen / llama.cpp (SPECGEN_KERNELS=0)", box=None)
+    table.add_column("products", justify="left")
+    for b in got["sizes"]:
+        table.add_column(f"B={b}", justify="right")
+    table.add_column(f"c({got['sizes'][-1]})/c(1)", justify="right")
+
+    def cells(ours: list[float], theirs: list[float]) -> list[str]:
+        ratio = lambda xs: f"{xs[-1] / xs[0]:.2f}" if xs[0] > 0 else "-"
+        return [f"{a:.2f} / {b:.2f}" for a, b in zip(ours, theirs)] + [f"{ratio(ours)} / {ratio(theirs)}"]
+
+    for name, by in sorted(got["products"].items(), key=lambda kv: -kv[1]["specgen"][-1]):
+        table.add_row(name, *cells(by["specgen"], by["llama.cpp"]))
+    table.add_row("whole decode", *cells(got["decode_ms"]["specgen"], got["decode_ms"]["llama.cpp"]))
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160).print(table)  # one line a row in a report
+
+
+def _kernels_line(system_info: str) -> str:
+    """The build's own word on its kernels (its SPECGEN_KERNELS feature: the ISA and the types)."""
+    found = [part.strip() for part in system_info.split("|") if "SPECGEN_KERNELS" in part]
+    return found[0] if found else "SPECGEN_KERNELS = none (not specgen's build)"
 
 
 def calibrated_model(name: str | None, target: str | None) -> str:

@@ -23,6 +23,8 @@ import llama_cpp as L
 from specgen.llama.backend import LlamaContext, LlamaModel
 
 GGML_MAX_SRC = 10
+NO_WORK = ("view", "reshape", "permute", "transpose", "cont", "none")  # nodes that only describe memory
+KERNEL_SIZES = (1, 2, 4, 8, 16)
 
 
 class _Tensor(ctypes.Structure):
@@ -141,3 +143,56 @@ def profile(model: LlamaModel, sizes: tuple[int, ...], n_past: int, repeats: int
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else 0.0
+
+
+def net(size: dict) -> dict[str, float]:
+    """One size's ms by category, less each category's nodes' share of the per-node overhead (the
+    mean of the nodes that do no work: what computing one node alone costs)."""
+    idle = [k for k in size["ms"] if k in NO_WORK]
+    per_node = sum(size["ms"][k] for k in idle) / max(1, sum(size["nodes"][k] for k in idle))
+    return {k: max(0.0, v - per_node * size["nodes"][k]) for k, v in size["ms"].items() if k not in NO_WORK}
+
+
+def in_process(path: str, sizes: tuple[int, ...], n_past: int, repeats: int, threads: int, env: dict) -> dict:
+    """profile() in a process of its own with `env` (SPECGEN_KERNELS is read once per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from specgen.errors import SpecgenError
+
+    cmd = [sys.executable, "-m", "specgen.llama.profile", path, ",".join(map(str, sizes)), str(n_past),
+           str(repeats), str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode != 0:
+        raise SpecgenError(f"the profile of {Path(path).name} failed: "
+                           f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return {int(b): v for b, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+def kernel_times(path: str, sizes: tuple[int, ...] = KERNEL_SIZES, n_past: int = 256, repeats: int = 5,
+                 threads: int = 2) -> dict:
+    """`specgen calibrate --kernels`: each product's ms (by weight type; the output layer apart) and
+    the whole decode's, at each B, with specgen's kernels and with llama.cpp's (SPECGEN_KERNELS=0)."""
+    runs = {"specgen": in_process(path, sizes, n_past, repeats, threads, {"SPECGEN_KERNELS": "1"}),
+            "llama.cpp": in_process(path, sizes, n_past, repeats, threads, {"SPECGEN_KERNELS": "0"})}
+    out: dict = {"sizes": list(sizes), "products": {}, "decode_ms": {}}
+    for name, by_size in runs.items():
+        out["decode_ms"][name] = [by_size[b]["plain_ms"] for b in sizes]
+        for b in sizes:
+            for k, ms in net(by_size[b]).items():
+                if k.startswith(("matmul", "output layer")):
+                    out["products"].setdefault(k, {}).setdefault(name, []).append(round(ms, 4))
+    return out
+
+
+if __name__ == "__main__":  # in_process's child: python -m specgen.llama.profile PATH SIZES N_PAST REPEATS THREADS
+    import json
+    import sys
+
+    _path, _sizes, _past, _repeats, _threads = sys.argv[1:6]
+    _model = LlamaModel(_path)
+    _token = _model.tokenize(" the", add_special=False)[-1]
+    print(json.dumps(profile(_model, tuple(int(x) for x in _sizes.split(",")), int(_past), int(_repeats),
+                             int(_threads), _token)))
