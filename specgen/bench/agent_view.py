@@ -83,10 +83,10 @@ def across(runs: list[dict]) -> str:
     at_turn = [{r["row"]: r for r in d["summary"] if r["turn"] == TTFT_TURN and r["prompt_id"] is None}
                for d in runs]
     lines = [f"Across the {len(runs)} runs above: each ratio's median (and range), against {base} on the same "
-             "requests; TTFT at turn {TTFT_TURN} is the call request's time to first token over the baseline's "
+             f"requests; TTFT at turn {TTFT_TURN} is the call request's time to first token over the baseline's "
              "(lower: sooner).", "",
-             f"| row | loop speedup | decode ratio | TTFT call, turn {TTFT_TURN} | wins over every llama-server row, "
-             "per conversation |", "|---|---|---|---|---|"]
+             f"| row | loop speedup | decode ratio | lowest decode ratio of a conversation | TTFT call, turn {TTFT_TURN} "
+             "| wins over every llama-server row, per conversation |", "|---|---|---|---|---|---|"]
     for name in names:
         if name == base or not all(name in o for o in over):
             continue
@@ -100,7 +100,10 @@ def across(runs: list[dict]) -> str:
             wins.append(f"{sum(all(c[name] < c[t] for t in theirs) for c in convs.values())}/{len(convs)}"
                         if theirs and not name.startswith("llama-server") else "")
         ttft = [a[name]["ttft_call_ratio"] for a in at_turn if name in a]
+        lowest = [min((r["decode_ratio"] for r in d["summary"] if r["row"] == name and r["prompt_id"] is not None
+                       and r["turn"] is None), default=0.0) for d in runs]
         lines.append(f"| {name} | {_spread([o[name]['speedup'] for o in over])} | "
-                     f"{_spread([o[name]['decode_ratio'] for o in over])} | {_spread(ttft) if ttft else ''} | "
+                     f"{_spread([o[name]['decode_ratio'] for o in over])} | {_spread(lowest)} | "
+                     f"{_spread(ttft) if ttft else ''} | "
                      f"{', '.join(w for w in wins if w)} |")
     return "\n".join(lines) + "\n"
