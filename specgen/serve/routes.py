@@ -4,7 +4,6 @@ SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -18,7 +17,7 @@ from specgen.serve.fields import SPECGEN_ORDER
 from specgen.serve.logprob_shapes import Shown, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
-from specgen.serve.worker import Done, Worker, overrides
+from specgen.serve.worker import Done, Worker, sampling_of
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
@@ -53,13 +52,12 @@ def speculative(method: str, s: RunStats) -> dict:
 def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
     """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or a
     request's), and every setting it does not implement at the value that turns it off."""
-    if request is not None:
-        cfg = dataclasses.replace(cfg, **overrides(request))
+    s = cfg.sampling if request is None else sampling_of(cfg, request)
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
-    pen = cfg.sampling.penalties
+    pen = s.penalties
     return {
-        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if cfg.seed is None else cfg.seed,
-        "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
+        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if s.seed is None else s.seed,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
         "typical_p": 1.0, "top_n_sigma": -1.0,
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
         "repeat_last_n": pen.last_n, "repeat_penalty": pen.repeat, "presence_penalty": pen.presence,
