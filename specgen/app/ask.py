@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from specgen.app.prompts import Prompt
 from specgen.app.structured import tool_constraint, tool_format
@@ -110,6 +110,12 @@ def why_exact_rows(sampling: SamplingParams, constrained: bool, logprobs: int | 
     if not sampling.greedy:
         return "sampling"  # a draw needs the whole distribution
     return None
+
+
+def any_needs_exact_rows(sampling: SamplingParams, prompts: Iterable[Any]) -> bool:
+    """Before loading (the Asks need the loaded target): whether any of these prompts' generations,
+    under `sampling`, will need the target's own rows (then no screened copy is loaded)."""
+    return any(why_exact_rows(sampling, p.constrained) is not None for p in prompts)
 
 
 @dataclass(frozen=True)

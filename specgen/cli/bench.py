@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from specgen.app.ask import why_exact_rows
+from specgen.app.ask import any_needs_exact_rows
 from specgen.app.config import merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
@@ -130,7 +130,7 @@ def bench(
                           "decoding: give --llama-cpp DIR too")
     # Past runs' texts would favour auto; a screened target serves where no prompt needs exact rows.
     session = load_session(cfg, chosen, store_default=False,
-                           screen=not any(why_exact_rows(cfg.sampling, p.constrained) for p in prompts))
+                           screen=not any_needs_exact_rows(cfg.sampling, prompts))
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
     n_threads = cfg.threads or backend.default_threads()

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from specgen.app.ask import Ask, why_exact_rows
+from specgen.app.ask import Ask, any_needs_exact_rows
 from specgen.app.config import build_config, own_target_without_draft, read_yaml
 from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
@@ -83,11 +83,10 @@ def generate(
     if spec is not None:  # for every prompt that does not carry its own response_format or tools
         items = [item if item.constrained else dataclasses.replace(item, constraint=spec) for item in items]
     # A screened target serves only where no prompt's generation needs the target's exact rows.
-    exact = any(why_exact_rows(cfg.sampling, item.constrained) for item in items)
     # Several prompts share one context: the prompt cache keeps a shared beginning (in invariant decodes,
     # --no-prompt-cache too, so both read the same bits). One prompt keeps the n_batch prefill.
     cache = PromptCache(reuse=prompt_cache) if len(items) > 1 else None
-    runner = Runner(cfg, load_session(cfg, screen=not exact), cache)
+    runner = Runner(cfg, load_session(cfg, screen=not any_needs_exact_rows(cfg.sampling, items)), cache)
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
