@@ -23,8 +23,10 @@ SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit: bench passes the same seed
 
 @dataclass(frozen=True)
 class Bound:
-    """A sampling number's range: [low, high], `low_open` excluding low; `note` says what a special
-    value means; `says` replaces the command line's wording where the range alone reads badly."""
+    """A sampling number: its range [low, high] (`low_open` excludes low; `whole`: an integer), and
+    how the command line shows it (cli/options.SAMPLING is made from these rows): `help`, `metavar`,
+    a `short` flag. `note` says what a special value means in an error; `says` replaces the command
+    line's wording of the range where the range alone reads badly."""
 
     name: str  # RunConfig's field, the server's field, core's SamplingParams/Penalties value
     low: float
@@ -33,6 +35,13 @@ class Bound:
     whole: bool = False
     note: str = ""
     says: str = ""
+    help: str = ""
+    metavar: str = "X"
+    short: str = ""
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}"
 
     def holds(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
@@ -61,15 +70,22 @@ def _num(x: float) -> str:
 # stayed: temperature has no upper bound (llama.cpp's; the server said <= 2), top_k and
 # repeat_last_n none either (the server capped them at 2^20 and 2^31 - 1).
 BOUNDS = (
-    Bound("temperature", 0.0),
-    Bound("top_k", 0, whole=True, note="0 = off"),
-    Bound("top_p", 0.0, 1.0, low_open=True),
-    Bound("min_p", 0.0, 1.0),
-    Bound("repeat_penalty", 0.0, 10.0, low_open=True, note="1 = off"),
-    Bound("repeat_last_n", -1, whole=True, says="must be -1 (the whole context), 0 (off) or more"),
-    Bound("presence_penalty", -PENALTY_MAX, PENALTY_MAX),
-    Bound("frequency_penalty", -PENALTY_MAX, PENALTY_MAX),
-    Bound("seed", 0, SEED_MAX, whole=True, says=f"expects a whole number from 0 to {SEED_MAX}"),
+    Bound("temperature", 0.0, help="0 = greedy [0].", metavar="T", short="-t"),
+    Bound("top_k", 0, whole=True, note="0 = off", help="Sample from the k most likely tokens (0 = off) [0].",
+          metavar="K"),
+    Bound("top_p", 0.0, 1.0, low_open=True, help="Nucleus sampling mass in (0, 1] [1].", metavar="P"),
+    Bound("seed", 0, SEED_MAX, whole=True, says=f"expects a whole number from 0 to {SEED_MAX}",
+          help="Seed for sampling: same seed, same output.", metavar="N"),
+    Bound("min_p", 0.0, 1.0, help="Keep tokens at least P times as likely as the most likely one (0 = off) [0].",
+          metavar="P"),
+    Bound("repeat_penalty", 0.0, 10.0, low_open=True, note="1 = off",
+          help="Divide the logits of tokens in the last --repeat-last-n (1 = off) [1]."),
+    Bound("repeat_last_n", -1, whole=True, says="must be -1 (the whole context), 0 (off) or more",
+          help="Tokens the penalties look back over, prompt included (0 = off, -1 = the context) [64].", metavar="N"),
+    Bound("presence_penalty", -PENALTY_MAX, PENALTY_MAX,
+          help="Subtract X from the logit of a token already there, in [-2, 2] [0]."),
+    Bound("frequency_penalty", -PENALTY_MAX, PENALTY_MAX,
+          help="Subtract X times its count from a token's logit, in [-2, 2] [0]."),
 )
 BY_NAME = {b.name: b for b in BOUNDS}
 

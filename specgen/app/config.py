@@ -149,7 +149,7 @@ def check_sampling(cfg: RunConfig) -> None:
     """Every sampling number against the one table (ask.BOUNDS), named by its flag."""
     bad = out_of_bounds({b.name: getattr(cfg, b.name) for b in BOUNDS})
     if bad is not None:
-        raise ConfigError(bad.flag_error(f"--{bad.name.replace('_', '-')}", getattr(cfg, bad.name)))
+        raise ConfigError(bad.flag_error(bad.flag, getattr(cfg, bad.name)))
     parse_logit_bias(cfg.logit_bias)
 
 
