@@ -146,7 +146,8 @@ def check_rows(ask: Ask, target: Model) -> None:
     if why is None or target.screen is None:
         return
     error = ConstraintError if ask.constraint is not None else ConfigError
-    raise error(f"{why} need{'s' if why == 'constrained output' else ''} the target loaded without screening "
+    verb = "need" if why in ("logprobs", "penalties and logit bias") else "needs"
+    raise error(f"{why} {verb} the target loaded without screening "
                 "(load_session(..., screen=False))")
 
 
