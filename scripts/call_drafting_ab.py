@@ -72,9 +72,10 @@ def conversation(r, tools, turns):
     t = read_tools(tools, "required")
     for i, q in enumerate(turns):
         p = Prompt(0, q, hist, tools=t)
-        c = r.run(p)
+        a = r.ask(p)
+        c = r.run(a)
         texts.append(c.text); st.add(c.stats)
-        call = r.answer(p, c.text).calls
+        call = r.answer(a, c.text).calls
         if not call:
             break
         call = call[0]

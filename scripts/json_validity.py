@@ -71,8 +71,9 @@ def measure(target: str, max_tokens: int) -> dict:
         runner = Runner(dataclasses.replace(cfg, json_layout=layout), session)
         for bp in prompts:
             prompt = Prompt(0, bp.turns[0], constraint=bp.constraint, tools=bp.tools)
-            done = runner.run(prompt)
-            answer = runner.answer(prompt, done.text)
+            ask = runner.ask(prompt)
+            done = runner.run(ask)
+            answer = runner.answer(ask, done.text)
             tools = bp.tools.allowed() if bp.tools is not None else ()
             rows.append({"layout": layout, "prompt_id": bp.prompt_id, "group": bp.group, "half": half_of(bp.prompt_id),
                          "finish_reason": done.finish_reason, "n_tokens": done.stats.n_tokens,

@@ -153,7 +153,7 @@ def main() -> None:
     prompts = select(split_half(prompts, args.split), args.per_group)
     c_draft = session.draft_costs
     steps_run: list = []
-    drafter = auto._drafter()  # auto's own, kept across prompts: log each step it runs
+    drafter = auto._learning(auto.ask(Prompt(0, "x"))).drafter  # auto's own, kept across prompts: log each step
     record = drafter._record
     drafter._record = lambda step: (steps_run.append(step), record(step))[1]
     results = []
@@ -163,10 +163,10 @@ def main() -> None:
         ids = encode_prompt(session.target, prompt, plain.chat, cfg.system)
         t0 = time.perf_counter()
         plain_stats, auto_stats = RunStats(), RunStats()
-        text = [e.token for e in plain.stream(prompt, plain_stats) if isinstance(e, TokenEvent)]
+        text = [e.token for e in plain.stream(plain.ask(prompt), plain_stats) if isinstance(e, TokenEvent)]
         session.forget_texts()
         steps_run.clear()
-        auto_text = [e.token for e in auto.stream(prompt, auto_stats) if isinstance(e, TokenEvent)]
+        auto_text = [e.token for e in auto.stream(auto.ask(prompt), auto_stats) if isinstance(e, TokenEvent)]
         n = len(text)
         context = len(ids)
         c_target = session.costs.given(context + n // 2)

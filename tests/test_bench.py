@@ -135,7 +135,10 @@ class EchoRunner:
     def __init__(self):
         self.seen = []
 
-    def run(self, prompt, max_tokens=None):
+    def ask(self, prompt, max_tokens=None):
+        return prompt
+
+    def run(self, prompt):
         self.seen.append(prompt.messages())
         return Completion(prompt.index, f"answer{len(self.seen)}", RunStats(n_tokens=10, decode_s=0.5), "length")
 
@@ -263,7 +266,7 @@ def test_auto_times_the_context_term_after_a_long_prompt_with_the_draft_holding_
     session, cfg = fake_session(with_draft=True, n_ctx=2048)
     runner = Runner(replace(cfg, method="auto", max_tokens=8), session)
     long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(600))
-    runner.run(Prompt(0, long_prompt))
+    runner.run(runner.ask(Prompt(0, long_prompt)))
     tokens = session.target.tokenize(long_prompt)
     n_past = len(tokens) - 1
     assert session.costs.per_context_at == n_past and session.draft_costs.per_context_at == n_past
@@ -279,10 +282,12 @@ def test_only_auto_decodes_through_the_timing_wrappers():
     """Other methods share the session's contexts, but their decodes must not move auto's curves."""
     session, cfg = fake_session(with_draft=True)
     for method in ("plain", "lookup", "staged"):
-        Runner(replace(cfg, method=method, max_tokens=8), session).run(Prompt(0, "abcabcabc"))
+        runner = Runner(replace(cfg, method=method, max_tokens=8), session)
+        runner.run(runner.ask(Prompt(0, "abcabcabc")))
     levels = lambda c: (c.scale, c.batch_scale)  # noqa: E731
     assert levels(session.costs) == (1.0, 1.0) and levels(session.draft_costs) == (1.0, 1.0)
-    Runner(replace(cfg, method="auto", max_tokens=8), session).run(Prompt(0, "abcabcabc"))
+    runner = Runner(replace(cfg, method="auto", max_tokens=8), session)
+    runner.run(runner.ask(Prompt(0, "abcabcabc")))
     assert levels(session.costs) != (1.0, 1.0)  # fake decodes take microseconds, far below the curve
 
 

@@ -145,7 +145,7 @@ def test_a_repeated_argument_is_drafted_and_the_text_is_plains(session):
     out = {}
     for method in ("plain", "auto"):
         runner = Runner(RunConfig(target=SMOLLM2, draft=None, method=method, max_tokens=48, store=False), session)
-        out[method] = runner.run(prompt)
+        out[method] = runner.run(runner.ask(prompt))
     assert out["auto"].text == out["plain"].text
     assert '"city": "San Francisco"' in out["plain"].text
     stats = out["auto"].stats
@@ -157,5 +157,5 @@ def test_a_repeated_argument_is_drafted_and_the_text_is_plains(session):
 
     sampled = Runner(RunConfig(target=SMOLLM2, draft=None, method="auto", max_tokens=32, store=False,
                                temperature=0.7, seed=3), session)
-    tokens = [e.token for e in sampled.stream(prompt) if isinstance(e, TokenEvent)]
+    tokens = [e.token for e in sampled.stream(sampled.ask(prompt)) if isinstance(e, TokenEvent)]
     assert session.target.constrain(sampled.constraint_for(prompt)).valid_prefix(tokens) == len(tokens) > 20

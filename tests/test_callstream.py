@@ -76,3 +76,18 @@ def test_nothing_is_shown_before_the_branch_is_known():
         assert not stream.feed(prefix)
     assert stream.feed('{"response": "a\\').content == "a" and stream.feed('{"response": "a\\u00').content == ""
     assert stream.feed('{"response": "a\\u00e9"}').content == "\u00e9"
+
+
+@pytest.mark.parametrize("fmt,text", [CASES[0], CASES[5]])
+def test_a_text_cut_inside_a_call_answers_with_the_call_as_written(fmt, text):
+    """max_tokens ends the text inside a call's arguments: the answer is what the stream showed,
+    the last call with its arguments so far (not JSON yet), as OpenAI answers such a call."""
+    cut = text.rindex('"arguments"') + len('"arguments": ') + 3
+    stream = CallStream(fmt)
+    content, calls, _ = joined(fmt, text[:cut], [cut // 2])
+    stream.feed(text[:cut // 2])
+    stream.feed(text[:cut])
+    answer = stream.answer()
+    assert answer.content is None and [(c.name, c.arguments) for c in answer.calls] == \
+        [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+    assert answer.calls[-1].arguments == text[cut - 3:cut] and parse_answer(text[:cut], fmt, TOOLS).calls != answer.calls

@@ -347,8 +347,8 @@ def test_the_runner_wraps_jump_under_a_constraint_and_leaves_it_plain_without():
     cfg = RunConfig(target="fake", chat=False, max_tokens=30)
     session = open_session(cfg, [METHODS["plain"], METHODS["jump"]], model)
     runs = {m: Runner(RunConfig(target="fake", chat=False, max_tokens=30, method=m), session) for m in ("plain", "jump")}
-    constrained = {m: r.run(Prompt(0, "ab", constraint=SPEC)) for m, r in runs.items()}
-    free = {m: r.run(Prompt(0, "ab")) for m, r in runs.items()}
+    constrained = {m: r.run(r.ask(Prompt(0, "ab", constraint=SPEC))) for m, r in runs.items()}
+    free = {m: r.run(r.ask(Prompt(0, "ab"))) for m, r in runs.items()}
     assert constrained["jump"].text == constrained["plain"].text and free["jump"].text == free["plain"].text
     jump, plain = constrained["jump"].stats, constrained["plain"].stats
     forced = jump.forced_accepted

@@ -65,7 +65,7 @@ def generate(target, draft, method, prompt, n=24):
                     gpu_layers=GPU_LAYERS, draft_gpu_layers=GPU_LAYERS)
     stats = RunStats()
     runner = Runner(cfg, session(target, draft))
-    return [e.token for e in runner.stream(Prompt(0, prompt), stats) if isinstance(e, TokenEvent)], stats
+    return [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), stats) if isinstance(e, TokenEvent)], stats
 
 
 @pytest.mark.parametrize("target,draft", PAIRS)

@@ -42,7 +42,7 @@ def generate(target, draft, method, prompt, n=32):
     cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False)
     runner = Runner(cfg, loaded(target, draft))
     stats = RunStats()
-    tokens = [e.token for e in runner.stream(Prompt(0, prompt), stats) if isinstance(e, TokenEvent)]
+    tokens = [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), stats) if isinstance(e, TokenEvent)]
     return tokens, stats, runner
 
 

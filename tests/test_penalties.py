@@ -191,7 +191,9 @@ def test_options_reach_the_sampling_settings():
 def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
     """A screened copy's rows are exact at their argmax only; a penalty or bias can move the argmax."""
     from specgen.app.config import RunConfig
-    from specgen.app.runner import check_bias
+    from specgen.app.ask import Ask
+    from specgen.app.prompts import Prompt
+    from specgen.app.runner import check_bias, check_rows
     from specgen.app.session import screenable
     from specgen.errors import ConfigError
 
@@ -203,5 +205,6 @@ def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
         check_bias(SamplingParams(penalties=Penalties(bias=((12, 1.0),))), model)
     model.screen = object()
     with pytest.raises(ConfigError, match="penalties and logit bias need the target loaded without screening"):
-        check_bias(SamplingParams(penalties=Penalties(repeat=1.2)), model)
-    check_bias(SamplingParams(), model)
+        check_rows(Ask(Prompt(0, "x"), False, SamplingParams(penalties=Penalties(repeat=1.2))), model)
+    check_rows(Ask(Prompt(0, "x"), False, SamplingParams()), model)
+    assert Ask(Prompt(0, "x"), False, SamplingParams(penalties=Penalties(repeat=1.2))).needs_exact_rows

@@ -36,7 +36,8 @@ def session(target=TARGET, draft=DRAFT):
 
 def generate(method, settings, prompt=REPETITIVE, n=32, logprobs=None, target=TARGET, draft=DRAFT):
     cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False, store=False, **settings)
-    events = Runner(cfg, session(target, draft)).stream(Prompt(0, prompt), RunStats(), logprobs=logprobs)
+    runner = Runner(cfg, session(target, draft))
+    events = runner.stream(runner.ask(Prompt(0, prompt), logprobs=logprobs), RunStats())
     return [e for e in events if isinstance(e, TokenEvent)]
 
 

@@ -110,7 +110,7 @@ def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
     from specgen.core.stats import RunStats
 
     runner = Runner(dataclasses.replace(cfg, max_tokens=n), session)
-    return [e.token for e in runner.stream(Prompt(0, prompt), RunStats()) if isinstance(e, TokenEvent)]
+    return [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), RunStats()) if isinstance(e, TokenEvent)]
 
 
 @pytest.mark.real

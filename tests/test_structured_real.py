@@ -64,7 +64,7 @@ def run(method, prompt, n=96, temperature=0.0, seed=None, layout="compact", **fi
     runner = Runner(cfg, session())
     stats = RunStats()
     item = Prompt(0, prompt, **fields)
-    tokens = [e for e in runner.stream(item, stats) if isinstance(e, TokenEvent)]
+    tokens = [e for e in runner.stream(runner.ask(item), stats) if isinstance(e, TokenEvent)]
     return [e.token for e in tokens], "".join(e.text for e in tokens), stats
 
 
@@ -115,8 +115,9 @@ def test_tool_call_under_its_grammar_parses_into_a_call():
     cfg = RunConfig(target=TARGET, draft=DRAFT, method="auto", max_tokens=64, store=False)
     runner = Runner(cfg, session())
     item = Prompt(0, "What is the weather in Paris?", tools=tools)
-    text = runner.run(item).text
-    answer = runner.answer(item, text)
+    ask = runner.ask(item)
+    text = runner.run(ask).text
+    answer = runner.answer(ask, text)
     assert answer is not None and answer.content is None and len(answer.calls) == 1
     assert answer.calls[0].name == "get_weather" and json.loads(answer.calls[0].arguments).keys() == {"city"}
 
@@ -185,8 +186,9 @@ def test_hermes_template_calls_through_its_own_tags(monkeypatch, choice):
     for method in ("plain", "auto"):
         runner = Runner(RunConfig(target=TARGET, draft=DRAFT, method=method, max_tokens=48, store=False), session())
         assert "<tools>" in runner.prompt_text(item)  # the template rendered the tools itself
-        texts[method] = runner.run(item).text
-        answer = runner.answer(item, texts[method])
+        ask = runner.ask(item)
+        texts[method] = runner.run(ask).text
+        answer = runner.answer(ask, texts[method])
         if choice == "required":
             assert texts[method].startswith("<tool_call>\n{")
             assert answer.calls and answer.calls[0].name == "get_weather"

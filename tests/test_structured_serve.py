@@ -195,6 +195,28 @@ def test_named_tool_streamed_as_openai_fragments(server):
     assert chunks[-1].choices[0].finish_reason == "tool_calls" and not chunks[-1].choices[0].delta.tool_calls
 
 
+def test_a_call_cut_by_max_tokens_is_the_same_streamed_and_whole(server):
+    """Cut inside its arguments, a call is answered as it was written, streamed or not: its name,
+    the arguments so far (not JSON yet), finish_reason length, as OpenAI answers it."""
+    ask = dict(model="m", messages=[{"role": "user", "content": "What time is it in Oslo?"}], tools=[WEATHER, TIME],
+               tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0)
+    whole = server.client.chat.completions.create(**ask).choices[0]
+    cut = None
+    for n in range(8, 40):
+        r = server.client.chat.completions.create(**ask, max_tokens=n).choices[0]
+        if r.message.tool_calls and r.finish_reason == "length":
+            cut = n
+            break
+    assert cut is not None and whole.finish_reason == "tool_calls"
+    assert r.message.content is None and r.message.tool_calls[0].function.name == "get_time"
+    args = r.message.tool_calls[0].function.arguments
+    assert whole.message.tool_calls[0].function.arguments.replace(" ", "").startswith(args.replace(" ", ""))
+    with pytest.raises(ValueError):
+        json.loads(args)
+    calls, reason = streamed_calls(server.client.chat.completions.create(**ask, max_tokens=cut, stream=True))
+    assert reason == "length" and calls == {0: {"name": "get_time", "arguments": args}}
+
+
 def test_prefill_and_system_nudge_at_the_end(server):
     """A final assistant message is continued (no new turn opened after it); a final system message
     is a turn of its own before the answer's. Each answer is read from the prompt the template

@@ -35,13 +35,15 @@ def session(target, draft, seed=None):
 
 
 def run(sess, cfg, method, text, **kw):
-    return Runner(replace(cfg, method=method, **kw), sess).run(Prompt(0, text))
+    runner = Runner(replace(cfg, method=method, **kw), sess)
+    return runner.run(runner.ask(Prompt(0, text)))
 
 
 def tokens(sess, cfg, method, text, **kw):
     """The generated token ids (and the run's stats): a text can hide tokens with empty pieces."""
     stats = RunStats()
-    events = Runner(replace(cfg, method=method, **kw), sess).stream(Prompt(0, text), stats)
+    runner = Runner(replace(cfg, method=method, **kw), sess)
+    events = runner.stream(runner.ask(Prompt(0, text)), stats)
     return [e.token for e in events if isinstance(e, TokenEvent)], stats
 
 

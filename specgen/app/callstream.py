@@ -18,7 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from specgen.app.structured import CLOSE, GENERIC, OPEN
+from specgen.app.structured import CLOSE, GENERIC, OPEN, ToolAnswer, ToolCall
 
 _KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
 _SPACE = re.compile(r"\s*")
@@ -108,6 +108,7 @@ class _Call:
     name: str | None = None
     args_at: int | None = None  # where the arguments' value starts
     sent: int = 0  # how much of the arguments' text was shown
+    text: str = ""  # that text
     end: int | None = None  # one past the arguments' value, once whole
 
 
@@ -121,11 +122,18 @@ class CallStream:
         self.free_text: bool | None = None  # hermes: the text is content (True) or calls (False)
         self.heads = 0  # calls whose head was shown
         self.next_block = 0  # hermes: where the next `<tool_call>` may open
+        self.content = ""  # the content shown
 
     @property
     def streamed(self) -> bool:
         """Has anything been shown?"""
         return self.content_sent > 0 or self.heads > 0
+
+    def answer(self) -> ToolAnswer:
+        """What was shown, as an answer: its content, and each call whose head was shown with the
+        arguments written so far (a text cut by max_tokens inside a call: not JSON yet)."""
+        calls = tuple(ToolCall(c.id, c.name, c.text) for c in self.calls[:self.heads] if c.name is not None)
+        return ToolAnswer(self.content or None, calls)
 
     def feed(self, text: str) -> Delta:
         return self._generic(text) if self.fmt == GENERIC else self._hermes(text)
@@ -140,6 +148,7 @@ class CallStream:
         if key.group(1) == "response" and text[value] == '"':
             decoded, _ = _string_prefix(text, value)
             out, self.content_sent = decoded[self.content_sent:], max(self.content_sent, len(decoded))
+            self.content += out
             return Delta(content=out)
         if key.group(1) != "tool_call":
             return Delta()
@@ -153,6 +162,7 @@ class CallStream:
             self.free_text = not text.startswith("<")
         if self.free_text:
             out, self.content_sent = text[self.content_sent:], len(text)
+            self.content += out
             return Delta(content=out)
         fragments: list[CallHead | CallArguments] = []
         while True:
@@ -184,7 +194,7 @@ class CallStream:
             upto = len(text) if end is None else end
             if upto > call.args_at + call.sent:
                 out.append(CallArguments(call.index, text[call.args_at + call.sent : upto]))
-                call.sent = upto - call.args_at
+                call.sent, call.text = upto - call.args_at, text[call.args_at : upto]
             call.end = end
         return tuple(out)
 

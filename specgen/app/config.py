@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from specgen.app.ask import BIAS_MAX, BOUNDS, out_of_bounds, sampling_params
 from specgen.core.constraint import LAYOUTS
-from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
 from specgen.errors import ConfigError
@@ -59,13 +59,10 @@ class RunConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        pen = Penalties(self.repeat_penalty, self.repeat_last_n, self.frequency_penalty, self.presence_penalty,
-                        parse_logit_bias(self.logit_bias))
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p, pen)
+        return sampling_params({**{b.name: getattr(self, b.name) for b in BOUNDS},
+                                "logit_bias": parse_logit_bias(self.logit_bias)})
 
 
-PENALTY_MAX = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
-BIAS_MAX = 100.0  # and for a logit bias: [-100, 100] (or -inf: never this token)
 _BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*")
 
 
@@ -86,11 +83,6 @@ def parse_logit_bias(text: str | None) -> tuple[tuple[int, float], ...]:
                               f"{item.strip()!r}")
         out[int(m.group(1))] = bias
     return tuple(out.items())
-
-
-def format_logit_bias(pairs: tuple[tuple[int, float], ...]) -> str | None:
-    """The inverse of parse_logit_bias (repr keeps every float exactly)."""
-    return ",".join(f"{t}{'-' if b < 0 else '+'}{repr(abs(b))}" for t, b in pairs) or None
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -136,7 +128,6 @@ def _is_endpoint(server: str) -> bool:
 
 
 THREADS_REFUSED = 4  # --threads above this many per core is a typo, not a setting
-SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit: bench passes the same seed to its runs
 
 
 def check_threads(threads: int | None) -> None:
@@ -154,16 +145,11 @@ def check_threads(threads: int | None) -> None:
                         f"for each other at every step, so this is slower than --threads {cores}")
 
 
-def check_penalties(cfg: RunConfig) -> None:
-    if not 0 <= cfg.min_p <= 1:
-        raise ConfigError(f"--min-p must be in [0, 1], found {cfg.min_p}")
-    if not 0 < cfg.repeat_penalty <= 10 or not math.isfinite(cfg.repeat_penalty):
-        raise ConfigError(f"--repeat-penalty must be in (0, 10] (1 = off), found {cfg.repeat_penalty}")
-    if cfg.repeat_last_n < -1:
-        raise ConfigError(f"--repeat-last-n must be -1 (the whole context), 0 (off) or more, found {cfg.repeat_last_n}")
-    for name, value in (("--presence-penalty", cfg.presence_penalty), ("--frequency-penalty", cfg.frequency_penalty)):
-        if not -PENALTY_MAX <= value <= PENALTY_MAX:
-            raise ConfigError(f"{name} must be in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}], found {value}")
+def check_sampling(cfg: RunConfig) -> None:
+    """Every sampling number against the one table (ask.BOUNDS), named by its flag."""
+    bad = out_of_bounds({b.name: getattr(cfg, b.name) for b in BOUNDS})
+    if bad is not None:
+        raise ConfigError(bad.flag_error(bad.flag, getattr(cfg, bad.name)))
     parse_logit_bias(cfg.logit_bias)
 
 
@@ -176,15 +162,7 @@ def check_ranges(cfg: RunConfig) -> None:
     methods.get(cfg.method)
     if cfg.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
-    if cfg.temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0, found {cfg.temperature}")
-    if cfg.top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0 (0 = off), found {cfg.top_k}")
-    if not 0 < cfg.top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1], found {cfg.top_p}")
-    check_penalties(cfg)
-    if cfg.seed is not None and not 0 <= cfg.seed <= SEED_MAX:
-        raise ConfigError(f"--seed expects a whole number from 0 to {SEED_MAX}, found {cfg.seed}")
+    check_sampling(cfg)
     check_threads(cfg.threads)
     if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")

@@ -46,6 +46,11 @@ class Prompt:
     tools: Tools | None = None  # functions the answer may call
     offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): runner.py
 
+    @property
+    def constrained(self) -> bool:
+        """The answer must match something: a response format, or the tools' grammar."""
+        return self.constraint is not None or self.tools is not None
+
     def messages(self, system: str | None = None) -> list[dict]:
         """The conversation as chat-template messages; `system` applies unless the history has one."""
         turns = [m.as_dict() for m in self.history]

@@ -4,16 +4,17 @@ its events streamed to the caller, gathered into a Completion, and its --json re
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from specgen.app.ask import Ask, ask_for, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
 from specgen.app.callstream import CallStream
 from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, call_history, generic_messages,
-                                    generic_system_prompt, parse_answer, tool_constraint, tool_format)
+                                    generic_system_prompt, parse_answer)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.kv import PromptCache
@@ -59,28 +60,10 @@ def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
     return model.format_chat(messages, tools) + prefill
 
 
-def tools_format(model: Model, chat: bool) -> str:
-    """How tool calls are written here: the template's own format, or (no template, or not
-    chatting) the generic one (structured.py)."""
-    return tool_format(model.chat_template if chat else None)
-
-
 def _with_system(messages: list[dict], text: str) -> list[dict]:
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": f"{text}\n\n{messages[0]['content']}"}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
-
-
-def constraint_spec(model: Model, prompt: Prompt, chat: bool, layout: str = "compact") -> ConstraintSpec | None:
-    """What the answer must match: the prompt's response format, or its tools' grammar, with JSON
-    laid out as `layout` says."""
-    if prompt.tools is not None:
-        if prompt.constraint is not None:
-            raise ConstraintError("expected either response_format or tools, found both")
-        spec = tool_constraint(prompt.tools, tools_format(model, chat))
-    else:
-        spec = prompt.constraint
-    return None if spec is None else dataclasses.replace(spec, layout=layout)
 
 
 def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
@@ -151,21 +134,42 @@ class Interrupted(KeyboardInterrupt):
 
 
 def check_bias(sampling: SamplingParams, target: Model) -> None:
-    """logit_bias names tokens of the target's vocabulary, on the target's own rows (a screened
-    copy's rows are exact only at their argmax)."""
-    pen = sampling.penalties
-    bad = [t for t, _ in pen.bias if not 0 <= t < target.n_vocab]
+    """logit_bias names tokens of the target's vocabulary."""
+    bad = [t for t, _ in sampling.penalties.bias if not 0 <= t < target.n_vocab]
     if bad:
         raise ConfigError(f"logit bias expects token ids in [0, {target.n_vocab}) for {target.name}, found {bad[0]}")
-    if pen.active and target.screen is not None:
-        raise ConfigError("penalties and logit bias need the target loaded without screening "
-                          "(load_session(..., screen=False))")
+
+
+def check_rows(ask: Ask, target: Model) -> None:
+    """A screened target's rows are exact only at their argmax (llama/screen.py): an Ask that needs
+    more (Ask.needs_exact_rows) is refused on one, naming what needs them."""
+    why = ask.why_exact_rows
+    if why is None or target.screen is None:
+        return
+    error = ConstraintError if ask.constraint is not None else ConfigError
+    verb = "need" if why in ("logprobs", "penalties and logit bias") else "needs"
+    raise error(f"{why} {verb} the target loaded without screening "
+                "(load_session(..., screen=False))")
+
+
+@dataclass
+class Learned:
+    """What a runner learns across prompts for one (chat, sampling): a measured method's drafter
+    (None: the method's drafters are made fresh per prompt) and which call-aware values pay."""
+
+    drafter: Drafter | None
+    calls: CallRecord
+
+
+LEARNED_KEPT = 8  # (chat, sampling) pairs whose learning a runner keeps (a server sees many)
 
 
 class Runner:
-    """One method on a session. auto's planner lives as long as the runner: what it learns about
-    acceptance carries over prompts. `prompt_cache`: what the session's target context holds (one
-    per context, shared by every runner on it): a prompt's common prefix with it is not read again."""
+    """One method on a session, running Asks. auto's planner lives as long as the runner: what it
+    learns about acceptance carries over prompts (per chat and sampling). `prompt_cache`: what the
+    session's target context holds (one per context, shared by every runner on it): a prompt's
+    common prefix with it is not read again. `cfg` gives the method, the system message and, for
+    `ask`, the command line's (or config file's) settings of an Ask."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: PromptCache | None = None):
         self.cfg = cfg
@@ -174,15 +178,22 @@ class Runner:
         self.method = M.get(cfg.method)
         self.chat = use_chat(cfg, session.target)
         self._ctx = session.context_for(self.method)
-        self._kept: Drafter | None = None  # a measured method's drafter: it learns across prompts
-        self._calls = CallRecord()  # which call-aware values pay, learned across prompts too
+        self._learned: OrderedDict[tuple[bool, SamplingParams], Learned] = OrderedDict()
 
-    def _drafter(self) -> Drafter | None:
-        if not self.method.measured:
-            return self.method.drafter(self.session.kit(self.method, self.cfg))  # fresh per prompt
-        if self._kept is None:
-            self._kept = self.method.drafter(self.session.kit(self.method, self.cfg))
-        return self._kept
+    def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None) -> Ask:
+        """`prompt` as an Ask under this runner's settings (the command line's, a config file's)."""
+        return ask_for(self.session.target, prompt, self.chat, self.cfg.json_layout, sampling=self.cfg.sampling,
+                       max_tokens=max_tokens or self.cfg.max_tokens, logprobs=logprobs)
+
+    def _learning(self, ask: Ask) -> Learned:
+        key = (ask.chat, ask.sampling)
+        if key not in self._learned:
+            kept = self.method.drafter(self.session.kit(self.method, ask.sampling)) if self.method.measured else None
+            self._learned[key] = Learned(kept, CallRecord())
+            while len(self._learned) > LEARNED_KEPT:
+                self._learned.popitem(last=False)
+        self._learned.move_to_end(key)
+        return self._learned[key]
 
     def prompt_text(self, prompt: Prompt) -> str:
         """The text this runner's model reads for `prompt` (what another tool must be given)."""
@@ -190,66 +201,58 @@ class Runner:
 
     def constraint_for(self, prompt: Prompt) -> ConstraintSpec | None:
         """What this runner's answer to `prompt` must match (another tool must be given it too)."""
-        return constraint_spec(self.session.target, prompt, self.chat, self.cfg.json_layout)
+        return self.ask(prompt).constraint
 
-    def stream(self, prompt: Prompt, stats: RunStats | None = None, max_tokens: int | None = None,
-               logprobs: int | None = None, cache_prompt: bool = True) -> Iterator[Event]:
-        """The typed events of one prompt: a TokenEvent per committed token, then a FinishEvent with
+    def stream(self, ask: Ask, stats: RunStats | None = None) -> Iterator[Event]:
+        """The typed events of one Ask: a TokenEvent per committed token, then a FinishEvent with
         the stats (`stats`, updated in place as the run goes, if given). Before the FinishEvent the
         drafter is told the text is done: later prompts (and, with the store, later runs) may draft
-        from it. `logprobs`: each token's log-probability and that many alternatives (None: none).
-        `cache_prompt` False: the prompt is read whole, whatever the prompt cache holds."""
+        from it."""
         target = self.session.target
-        sampling = self.cfg.sampling
-        check_bias(sampling, target)
-        if logprobs is not None and target.screen is not None:
-            raise ConfigError("logprobs need the target loaded without screening (load_session(..., screen=False))")
-        tokens = encode_prompt(target, prompt, self.chat, self.cfg.system)
-        spec = constraint_spec(target, prompt, self.chat, self.cfg.json_layout)
-        constraint = None
-        if spec is not None:
-            if target.screen is not None:  # screening keeps the unmasked argmax exact, not the masked one
-                raise ConstraintError("constrained output needs the target loaded without screening "
-                                      "(load_session(..., screen=False))")
-            constraint = target.constrain(spec)
-        request = GenerationRequest(tokens, max_tokens or self.cfg.max_tokens, sampling, constraint, logprobs,
-                                    cache_prompt)
-        drafter = self._drafter()
+        check_bias(ask.sampling, target)
+        check_rows(ask, target)
+        tokens = encode_prompt(target, ask.prompt, ask.chat, self.cfg.system)
+        constraint = None if ask.constraint is None else target.constrain(ask.constraint)
+        request = GenerationRequest(tokens, ask.max_tokens, ask.sampling, constraint, ask.logprobs, ask.cache_prompt)
+        learned = self._learning(ask)
+        drafter = learned.drafter if self.method.measured else self.method.drafter(
+            self.session.kit(self.method, ask.sampling))  # fresh per prompt
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS,
-                                         calls=self._call_source(prompt, len(tokens)))
+                                         calls=self._call_source(ask, len(tokens), learned.calls))
         for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter,
                               self.prompt_cache):
             if isinstance(event, FinishEvent) and drafter is not None:
                 drafter.finish_text()
             yield event
 
-    def _call_source(self, prompt: Prompt, context: int) -> CallSource | None:
+    def _call_source(self, ask: Ask, context: int, calls: CallRecord) -> CallSource | None:
         """Call-aware drafting (drafting/calls.py), where the method does it and tools are offered;
         priced on the target's cost curve after the prompt's `context` tokens, where it has one."""
+        prompt = ask.prompt
         if not self.method.call_aware or prompt.tools is None:
             return None
         target = self.session.target
         costs = self.session.costs if self.method.measured else None
-        self._calls.cost = None if costs is None else costs.given(context)
-        history = call_history(prompt.messages(self.cfg.system), prompt.tools, tools_format(target, self.chat))
+        calls.cost = None if costs is None else costs.given(context)
+        history = call_history(prompt.messages(self.cfg.system), prompt.tools, tools_format(target, ask.chat))
         return CallSource(history, lambda text: target.tokenize(text, add_special=False, parse_special=False),
-                          target.piece, self._calls)
+                          target.piece, calls)
 
-    def answer(self, prompt: Prompt, text: str) -> ToolAnswer | None:
+    def answer(self, ask: Ask, text: str) -> ToolAnswer | None:
         """With tools: the text as content and tool calls (None without tools)."""
-        if prompt.tools is None:
+        if ask.prompt.tools is None:
             return None
-        return parse_answer(text, tools_format(self.session.target, self.chat), prompt.tools)
+        return parse_answer(text, tools_format(self.session.target, ask.chat), ask.prompt.tools)
 
-    def call_stream(self, prompt: Prompt) -> CallStream | None:
+    def call_stream(self, ask: Ask) -> CallStream | None:
         """With tools: what streams the answer as it is written, calls as they are written (None without)."""
-        return None if prompt.tools is None else CallStream(tools_format(self.session.target, self.chat))
+        return None if ask.prompt.tools is None else CallStream(tools_format(self.session.target, ask.chat))
 
-    def run(self, prompt: Prompt, max_tokens: int | None = None) -> Completion:
-        """Run a prompt to the end. Ctrl-C raises Interrupted carrying the partial completion."""
-        with Transcript(prompt.index).interruptible() as transcript:
-            for _ in transcript.follow(self.stream(prompt, transcript.stats, max_tokens)):
+    def run(self, ask: Ask) -> Completion:
+        """Run an Ask to the end. Ctrl-C raises Interrupted carrying the partial completion."""
+        with Transcript(ask.prompt.index).interruptible() as transcript:
+            for _ in transcript.follow(self.stream(ask, transcript.stats)):
                 pass
         return transcript.completion()
 

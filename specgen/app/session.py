@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specgen.models import resolve as models
+from specgen.app.ask import why_exact_rows
 from specgen.app.config import RunConfig
 from specgen.models.curves import cost_curve
 from specgen.models.manifest import describe, known_sha256
 from specgen.app.prompts import decode_utf8
 from specgen.core.kv import prefill
 from specgen.core.protocol import Context, Model
+from specgen.core.sampling import SamplingParams
 from specgen.core.vocab import SubsetContext, check_compatible, check_subset, sample_ids
 from specgen.costs.cache import save_cached
 from specgen.costs.curve import BATCH_SIZES, CostCurve
@@ -59,11 +61,11 @@ class Session:
         if self.history is not None:
             self.history.forget_texts()
 
-    def kit(self, method: M.Method, cfg: RunConfig) -> M.DraftingKit:
+    def kit(self, method: M.Method, sampling: SamplingParams) -> M.DraftingKit:
         """What `method`'s drafter is built from; a measured method (auto) gets the timed contexts."""
         if not method.measured:
-            return M.DraftingKit(cfg.sampling, self.draft_ctx)
-        return M.DraftingKit(cfg.sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
+            return M.DraftingKit(sampling, self.draft_ctx)
+        return M.DraftingKit(sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
                              reproducible=self.reproducible, on_long_prompt=self.measure_context_once,
                              history=self.history)
 
@@ -167,8 +169,8 @@ def _screened_head(copy: Path, source: Path):
 def screenable(cfg: RunConfig, accelerator: str) -> bool:
     """Whether the target's choices are all argmaxes computed on the CPU (screen.py's bound is for
     ggml's CPU Q8_0 product; a GPU may take another route) and screening was not turned off.
-    Penalties and logit_bias move logits the screen approximated: they read the target's own rows."""
-    return (cfg.temperature == 0 and not cfg.sampling.penalties.active and cfg.gpu_layers == 0
+    What the generations ask must not need the target's own rows (ask.why_exact_rows)."""
+    return (why_exact_rows(cfg.sampling, constrained=False) is None and cfg.gpu_layers == 0
             and not cfg.rpc_servers and accelerator == "cpu"
             and os.environ.get("SPECGEN_SCREEN", "1") != "0")
 

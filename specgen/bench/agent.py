@@ -92,10 +92,10 @@ def run_conversation(conv: AgentConversation, servers: dict[str, Server], max_to
             on_exchange(exchange)
             reference = exchange.replies[BASELINE]
             messages.append(reference.message())
-            for i, call in enumerate(reference.calls):  # a call a framework would run: the tool's result
+            for i, call in enumerate(reference.runnable):  # a call a framework would run: the tool's result
                 messages.append({"role": "tool", "tool_call_id": f"call_{i}", "name": call["name"],
                                  "content": tool_result(conv, call["name"], call["arguments"])})
-            if not reference.calls:  # (a request ending in an assistant message would continue it)
+            if not reference.runnable:  # (a request ending in an assistant message would continue it)
                 break
     return out
 

@@ -100,8 +100,21 @@ class Reply:
                 and all(a["name"] == b["name"] and _json(a["arguments"]) == _json(b["arguments"])
                         for a, b in zip(self.calls, other.calls)))
 
+    @property
+    def runnable(self) -> list[dict]:
+        """The calls a framework can run: a reply that ended with its calls whole, each's arguments
+        a JSON object (a call cut by max_tokens is streamed as far as it was written: not these)."""
+        whole = self.finish_reason == "tool_calls" and all(isinstance(_json(c["arguments"]), dict)
+                                                           for c in self.calls)
+        return self.calls if whole else []
+
     def message(self) -> dict:
-        """The assistant message a framework appends to the conversation."""
+        """The assistant message a framework appends to the conversation; calls it cannot run are
+        kept as the text they were written as (a history's calls must be whole JSON)."""
+        if self.calls and not self.runnable:
+            cut = [json.dumps({"name": c["name"]}, ensure_ascii=False)[:-1] + f', "arguments": {c["arguments"]}'
+                   for c in self.calls]
+            return {"role": "assistant", "content": "\n".join([*([self.content] if self.content else []), *cut])}
         out: dict = {"role": "assistant", "content": self.content}
         if self.calls:
             out["tool_calls"] = [{"id": f"call_{i}", "type": "function",

@@ -64,7 +64,7 @@ def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = No
     """Each turn's answer and stats; and the last turn's finish reason."""
     answers, per_turn, reason = [], [], "length"
     for i in range(len(prompt.turns)):
-        done = runner.run(conversations(prompt, answers)[i], max_tokens)
+        done = runner.run(runner.ask(conversations(prompt, answers)[i], max_tokens))
         per_turn.append(done.stats)
         answers.append(done.text)
         reason = done.finish_reason

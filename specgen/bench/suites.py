@@ -33,6 +33,10 @@ class BenchPrompt:
     constraint: ConstraintSpec | None = None
     tools: Tools | None = None
 
+    @property
+    def constrained(self) -> bool:
+        return self.constraint is not None or self.tools is not None
+
 
 def spec_bench_group(category: str) -> str:
     return "mt_bench" if category in MT_BENCH_CATEGORIES else category

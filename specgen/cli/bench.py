@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from specgen.app.ask import any_needs_exact_rows
 from specgen.app.config import merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
@@ -117,7 +118,7 @@ def bench(
         prompts = [p if p.constraint or p.tools else dataclasses.replace(p, constraint=spec) for p in prompts]
     n_repeats = values.get("repeats") or 1
     # Constrained prompts: jump-forward runs too (after plain), the speed of the forced tokens alone.
-    constrained = any(p.constraint is not None or p.tools is not None for p in prompts)
+    constrained = any(p.constrained for p in prompts)
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None, constrained), constrained)
 
     if llama_cpp_template is not None:
@@ -127,8 +128,9 @@ def bench(
     if (spec_type or llama_cpp_draft) and binary is None:
         raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
                           "decoding: give --llama-cpp DIR too")
-    # Past runs' texts would favour auto; screening keeps a row's argmax exact, not a masked one's.
-    session = load_session(cfg, chosen, store_default=False, screen=not constrained)
+    # Past runs' texts would favour auto; a screened target serves where no prompt needs exact rows.
+    session = load_session(cfg, chosen, store_default=False,
+                           screen=not any_needs_exact_rows(cfg.sampling, prompts))
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
     n_threads = cfg.threads or backend.default_threads()

@@ -86,7 +86,7 @@ def chat(
             continue
         prompt = conversation.ask(line)
         try:
-            result = shown(runner, prompt, sink)
+            result = shown(runner, runner.ask(prompt), sink)
         except Interrupted as stop:
             result = stop.partial  # kept: the conversation goes on from what was said
         except SpecgenError as e:  # e.g. the conversation outgrew --ctx: say so, the chat goes on

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from specgen.app.ask import Ask, any_needs_exact_rows
 from specgen.app.config import build_config, own_target_without_draft, read_yaml
 from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
@@ -21,11 +22,11 @@ from specgen.core.kv import PromptCache
 from specgen.errors import SpecgenError
 
 
-def shown(runner: Runner, prompt: Prompt, sink: TextSink | None, max_tokens: int | None = None) -> Completion:
-    """Run `prompt`, its text streamed to `sink` as it is committed (None: not shown). Ctrl-C
+def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
+    """Run `ask`, its text streamed to `sink` as it is committed (None: not shown). Ctrl-C
     raises Interrupted with what was committed."""
-    with Transcript(prompt.index).interruptible() as transcript:
-        for event in transcript.follow(runner.stream(prompt, transcript.stats, max_tokens)):
+    with Transcript(ask.prompt.index).interruptible() as transcript:
+        for event in transcript.follow(runner.stream(ask, transcript.stats)):
             if sink is not None:
                 show(event, sink)
     return transcript.completion()
@@ -80,13 +81,12 @@ def generate(
     items = collect_prompts(prompt, prompts, sys.stdin)
     spec = constraint_option(json_schema, grammar, json_object)
     if spec is not None:  # for every prompt that does not carry its own response_format or tools
-        items = [item if item.constraint or item.tools else dataclasses.replace(item, constraint=spec) for item in items]
-    constrained = any(item.constraint or item.tools for item in items)
-    # Screening keeps the argmax of a whole row exact, not a masked one: constrained runs read the real rows.
+        items = [item if item.constrained else dataclasses.replace(item, constraint=spec) for item in items]
+    # A screened target serves only where no prompt's generation needs the target's exact rows.
     # Several prompts share one context: the prompt cache keeps a shared beginning (in invariant decodes,
     # --no-prompt-cache too, so both read the same bits). One prompt keeps the n_batch prefill.
     cache = PromptCache(reuse=prompt_cache) if len(items) > 1 else None
-    runner = Runner(cfg, load_session(cfg, screen=not constrained), cache)
+    runner = Runner(cfg, load_session(cfg, screen=not any_needs_exact_rows(cfg.sampling, items)), cache)
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
@@ -97,7 +97,8 @@ def generate(
     failed = 0
     for item in items:
         try:
-            result = shown(runner, item, None if json_out else sink)
+            ask = runner.ask(item)
+            result = shown(runner, ask, None if json_out else sink)
         except Interrupted as stop:
             result = stop.partial  # keep what was generated: it is written below, then we exit 130
         except SpecgenError as e:
@@ -110,7 +111,7 @@ def generate(
             if json_out:
                 write_json_record({"prompt_index": item.index, "error": str(e), "finish_reason": "error"})
             continue
-        answer = runner.answer(item, result.text)
+        answer = runner.answer(ask, result.text)
         if json_out:
             record = runner.record(result)
             if answer is not None:
@@ -174,14 +175,14 @@ def demo(
     plain, auto = (Runner(dataclasses.replace(cfg, method=m), session) for m in ("plain", "auto"))
     item = Prompt(0, DEMO_PROMPT if prompt is None else prompt)
     for runner in (plain, auto):  # first decodes run cold: time neither of them
-        runner.run(item, DEMO_WARMUP_TOKENS)
+        runner.run(runner.ask(item, DEMO_WARMUP_TOKENS))
     session.forget_texts()  # auto may not draft from its own warm-up
     pair = f"{cfg.target}" + (f" <- {session.draft_label}" if session.draft_label else " (no draft model)")
     note(f"demo: {pair} · greedy · {cfg.max_tokens} tokens: plain decoding first, then auto")
-    reference = plain.run(item)
+    reference = plain.run(plain.ask(item))
     sink = TextSink()
     sink.write(item.text)
-    result = shown(auto, item, sink)
+    result = shown(auto, auto.ask(item), sink)
     sink.end()
     print(demo_summary(reference.stats.tokens_per_s, result.stats.tokens_per_s, reference.text == result.text),
           file=sys.stderr)

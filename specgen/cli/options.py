@@ -10,6 +10,7 @@ from typing import Annotated, Callable, List, Optional
 
 import typer
 
+from specgen.app.ask import BOUNDS, Bound
 from specgen.drafting.methods import METHODS
 
 
@@ -67,29 +68,20 @@ Draft = Annotated[Optional[str], typer.Option("-d", "--draft", metavar="MODEL", 
                                               "or 'none'.")]
 MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N",
                                                   help="Tokens to generate per answer [256].")]
-Temperature = Annotated[Optional[float], typer.Option("-t", "--temperature", metavar="T", help="0 = greedy [0].")]
-TopK = Annotated[Optional[int], typer.Option("--top-k", metavar="K",
-                                             help="Sample from the k most likely tokens (0 = off) [0].")]
-TopP = Annotated[Optional[float], typer.Option("--top-p", metavar="P", help="Nucleus sampling mass in (0, 1] [1].")]
-Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling: same seed, same output.")]
-MinP = Annotated[Optional[float], typer.Option("--min-p", metavar="P", help="Keep tokens at least P times as likely "
-                                              "as the most likely one (0 = off) [0].")]
-RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", metavar="X", help="Divide the logits of "
-                                                        "tokens in the last --repeat-last-n (1 = off) [1].")]
-RepeatLastN = Annotated[Optional[int], typer.Option("--repeat-last-n", metavar="N", help="Tokens the penalties look "
-                                                    "back over, prompt included (0 = off, -1 = the context) [64].")]
-PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty", metavar="X", help="Subtract X from "
-                                                          "the logit of a token already there, in [-2, 2] [0].")]
-FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty", metavar="X", help="Subtract X times "
-                                                           "its count from a token's logit, in [-2, 2] [0].")]
 LogitBias = Annotated[Optional[List[str]], typer.Option("--logit-bias", metavar="TOKEN_ID(+/-)BIAS", help="Add BIAS "
                                                         "to a token's logit (e.g. 15043+1, 50256-inf); repeatable.")]
 
 
+
+
+def _sampling_option(b: Bound):
+    """A sampling number's option, from its row of the one table (app/ask.BOUNDS)."""
+    return Annotated[Optional[int if b.whole else float],
+                     typer.Option(*filter(None, (b.short, b.flag)), metavar=b.metavar, help=b.help)]
+
+
 # The sampling options, declared once: every command that generates takes them all (with_sampling).
-SAMPLING = {"max_tokens": MaxTokens, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "seed": Seed,
-            "min_p": MinP, "repeat_penalty": RepeatPenalty, "repeat_last_n": RepeatLastN,
-            "presence_penalty": PresencePenalty, "frequency_penalty": FrequencyPenalty, "logit_bias": LogitBias}
+SAMPLING = {"max_tokens": MaxTokens, **{b.name: _sampling_option(b) for b in BOUNDS}, "logit_bias": LogitBias}
 
 
 def with_sampling(command: Callable) -> Callable:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from specgen.app.ask import BY_NAME
+
 
 def _is(*values) -> Callable[[object], bool]:
     return lambda v: v is None or any(v == x and type(v) is not bool or v is x for x in values)
@@ -99,9 +101,9 @@ INERT = ("user", "metadata", "store", "service_tier", "safety_identifier", "prom
          "return_progress", "sse_ping_interval", "backend_sampling")
 
 # Read by requests.py for every generation (chat or completion): they act, or check() refuses them.
-_GENERATION = ("model", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k",
-               "min_p", "seed", "repeat_penalty", "repeat_last_n", "penalty_last_n", "presence_penalty",
-               "frequency_penalty", "logit_bias", "samplers", "reasoning_format", "stop", "stream",
+# The sampling numbers are ask.BOUNDS' (one table for every edge).
+_GENERATION = ("model", "max_tokens", "max_completion_tokens", "n_predict", *BY_NAME, "penalty_last_n", "logit_bias",
+               "samplers", "reasoning_format", "stop", "stream",
                "stream_options", "logprobs", "n_probs", "response_format", "json_schema", "grammar",
                "cache_prompt", *REFUSED, *DEPENDENT, *INERT)
 _CHAT = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", *_GENERATION))

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from specgen.app.config import BIAS_MAX, PENALTY_MAX, SEED_MAX
+from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
 from specgen.app.prompts import Prompt, message_from, split_turns
 from specgen.app.structured import offered_tools, read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
@@ -31,27 +31,15 @@ class RequestError(Exception):
 
 
 @dataclass(frozen=True)
-class Sampling:
-    temperature: float | None = None  # None: the server's setting
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: tuple[tuple[int, float], ...] | None = None  # (token, added logit); -inf bans
-
-
-@dataclass(frozen=True)
 class Request:
     """One generation: a chat (messages through the chat template) or a completion (raw text)."""
 
     chat: bool
     prompt: Prompt
     max_tokens: int | None  # None: the server's default (-n), else until the context ends
-    sampling: Sampling
+    # The sampling values the request gives, by ask.BOUNDS' names (and logit_bias as (token, added
+    # logit) pairs, -inf banning): they replace the server's own (worker.py makes the Ask).
+    sampling: dict[str, object]
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -115,28 +103,41 @@ def _refuse_unsupported(body: dict, chat_template: str | None) -> None:
 
 
 def _number(body: dict, name: str, low: float, high: float, whole: bool = False, low_open: bool = False):
+    return _bounded(body, name, Bound(name, low, high, low_open, whole))
+
+
+def _bounded(body: dict, name: str, bound: Bound):
+    """The field `name`, of bound's type and in its range (None: not given)."""
     value = body.get(name)
     if value is None:
         return None
-    ok_type = isinstance(value, int) if whole else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or (not whole and not math.isfinite(value)):
-        raise RequestError(400, f"{name} expects {'a whole number' if whole else 'a number'}, found "
+    ok_type = isinstance(value, int) if bound.whole else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or (not bound.whole and not math.isfinite(value)):
+        raise RequestError(400, f"{name} expects {'a whole number' if bound.whole else 'a number'}, found "
                                 f"{json.dumps(value)[:40]}", name)
-    if value < low or value > high or (low_open and value == low):
-        lo = "(" if low_open else "["
-        raise RequestError(400, f"{name} expects a value in {lo}{low:g}, {high:g}], found {value}", name)
-    return value
+    if not bound.holds(value):
+        raise RequestError(400, f"{name} expects a value {bound.range_text}, found {value}", name)
+    return value if bound.whole else float(value)
 
 
-def _sampling(body: dict) -> Sampling:
-    seed = None if body.get("seed") == -1 else _number(body, "seed", 0, SEED_MAX, whole=True)  # -1: llama's "random"
-    last_n = [v for v in (_number(body, name, -1, MAX_TOKENS, whole=True)
-                          for name in ("repeat_last_n", "penalty_last_n")) if v is not None]
-    return Sampling(_number(body, "temperature", 0, 2), _number(body, "top_p", 0, 1, low_open=True),
-                    _number(body, "top_k", 0, 1 << 20, whole=True), seed, _number(body, "min_p", 0, 1),
-                    _number(body, "repeat_penalty", 0, 10, low_open=True), last_n[0] if last_n else None,
-                    _number(body, "presence_penalty", -PENALTY_MAX, PENALTY_MAX),
-                    _number(body, "frequency_penalty", -PENALTY_MAX, PENALTY_MAX), _logit_bias(body.get("logit_bias")))
+# llama-server's other names for a sampling field (the first given wins).
+ALIASES = {"repeat_last_n": ("repeat_last_n", "penalty_last_n")}
+
+
+def _sampling(body: dict) -> dict[str, object]:
+    """The sampling fields given, each checked against the one table (ask.BOUNDS)."""
+    given: dict[str, object] = {}
+    for name, bound in BY_NAME.items():
+        if name == "seed" and body.get("seed") == -1:
+            continue  # llama-server's "random": the server's own seed
+        for field in ALIASES.get(name, (name,)):
+            value = _bounded(body, field, bound)
+            if value is not None:
+                given.setdefault(name, value)
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias is not None:
+        given["logit_bias"] = bias
+    return given
 
 
 def _logit_bias(given: object) -> tuple[tuple[int, float], ...] | None:
@@ -302,6 +303,6 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
 
 def check_vocabulary(request: Request, n_vocab: int) -> None:
     """logit_bias names tokens of the served model's vocabulary."""
-    bad = [t for t, _ in request.sampling.logit_bias or () if t >= n_vocab]
+    bad = [t for t, _ in request.sampling.get("logit_bias", ()) if t >= n_vocab]
     if bad:
         raise RequestError(400, f"logit_bias expects token ids in [0, {n_vocab}), found {bad[0]}", "logit_bias")

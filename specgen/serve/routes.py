@@ -4,11 +4,11 @@ SillyTavern's and Continue's llama.cpp modes): /props, /tokenize, /detokenize, /
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
 from specgen import __version__
+from specgen.app.ask import sampling_values
 from specgen.app.config import RunConfig
 from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
@@ -18,7 +18,7 @@ from specgen.serve.fields import SPECGEN_ORDER
 from specgen.serve.logprob_shapes import Shown, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
-from specgen.serve.worker import Done, Worker, overrides
+from specgen.serve.worker import Done, Worker, sampling_of
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
@@ -50,28 +50,29 @@ def speculative(method: str, s: RunStats) -> dict:
             "forced_accepted": s.forced_accepted}
 
 
+# llama-server's sampling settings that specgen does not implement, each at the value that turns it off.
+LLAMA_OFF = {
+    "typical_p": 1.0, "top_n_sigma": -1.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0,
+    "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+    "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+    "n_keep": 0, "n_discard": 0, "ignore_eos": False, "min_keep": 0, "grammar": "", "timings_per_token": False,
+    "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama.cpp's adaptive-p sampler, off
+}
+
+
 def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
     """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or a
-    request's), and every setting it does not implement at the value that turns it off."""
-    if request is not None:
-        cfg = dataclasses.replace(cfg, **overrides(request))
+    request's: ask.sampling_values names them as llama-server does), and every setting it does not
+    implement at the value that turns it off."""
+    s = cfg.sampling if request is None else sampling_of(cfg, request)
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
-    pen = cfg.sampling.penalties
+    own = {**sampling_values(s), "seed": SEED_RANDOM if s.seed is None else s.seed,
+           "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.penalties.bias]}
     return {
-        "n_predict": -1 if n_predict is None else n_predict, "seed": SEED_RANDOM if cfg.seed is None else cfg.seed,
-        "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
-        "typical_p": 1.0, "top_n_sigma": -1.0,
-        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
-        "repeat_last_n": pen.last_n, "repeat_penalty": pen.repeat, "presence_penalty": pen.presence,
-        "frequency_penalty": pen.frequency,
-        "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in pen.bias],
-        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
-        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(request.stop) if request is not None else [], "max_tokens": -1 if n_predict is None else n_predict,
-        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": bool(request and request.stream),
-        "n_probs": request.logprobs or 0 if request is not None else 0,
-        "min_keep": 0, "grammar": "", "samplers": list(SPECGEN_ORDER), "timings_per_token": False,
-        "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama.cpp's adaptive-p sampler, off
+        "stream": bool(request and request.stream), "n_probs": request.logprobs or 0 if request is not None else 0,
+        "samplers": list(SPECGEN_ORDER),
     }
 
 

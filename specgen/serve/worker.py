@@ -5,15 +5,15 @@ loop. A bounded number may wait; past it the server answers 503."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from specgen.app.config import RunConfig, format_logit_bias
+from specgen.app.ask import Ask, ask_for, sampling_params, sampling_values
+from specgen.app.config import RunConfig
 from specgen.app.runner import Runner
+from specgen.core.sampling import SamplingParams
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
 from specgen.core.engine import FinishEvent, TokenEvent
@@ -25,7 +25,6 @@ from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
 log = logging.getLogger("specgen.serve")
-RUNNERS_KEPT = 8  # runners by sampling settings: each keeps what auto learned about acceptance
 
 
 class StopText:
@@ -76,38 +75,28 @@ class Job:
 
 
 class Runners:
-    """A Runner per (chat, sampling) on the one session; the most recently used are kept. They share
-    one prompt cache: the session's one target context, whichever runner used it last (`prompt_cache`
-    False: nothing is reused, every prompt read as a cold cache reads it; `cache_bytes`: host memory
-    for other conversations' prefixes, kv.PromptCache's budget)."""
+    """The server's one Runner on its one session (it keeps what auto learns per chat and sampling),
+    and the server's settings that a request's Ask starts from. Its prompt cache is the session's
+    one target context (`prompt_cache` False: nothing is reused, every prompt read as a cold cache
+    reads it; `cache_bytes`: host memory for other conversations' prefixes, kv.PromptCache's budget)."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True, cache_bytes: int = 0):
         self.cfg, self.session = cfg, session
         self.cache = PromptCache(reuse=prompt_cache, budget=cache_bytes)
-        self._kept: OrderedDict[tuple, Runner] = OrderedDict()
+        self.runner = Runner(cfg, session, self.cache)
 
-    def get(self, request: Request) -> Runner:
-        cfg = dataclasses.replace(self.cfg, chat=None if request.chat else False, **overrides(request))
-        key = (cfg.chat, cfg.sampling)
-        if key not in self._kept:
-            self._kept[key] = Runner(cfg, self.session, self.cache)
-            while len(self._kept) > RUNNERS_KEPT:
-                self._kept.popitem(last=False)
-        self._kept.move_to_end(key)
-        return self._kept[key]
+    def ask(self, request: Request, max_tokens: int) -> Ask:
+        """The request as an Ask: its own sampling values over the server's; a chat through the
+        template where the model has one, a completion as raw text."""
+        target = self.session.target
+        return ask_for(target, request.prompt, request.chat and bool(target.chat_template), self.cfg.json_layout,
+                       sampling=sampling_of(self.cfg, request), max_tokens=max_tokens, stop=request.stop,
+                       logprobs=request.logprobs, cache_prompt=request.cache_prompt)
 
 
-def overrides(request: Request) -> dict:
-    """The request's sampling settings that replace the server's (those it gives)."""
-    s = request.sampling
-    given = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "min_p": s.min_p,
-             "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
-             "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty}
-    out = {k: float(v) if isinstance(v, (int, float)) and k not in ("top_k", "seed", "repeat_last_n") else v
-           for k, v in given.items() if v is not None}
-    if s.logit_bias is not None:
-        out["logit_bias"] = format_logit_bias(s.logit_bias)
-    return out
+def sampling_of(cfg: RunConfig, request: Request) -> SamplingParams:
+    """The server's sampling with the values the request gives in their place."""
+    return sampling_params({**sampling_values(cfg.sampling), **request.sampling})
 
 
 @dataclass
@@ -187,14 +176,15 @@ class Worker:
 
     def _generate(self, job: Job) -> Done:
         """Run the request, putting each showable Piece of text; a cancelled job stops at the next step."""
-        request, runner = job.request, self.runners.get(job.request)
-        stats, stop, reason = RunStats(), StopText(request.stop), "length"
-        if self._limit(request) == 0:  # llama-server's n_predict 0: nothing to generate
+        request, runner = job.request, self.runners.runner
+        ask = self.runners.ask(request, self._limit(request))
+        stats, stop, reason = RunStats(), StopText(ask.stop), "length"
+        if ask.max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
             return Done("", reason, stats)
         # With tools the text is read as content and calls as it is written (callstream.py).
-        calls = runner.call_stream(request.prompt)
+        calls = runner.call_stream(ask)
         pending, target = Pending(), runner.session.target
-        events = runner.stream(request.prompt, stats, self._limit(request), request.logprobs, request.cache_prompt)
+        events = runner.stream(ask, stats)
         sources = Sources()
 
         def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
@@ -227,7 +217,9 @@ class Worker:
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
-        answer = runner.answer(request.prompt, stop.text)
+        answer = runner.answer(ask, stop.text)
+        if calls is not None and calls.heads > len(answer.calls):  # cut inside a call: the call as written,
+            answer = calls.answer()  # as the stream showed it (OpenAI answers a call cut by max_tokens so)
         if answer is not None and answer.calls and reason == "stop":
             reason = "tool_calls"
         return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent),

@@ -1,0 +1,188 @@
+"""One generation as one value (Ask), and the one table of bounds every sampling number is checked
+against, whichever edge read it (command line, config file, server): each edge parses its own input,
+checks it here, and names its own flag or field when a value is out of bounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from specgen.app.prompts import Prompt
+from specgen.app.structured import tool_constraint, tool_format
+from specgen.core.constraint import ConstraintSpec
+from specgen.core.penalties import Penalties
+from specgen.core.protocol import Model
+from specgen.core.sampling import SamplingParams
+from specgen.errors import ConstraintError
+
+PENALTY_MAX = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
+BIAS_MAX = 100.0  # and for a logit bias: [-100, 100] (or -inf: never this token)
+SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit: bench passes the same seed to its runs
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A sampling number: its range [low, high] (`low_open` excludes low; `whole`: an integer), and
+    how the command line shows it (cli/options.SAMPLING is made from these rows): `help`, `metavar`,
+    a `short` flag. `note` says what a special value means in an error; `says` replaces the command
+    line's wording of the range where the range alone reads badly."""
+
+    name: str  # RunConfig's field, the server's field, core's SamplingParams/Penalties value
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    whole: bool = False
+    note: str = ""
+    says: str = ""
+    help: str = ""
+    metavar: str = "X"
+    short: str = ""
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}"
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (value > self.low if self.low_open else value >= self.low) and value <= self.high
+
+    @property
+    def range_text(self) -> str:
+        """`in [0, 1]`, `in (0, 10]`, or (no upper bound) `>= 0`."""
+        low = _num(self.low)
+        if math.isinf(self.high):
+            return f"{'>' if self.low_open else '>='} {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {_num(self.high)}]"
+
+    def flag_error(self, flag: str, value: object) -> str:
+        """The command line's words (and the config file's: it names the same settings)."""
+        note = f" ({self.note})" if self.note else ""
+        return f"{flag} {self.says or f'must be {self.range_text}{note}'}, found {value}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+# Every sampling number, once. Where the command line and the server differed, the wider range
+# stayed: temperature has no upper bound (llama.cpp's; the server said <= 2), top_k and
+# repeat_last_n none either (the server capped them at 2^20 and 2^31 - 1).
+BOUNDS = (
+    Bound("temperature", 0.0, help="0 = greedy [0].", metavar="T", short="-t"),
+    Bound("top_k", 0, whole=True, note="0 = off", help="Sample from the k most likely tokens (0 = off) [0].",
+          metavar="K"),
+    Bound("top_p", 0.0, 1.0, low_open=True, help="Nucleus sampling mass in (0, 1] [1].", metavar="P"),
+    Bound("seed", 0, SEED_MAX, whole=True, says=f"expects a whole number from 0 to {SEED_MAX}",
+          help="Seed for sampling: same seed, same output.", metavar="N"),
+    Bound("min_p", 0.0, 1.0, help="Keep tokens at least P times as likely as the most likely one (0 = off) [0].",
+          metavar="P"),
+    Bound("repeat_penalty", 0.0, 10.0, low_open=True, note="1 = off",
+          help="Divide the logits of tokens in the last --repeat-last-n (1 = off) [1]."),
+    Bound("repeat_last_n", -1, whole=True, says="must be -1 (the whole context), 0 (off) or more",
+          help="Tokens the penalties look back over, prompt included (0 = off, -1 = the context) [64].", metavar="N"),
+    Bound("presence_penalty", -PENALTY_MAX, PENALTY_MAX,
+          help="Subtract X from the logit of a token already there, in [-2, 2] [0]."),
+    Bound("frequency_penalty", -PENALTY_MAX, PENALTY_MAX,
+          help="Subtract X times its count from a token's logit, in [-2, 2] [0]."),
+)
+BY_NAME = {b.name: b for b in BOUNDS}
+
+
+def out_of_bounds(values: Mapping[str, Any]) -> Bound | None:
+    """The first bound a given value (not None) breaks; the edge words the error with its own name."""
+    for bound in BOUNDS:
+        value = values.get(bound.name)
+        if value is not None and not bound.holds(value):
+            return bound
+    return None
+
+
+def sampling_params(v: Mapping[str, Any]) -> SamplingParams:
+    """Core's SamplingParams from the flat settings (BOUNDS' names, and logit_bias as pairs)."""
+    pen = Penalties(float(v["repeat_penalty"]), v["repeat_last_n"], float(v["frequency_penalty"]),
+                    float(v["presence_penalty"]), tuple(v["logit_bias"]))
+    return SamplingParams(float(v["temperature"]), v["top_k"], float(v["top_p"]), v["seed"], float(v["min_p"]), pen)
+
+
+def sampling_values(s: SamplingParams) -> dict[str, Any]:
+    """The inverse of sampling_params: what a request's own values replace."""
+    p = s.penalties
+    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "min_p": s.min_p,
+            "repeat_penalty": p.repeat, "repeat_last_n": p.last_n, "frequency_penalty": p.frequency,
+            "presence_penalty": p.presence, "logit_bias": p.bias}
+
+
+def why_exact_rows(sampling: SamplingParams, constrained: bool, logprobs: int | None = None) -> str | None:
+    """The one rule for screening (llama/screen.py keeps a row's argmax exact, nothing more): what in
+    a generation needs the target's own rows, or None when a screened copy's argmax serves."""
+    if constrained:
+        return "constrained output"  # the masked argmax, not the row's
+    if logprobs is not None:
+        return "logprobs"
+    if sampling.penalties.active:
+        return "penalties and logit bias"  # they move logits the screen approximated
+    if not sampling.greedy:
+        return "sampling"  # a draw needs the whole distribution
+    return None
+
+
+def any_needs_exact_rows(sampling: SamplingParams, prompts: Iterable[Any]) -> bool:
+    """Before loading (the Asks need the loaded target): whether any of these prompts' generations,
+    under `sampling`, will need the target's own rows (then no screened copy is loaded)."""
+    return any(why_exact_rows(sampling, p.constrained) is not None for p in prompts)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one generation asks for, parsed once at its edge: the prompt and how it is read
+    (`chat`: through the chat template), the sampling, the whole constraint (a response format or
+    the tools' grammar, its JSON layout set), the token limit, stop strings and logprobs (that many
+    alternatives per token; None: none). Make it with `ask_for`, which builds the constraint."""
+
+    prompt: Prompt
+    chat: bool
+    sampling: SamplingParams = SamplingParams()
+    constraint: ConstraintSpec | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    cache_prompt: bool = True  # False: the prompt is read whole, whatever the prompt cache holds
+
+    def __post_init__(self) -> None:
+        if self.prompt.constrained and self.constraint is None:
+            raise ValueError("an Ask whose prompt carries a response format or tools needs its constraint: "
+                             "make it with ask_for")
+
+    @property
+    def needs_exact_rows(self) -> bool:
+        return self.why_exact_rows is not None
+
+    @property
+    def why_exact_rows(self) -> str | None:
+        return why_exact_rows(self.sampling, self.constraint is not None, self.logprobs)
+
+
+def ask_for(target: Model, prompt: Prompt, chat: bool, layout: str, **rest: Any) -> Ask:
+    """An Ask for `prompt` as `target` reads it, its constraint made whole here with `layout`."""
+    return Ask(prompt, chat, constraint=constraint_for(target, prompt, chat, layout), **rest)
+
+
+def constraint_for(target: Model, prompt: Prompt, chat: bool, layout: str) -> ConstraintSpec | None:
+    """What the answer must match: the prompt's response format, or its tools' grammar (written as
+    the target's template writes calls, when chatting), with JSON laid out as `layout` says."""
+    if prompt.tools is not None:
+        if prompt.constraint is not None:
+            raise ConstraintError("expected either response_format or tools, found both")
+        spec = tool_constraint(prompt.tools, tools_format(target, chat))
+    else:
+        spec = prompt.constraint
+    return None if spec is None else ConstraintSpec(spec.kind, spec.text, layout)
+
+
+def tools_format(model: Model, chat: bool) -> str:
+    """How tool calls are written here: the template's own format, or (no template, or not
+    chatting) the generic one (structured.py)."""
+    return tool_format(model.chat_template if chat else None)
+

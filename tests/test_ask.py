@@ -1,0 +1,81 @@
+"""One generation, one Ask: one bounds table for every edge (each naming its own flag or field), the
+one rule for exact rows, and the server's Ask made over its settings without a RunConfig per request."""
+
+import math
+
+import pytest
+
+from specgen.app.ask import Ask, ask_for
+from specgen.app.config import RunConfig, build_config
+from specgen.app.prompts import Prompt
+from specgen.core.constraint import ConstraintSpec
+from specgen.core.penalties import Penalties
+from specgen.core.sampling import SamplingParams
+from specgen.errors import ConfigError
+from specgen.serve.requests import RequestError, chat_request
+from specgen.serve.worker import sampling_of
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("name,value,flag_words,field_words", [
+    ("temperature", -0.5, "--temperature must be >= 0, found -0.5", "temperature expects a value >= 0, found -0.5"),
+    ("top_p", 1.5, "--top-p must be in (0, 1], found 1.5", "top_p expects a value in (0, 1], found 1.5"),
+    ("repeat_last_n", -2, "--repeat-last-n must be -1 (the whole context), 0 (off) or more, found -2",
+     "repeat_last_n expects a value >= -1, found -2"),
+    ("seed", 2**32, f"--seed expects a whole number from 0 to {2**32 - 1}, found {2**32}",
+     f"seed expects a value in [0, {2**32 - 1}], found {2**32}"),
+])
+def test_one_table_refuses_the_same_values_at_every_edge_each_naming_its_own(name, value, flag_words, field_words):
+    with pytest.raises(ConfigError) as cli:
+        build_config(None, {name: value})
+    assert str(cli.value) == flag_words
+    with pytest.raises(RequestError) as server:
+        chat_request({**CHAT, name: value})
+    assert (server.value.message, server.value.param) == (field_words, name)
+
+
+def test_where_the_edges_differed_the_wider_range_holds_at_both():
+    """The server refused temperature above 2 and top_k above 2^20; the command line did not."""
+    assert build_config(None, {"temperature": 3.0, "top_k": 2**21}).sampling.temperature == 3.0
+    request = chat_request({**CHAT, "temperature": 3, "top_k": 2**21})
+    assert sampling_of(RunConfig(), request).temperature == 3.0 and sampling_of(RunConfig(), request).top_k == 2**21
+
+
+def test_a_temperature_that_is_not_a_number_is_refused_on_the_command_line():
+    """nan passed the command line's `temperature < 0` test (and inf its >= 0): the table wants finite numbers."""
+    for value in (math.nan, math.inf):
+        with pytest.raises(ConfigError, match="--temperature must be >= 0"):
+            build_config(None, {"temperature": value})
+
+
+def test_the_servers_ask_takes_the_requests_values_over_its_own_and_keeps_bias_pairs_exact():
+    cfg = RunConfig(temperature=0.7, top_k=40, repeat_penalty=1.1, logit_bias="5+1")
+    request = chat_request({**CHAT, "top_k": 3, "penalty_last_n": 16, "logit_bias": {"7": 0.1 + 0.2, "9": False}})
+    s = sampling_of(cfg, request)
+    assert (s.temperature, s.top_k) == (0.7, 3)
+    assert s.penalties == Penalties(1.1, 16, 0.0, 0.0, ((7, 0.1 + 0.2), (9, -math.inf)))
+    assert sampling_of(cfg, chat_request(CHAT)) == cfg.sampling
+
+
+@pytest.mark.parametrize("ask,why", [
+    (dict(), None),
+    (dict(sampling=SamplingParams(0.8)), "sampling"),
+    (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 1.0),)))), "penalties and logit bias"),
+    (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 0.0),)))), None),  # a zero bias moves nothing
+    (dict(logprobs=0), "logprobs"),
+    (dict(constraint=ConstraintSpec("json_object")), "constrained output"),
+])
+def test_needs_exact_rows_is_one_rule(ask, why):
+    a = Ask(Prompt(0, "x"), False, **ask)
+    assert (a.why_exact_rows, a.needs_exact_rows) == (why, why is not None)
+
+
+def test_an_ask_for_a_constrained_prompt_carries_its_whole_constraint():
+    class Template:
+        chat_template = None
+
+    prompt = Prompt(0, "x", constraint=ConstraintSpec("json_object"))
+    with pytest.raises(ValueError, match="make it with ask_for"):
+        Ask(prompt, False)
+    assert ask_for(Template(), prompt, False, "free").constraint == ConstraintSpec("json_object", "", "free")
