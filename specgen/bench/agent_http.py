@@ -93,6 +93,8 @@ class Reply:
     cache_n: int = 0  # tokens kept from the cache
     prompt_s: float = 0.0
     error: str | None = None
+    target_calls: int | None = None  # specgen's: the target's decodes (its `speculative` numbers)
+    forced_accepted: int | None = None  # ... and the tokens a grammar forced among those committed
 
     def same_as(self, other: "Reply") -> bool:
         """The same content and the same calls (names and arguments, as JSON values)."""
@@ -170,6 +172,9 @@ def _read_chunk(chunk: dict, reply: Reply, content: list, calls: dict, at_s: flo
         if reply.ttft_s is None and (delta.get("content") or delta.get("tool_calls")):
             reply.ttft_s = at_s
         reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+    spec = chunk.get("speculative")
+    if isinstance(spec, dict):
+        reply.target_calls, reply.forced_accepted = spec.get("target_calls"), spec.get("forced_accepted")
     t = chunk.get("timings")
     if t:
         reply.completion_tokens = int(t.get("predicted_n", 0))
