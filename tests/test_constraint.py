@@ -90,6 +90,45 @@ def test_forced_tokens_cost_no_target_call_each():
     assert spec.target_calls < no_forced.target_calls  # the forced tokens, not lookup alone, saved the calls
 
 
+def test_nodes_whose_child_the_grammar_forces_are_decoded_without_logits():
+    """Greedy under a grammar, a node whose child is forced needs no row (its choice is the one
+    token the mask allows): those nodes ask llama.cpp for no logits (the output layer skips them),
+    and the text is constrained plain's."""
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    for prompt in ([0, 2], [0, 12, 13, 14, 7, 8, 9, 10]):
+        plain, _, _, _ = run(model, prompt, SamplingParams())
+        spec, _, stats, ctx = run(model, prompt, SamplingParams(), "lookup")
+        assert spec == plain and stats.accepted_by["forced"] >= 3
+        trees = [b for b in ctx.calls[1:] if len(b) > 1]
+        assert sum(not want for b in trees for want in b.logits) >= 2, [b.logits for b in trees]
+        assert all(b.logits[-1] for b in trees)  # a leaf's row: the bonus token is chosen from it
+
+
+class OverstatedForced(FakeConstraint):
+    """forced() also names a token where the grammar allows a choice: a node decoded without logits
+    then meets a mask with more than one token, and the tree is decoded again with every row."""
+
+    def forced(self) -> list[int]:
+        out = super().forced()
+        nxt = self._next(self.consumed + out)
+        return out + [min(nxt)] if len(nxt) > 1 and self.eos not in nxt else out
+
+
+def test_a_forced_node_where_the_grammar_allows_a_choice_is_decoded_again_with_every_row():
+    model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
+    plain, _, _, _ = run(model, [0, 2], SamplingParams())
+    constraint = OverstatedForced([[set(pos) for pos in p] for p in LANGUAGE], V, EOS)
+    drafter = ConstrainedDrafter(LookupDrafter(), constraint, max_nodes=40, max_leaves=16)
+    ctx = FakeContext(model, n_ctx=512, n_seq_max=32)
+    events = list(generate(model, ctx, GenerationRequest([0, 2], 30, SamplingParams(), constraint), RunStats(),
+                           drafter))
+    assert [e.token for e in events if isinstance(e, TokenEvent)] == plain
+    again = [(a, b) for a, b in zip(ctx.calls, ctx.calls[1:]) if a.tokens == b.tokens and len(a) > 1]
+    assert again and all(not all(a.logits) and all(b.logits) for a, b in again)
+    kv = ctx.kv[0]
+    assert [kv[p] for p in sorted(kv)] == ([0, 2] + plain)[:len(kv)]
+
+
 @pytest.mark.parametrize("method", [None, "lookup", "chain", "tree"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_logit_bias_that_bans_every_allowed_token_is_one_clear_error(method, temperature):

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Union
 
+import numpy as np
+
 from specgen.errors import PromptError
 from specgen.core.constraint import Constraint
 from specgen.core.kv import COMMITTED_SEQ, INVARIANT_ROWS, PromptCache, keep_branch, prefill
@@ -24,7 +26,7 @@ from specgen.core.protocol import Batch, Context, Drafter, Model
 from specgen.core.sampling import Sampler, SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
-from specgen.core.verify import TargetRows, Verdict, choose, verify
+from specgen.core.verify import RowNeeded, TargetRows, Verdict, choose, verify
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,34 @@ def check_prompt_fits(n_prompt: int, ctx: Context) -> None:
                           f"use --ctx {n_prompt + 256} or more")
 
 
-def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]]) -> Batch:
-    """Node i at position n_past + depth(i) in every branch through it; logits for every node."""
+def tree_batch(tree: DraftTree, n_past: int, seq_ids: list[tuple[int, ...]],
+               logits: list[bool] | None = None) -> Batch:
+    """Node i at position n_past + depth(i) in every branch through it; logits for every node
+    (or where `logits[i]`)."""
     batch = Batch()
-    for tok, depth, ids in zip(tree.tokens, tree.depths(), seq_ids):
-        batch.add(tok, n_past + depth, ids, True)
+    for i, (tok, depth, ids) in enumerate(zip(tree.tokens, tree.depths(), seq_ids)):
+        batch.add(tok, n_past + depth, ids, True if logits is None else logits[i])
     return batch
+
+
+def rows_needed(tree: DraftTree) -> list[bool]:
+    """Which nodes' logits verification reads: not those with a child the grammar forced (where it
+    allows one token, greedy decoding's choice is that token whatever the row says). The output
+    layer then runs on the other rows alone: on gemma's 262k-token vocabulary most of a row's cost."""
+    forced_parent = {p for c, p in enumerate(tree.parents) if c in tree.forced}
+    return [i not in forced_parent for i in range(len(tree.tokens))]
+
+
+class SparseRows:
+    """The rows of the nodes decoded with logits, by node; None for the others."""
+
+    def __init__(self, rows: np.ndarray, needed: list[bool]):
+        self._at = {node: k for k, node in enumerate(i for i, want in enumerate(needed) if want)}
+        self._rows = rows
+
+    def __getitem__(self, node: int):
+        k = self._at.get(node)
+        return None if k is None else self._rows[k]
 
 
 def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunStats,
@@ -142,7 +166,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             rows = scoring.rows(ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True])))
             verdict = Verdict([], [choose(sampler, rows[0], request.constraint)])
         else:
-            verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring)
+            verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring,
+                                        all_rows=request.logprobs is not None)
         stats.target_calls += 1
         n_past += len(verdict.path) + 1
 
@@ -220,7 +245,7 @@ def token_source(tree: DraftTree | None, verdict: Verdict, i: int, drafter: Draf
 
 
 def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, constraint: Constraint | None,
-                scoring: Scoring) -> tuple[Verdict, TargetRows]:
+                scoring: Scoring, all_rows: bool = False) -> tuple[Verdict, TargetRows]:
     """One target decode for the whole tree (branch j is sequence j; branch 0 is the committed
     sequence 0), the walk that picks the accepted path, and a KV cache that keeps only that path.
     Returns the verdict and the rows the walk read (each node's, adjusted along its own path)."""
@@ -230,7 +255,24 @@ def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, co
         raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
     for seq in range(1, n_branches):
         ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
-    rows = scoring.rows(ctx.decode(tree_batch(tree, n_past, seq_ids)), tree)
-    verdict = verify(tree, rows, sampler, constraint)
+    # Greedy under a grammar, nothing else reading rows (penalties, a bias that may ban a forced
+    # token, logprobs): no logits for nodes whose child the grammar forces.
+    sparse = constraint is not None and sampler.params.greedy and scoring.pen is None and not all_rows
+    needed = rows_needed(tree) if sparse else None
+    if needed is not None and all(needed):
+        needed = None
+    rows = ctx.decode(tree_batch(tree, n_past, seq_ids, needed))
+    start = constraint.position() if constraint is not None else 0
+    try:
+        rows = scoring.rows(rows, tree) if needed is None else SparseRows(rows, needed)
+        verdict = verify(tree, rows, sampler, constraint)
+    except RowNeeded:  # the grammar allowed a choice after all (never seen): decode the tree again, every row
+        constraint.rollback(constraint.position() - start)
+        for seq in range(n_branches):
+            ctx.seq_rm(seq, n_past, -1)
+        for seq in range(1, n_branches):
+            ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+        rows = scoring.rows(ctx.decode(tree_batch(tree, n_past, seq_ids)), tree)
+        verdict = verify(tree, rows, sampler, constraint)
     keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
     return verdict, rows

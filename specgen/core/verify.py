@@ -176,9 +176,22 @@ def outside(p: np.ndarray, tokens: list[int]) -> np.ndarray | None:
     return p / total if total > 0 else None
 
 
-def choose(sampler: Sampler, row: np.ndarray, constraint: Constraint | None = None) -> int:
+class RowNeeded(Exception):
+    """A node decoded without logits (its child forced) where the grammar allows more than one token."""
+
+
+def choose(sampler: Sampler, row: np.ndarray | None, constraint: Constraint | None = None) -> int:
     """Plain decoding's choice from one logits row: under a constraint, from the masked row, and
-    the constraint consumes it (the state the next row is masked with)."""
+    the constraint consumes it (the state the next row is masked with). `row` None (greedy, under
+    a grammar): a node decoded without logits because the grammar forces its child; the one token
+    the mask allows is the masked argmax of any row (RowNeeded where it allows more)."""
+    if row is None:
+        allowed = np.flatnonzero(constraint.allowed()) if constraint is not None else ()
+        if len(allowed) != 1 or not sampler.params.greedy:
+            raise RowNeeded
+        y = int(allowed[0])
+        constraint.consume(y)
+        return y
     if constraint is None:
         return sampler.sample(row)
     if sampler.params.greedy:
