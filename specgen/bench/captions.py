@@ -24,5 +24,6 @@ def machine_caption(machine: dict) -> str:
         if isinstance(others, (int, float)) else " (other processes' load not recorded)"
     build = (machine.get("llama_cpp") or {}).get("llama_cpp_python")
     return (f"{cpu}{f' ({features})' if features else ''}, {machine.get('cores', '?')} cores, "
-            f"{machine.get('threads', '?')} threads, {machine.get('backend', '?')}{busy}"
+            f"{machine.get('threads', '?')} thread{'' if machine.get('threads') == 1 else 's'}, "
+            f"{machine.get('backend', '?')}{busy}"
             f"{f', llama.cpp of llama-cpp-python {build}' if build else ''}")

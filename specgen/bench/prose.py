@@ -54,6 +54,10 @@ def unbacked(page: Path) -> list[str]:
         files = [Path(page).parent / f for f in m.group("files").split()]
         if not files:
             raise ConfigError(f"{page}: a figures marker names no results file")
-        rendered = set(figures("\n".join(source_text(f, Path(page).parent) for f in files)))
+        texts = [source_text(f, Path(page).parent) for f in files]
+        together = [f for f in files if f.suffix == ".json" and published.is_results(json.loads(f.read_text()))]
+        if len(together) > 1:  # several runs rendered as one block add what they say together (their spread)
+            texts.append(published.render_files(together, Path(page).parent))
+        rendered = set(figures("\n".join(texts)))
         out += [f"{f} ({m.group('files')})" for f in figures(m.group("body")) if f not in rendered]
     return out
