@@ -93,7 +93,7 @@ def table(path: Path) -> str:
             plain = [_median([r["sizes"][b]["plain_ms"] for r in mine]) for b in sizes]
             lines += [f"| **decode, no callback** | " + " | ".join(f"**{m:.2f}**" for m in plain) +
                       f" | **{plain[-1] / plain[0]:.2f}** |", ""]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def main() -> None:

@@ -297,3 +297,15 @@ def test_the_prefill_table_in_serve_md_is_rendered_from_its_results_file():
             rounds = [x["round"] for x in data["samples"] if (x["model"], x["threads"], x["n_prompt"]) ==
                       (model, threads, n) and x["config"] == name]
             assert sorted(rounds) in ([], list(range(data["settings"]["rounds"]))), (model, threads, n, name)
+
+
+def test_the_op_profile_in_screening_and_kernels_md_is_rendered_from_its_results_file():
+    """docs/screening-and-kernels.md's per-op profile is scripts/op_profile.py's rendering of the
+    file its marker names, and that file holds every model and setting the script runs, each round."""
+    import json
+
+    table, path, script = _rendered("screening-and-kernels.md", "profile-table", "op_profile")
+    assert table == script.table(path)
+    data = json.loads(path.read_text())
+    runs = {(r["model"], r["setting"], r["round"]) for r in data["runs"]}
+    assert runs == {(m, s, r) for m in script.MODELS for s in script.SETTINGS for r in range(data["settings"]["rounds"])}
