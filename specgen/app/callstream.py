@@ -107,8 +107,7 @@ class _Call:
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
     name: str | None = None
     args_at: int | None = None  # where the arguments' value starts
-    sent: int = 0  # how much of the arguments' text was shown
-    text: str = ""  # that text
+    text: str = ""  # the arguments' text shown so far
     end: int | None = None  # one past the arguments' value, once whole
 
 
@@ -117,17 +116,16 @@ class CallStream:
 
     def __init__(self, fmt: str):
         self.fmt = fmt
-        self.content_sent = 0  # characters of content shown (decoded ones, for the generic response)
         self.calls: list[_Call] = []
         self.free_text: bool | None = None  # hermes: the text is content (True) or calls (False)
         self.heads = 0  # calls whose head was shown
         self.next_block = 0  # hermes: where the next `<tool_call>` may open
-        self.content = ""  # the content shown
+        self.content = ""  # the content shown (decoded, for the generic response)
 
     @property
     def streamed(self) -> bool:
         """Has anything been shown?"""
-        return self.content_sent > 0 or self.heads > 0
+        return bool(self.content) or self.heads > 0
 
     def answer(self) -> ToolAnswer:
         """What was shown, as an answer: its content, and each call whose head was shown with the
@@ -147,7 +145,7 @@ class CallStream:
         value = key.end()
         if key.group(1) == "response" and text[value] == '"':
             decoded, _ = _string_prefix(text, value)
-            out, self.content_sent = decoded[self.content_sent:], max(self.content_sent, len(decoded))
+            out = decoded[len(self.content):]
             self.content += out
             return Delta(content=out)
         if key.group(1) != "tool_call":
@@ -161,7 +159,7 @@ class CallStream:
         if self.free_text is None and text:
             self.free_text = not text.startswith("<")
         if self.free_text:
-            out, self.content_sent = text[self.content_sent:], len(text)
+            out = text[len(self.content):]
             self.content += out
             return Delta(content=out)
         fragments: list[CallHead | CallArguments] = []
@@ -192,9 +190,9 @@ class CallStream:
         if call.name is not None and call.args_at is not None and call.end is None:
             end = _end_of_value(text, call.args_at)
             upto = len(text) if end is None else end
-            if upto > call.args_at + call.sent:
-                out.append(CallArguments(call.index, text[call.args_at + call.sent : upto]))
-                call.sent, call.text = upto - call.args_at, text[call.args_at : upto]
+            if upto > call.args_at + len(call.text):
+                out.append(CallArguments(call.index, text[call.args_at + len(call.text) : upto]))
+                call.text = text[call.args_at : upto]
             call.end = end
         return tuple(out)
 

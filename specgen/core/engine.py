@@ -253,26 +253,26 @@ def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, co
     n_branches = max(max(ids) for ids in seq_ids) + 1
     if n_branches > ctx.n_seq_max:
         raise ValueError(f"tree has {n_branches} branches, context allows {ctx.n_seq_max}")
-    for seq in range(1, n_branches):
-        ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+
+    def decoded(needed: list[bool] | None) -> TargetRows:
+        for seq in range(1, n_branches):
+            ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
+        rows = ctx.decode(tree_batch(tree, n_past, seq_ids, needed))
+        return scoring.rows(rows, tree) if needed is None else SparseRows(rows, needed)
+
     # Greedy under a grammar, nothing else reading rows (penalties, a bias that may ban a forced
     # token, logprobs): no logits for nodes whose child the grammar forces.
     sparse = constraint is not None and sampler.params.greedy and scoring.pen is None and not all_rows
     needed = rows_needed(tree) if sparse else None
-    if needed is not None and all(needed):
-        needed = None
-    rows = ctx.decode(tree_batch(tree, n_past, seq_ids, needed))
+    rows = decoded(None if needed is None or all(needed) else needed)
     start = constraint.position() if constraint is not None else 0
     try:
-        rows = scoring.rows(rows, tree) if needed is None else SparseRows(rows, needed)
         verdict = verify(tree, rows, sampler, constraint)
     except RowNeeded:  # the grammar allowed a choice after all (never seen): decode the tree again, every row
         constraint.rollback(constraint.position() - start)
         for seq in range(n_branches):
             ctx.seq_rm(seq, n_past, -1)
-        for seq in range(1, n_branches):
-            ctx.seq_cp(COMMITTED_SEQ, seq, -1, -1)
-        rows = scoring.rows(ctx.decode(tree_batch(tree, n_past, seq_ids)), tree)
+        rows = decoded(None)
         verdict = verify(tree, rows, sampler, constraint)
     keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
     return verdict, rows
