@@ -75,6 +75,7 @@ CPU_DIR = "vendor/llama.cpp/ggml/src/ggml-cpu"
 HEADERS = [
     (NATIVE / "invariant.h", f"{CPU_DIR}/specgen_invariant.h"),
     (NATIVE / "few_columns.h", f"{CPU_DIR}/llamafile/specgen_few_columns.h"),
+    (NATIVE / "attention.h", f"{CPU_DIR}/specgen_attention.h"),
 ]
 SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"
 CPU_BACKEND = f"{CPU_DIR}/ggml-cpu.cpp"
@@ -132,6 +133,13 @@ HOOKS = [
      "&& q->type == GGML_TYPE_F32 && nek1 >= 512 && !specgen::invariant(1);\n"),
     (OPS, "                                neq1 >= Q_TILE_SZ);\n",
      "                                neq1 >= Q_TILE_SZ && !specgen::invariant(neq1));\n"),
+    # ... and several of those rows per pass over the cache, each row's arithmetic ggml's (attention.h).
+    (OPS, "static void ggml_compute_forward_flash_attn_ext_f16(\n",
+     '#include "specgen_attention.h"\n\nstatic void ggml_compute_forward_flash_attn_ext_f16(\n'),
+    (OPS, "    } else {\n\n        // total rows in q\n",
+     "    } else if (specgen_attention::run(params, dst)) {\n"
+     "        // specgen's attention for few rows did it\n"
+     "    } else {\n\n        // total rows in q\n"),
     # The KV cache: flash attention sums a row's cells in cell order, so a committed token must never
     # land in a cell before earlier ones (a hole left by a rejected draft), which plain decoding
     # never does. Cells freed by dropped drafts are not reused before the cache wraps around.
@@ -147,6 +155,7 @@ HOOKS = [
      '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
     (CPU_BACKEND, "        features.push_back({ nullptr, nullptr });\n",
      "        features.push_back({ \"SPECGEN_INVARIANT\", specgen::current().invariant ? \"on\" : \"off\" });\n"
+     "        features.push_back({ \"SPECGEN_ATTENTION\", specgen::current().invariant && specgen::kernel_on(\"attention\") ? \"rows\" : \"off\" });\n"
      "    #ifdef SPECGEN_FEW\n"
      "        features.push_back({ \"SPECGEN_KERNELS\", specgen_few::describe() });\n"
      "    #endif\n"

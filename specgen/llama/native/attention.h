@@ -1,0 +1,380 @@
+// specgen: flash attention for a few query rows, batch-invariant, in three passes over the cache.
+//
+// Why: for at most FEW_COLUMNS query rows, batch invariance used to keep ggml's per-row flash-attention
+// loop (ggml_compute_forward_flash_attn_ext_f16_one_chunk): one row at a time, one cell at a time, a
+// scalar expf per cell and an F16 accumulator widened, multiplied-added and narrowed again per cell.
+// At 16 rows attention cost 13.7x one row on smollm2 (docs/screening-and-kernels.md, the op profile),
+// and its share grows with the context.
+//
+// What: the rows that read one K/V head (the tokens of a query head, the query heads of a KV group)
+// form units of at most UNIT_ROWS. Per unit: (1) every row's score per cell (K's row widened once for
+// the unit, K.q in F32 lanes, one fixed sum over the lanes, scaled, soft-capped, masked); (2) per row,
+// the softmax: the visible cells' scores packed in cell order, their maximum, ggml's vectorized expf
+// (ggml_v_expf, what its soft_max uses) over them, the sum in lanes; (3) per row, the weights times V
+// summed in cell order into F32 registers. The K and V rows are fetched a few cells ahead.
+//
+// Exactness: a row's result depends only on its query, its mask and the visible cells in cell order
+// (not on their indices in the cache, which a sliding-window cache changes when it wraps), never on
+// the other rows of its batch, its unit or the thread count: the same bits alone or in any batch
+// (tests/test_kernels.py). They are not ggml's bits (F32 queries and accumulator where ggml rounds
+// both to F16): SPECGEN_KERNELS=ggml, or a list without "attention", keeps ggml's loop.
+//
+// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in ops.cpp,
+// before ggml_compute_forward_flash_attn_ext_f16, which calls run() for few query rows.
+#pragma once
+
+#include "specgen_invariant.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace specgen_attention {
+
+// The most rows of one unit (each keeps a row of scores in the thread's scratch).
+constexpr int64_t UNIT_ROWS = 16;
+
+struct row {
+    int64_t iq1, iq2, iq3;
+    const ggml_fp16_t * mask;  // this row's mask over the cells, or null
+    float slope;               // the ALiBi slope the mask is multiplied by (1 without ALiBi)
+    float S;                   // the softmax's sum
+};
+
+struct shape {
+    const ggml_tensor *q, *k, *v, *mask, *sinks;
+    int64_t DK, DV, neq1, neq2, neq3, nek1, rk2, rk3, rv2, rv3;
+    float scale, max_bias, logit_softcap, m0, m1;
+    uint32_t n_head_log2;
+};
+
+static inline shape read_shape(const ggml_tensor * dst) {
+    shape s;
+    s.q = dst->src[0];
+    s.k = dst->src[1];
+    s.v = dst->src[2];
+    s.mask = dst->src[3];
+    s.sinks = dst->src[4];
+    s.DK = s.k->ne[0];
+    s.DV = s.v->ne[0];
+    s.neq1 = s.q->ne[1];
+    s.neq2 = s.q->ne[2];
+    s.neq3 = s.q->ne[3];
+    s.nek1 = s.k->ne[1];
+    s.rk2 = s.neq2 / s.k->ne[2];
+    s.rk3 = s.neq3 / s.k->ne[3];
+    s.rv2 = s.neq2 / s.v->ne[2];
+    s.rv3 = s.neq3 / s.v->ne[3];
+    s.scale = 1.0f;
+    s.max_bias = 0.0f;
+    s.logit_softcap = 0.0f;
+    memcpy(&s.scale, (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&s.max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&s.logit_softcap, (const float *) dst->op_params + 2, sizeof(float));
+    if (s.logit_softcap != 0) {
+        s.scale /= s.logit_softcap;
+    }
+    s.n_head_log2 = 1u << (uint32_t) floor(log2((uint32_t) s.neq2));
+    s.m0 = powf(2.0f, -(s.max_bias) / s.n_head_log2);
+    s.m1 = powf(2.0f, -(s.max_bias / 2.0f) / s.n_head_log2);
+    return s;
+}
+
+// A few lanes of floats: AVX-512, AVX2 with FMA and F16C, or one float at a time. ggml_v_expf is
+// ggml's vectorized expf (its soft_max uses it), defined in vec.h for the first two.
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+using vec = __m512;
+constexpr int64_t W = 16;
+static inline vec vload(const float * p) { return _mm512_loadu_ps(p); }
+static inline vec vload_h(const ggml_fp16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
+static inline void vstore(float * p, vec x) { _mm512_storeu_ps(p, x); }
+static inline vec vset(float x) { return _mm512_set1_ps(x); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vexp(vec x) { return ggml_v_expf(x); }
+static inline float vsum(vec x) {  // lanes summed in one fixed tree
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+static inline float vhmax(vec x) { return _mm512_reduce_max_ps(x); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+using vec = __m256;
+constexpr int64_t W = 8;
+static inline vec vload(const float * p) { return _mm256_loadu_ps(p); }
+static inline vec vload_h(const ggml_fp16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)); }
+static inline void vstore(float * p, vec x) { _mm256_storeu_ps(p, x); }
+static inline vec vset(float x) { return _mm256_set1_ps(x); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vexp(vec x) { return ggml_v_expf(x); }
+static inline float vsum(vec x) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+static inline float vhmax(vec x) {
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+#else
+using vec = float;
+constexpr int64_t W = 1;
+static inline vec vload(const float * p) { return *p; }
+static inline vec vload_h(const ggml_fp16_t * p) { return GGML_CPU_FP16_TO_FP32(*p); }
+static inline void vstore(float * p, vec x) { *p = x; }
+static inline vec vset(float x) { return x; }
+static inline vec vmul(vec a, vec b) { return a * b; }
+static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
+static inline vec vadd(vec a, vec b) { return a + b; }
+static inline vec vsub(vec a, vec b) { return a - b; }
+static inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+static inline vec vexp(vec x) { return expf(x); }
+static inline float vsum(vec x) { return x; }
+static inline float vhmax(vec x) { return x; }
+#endif
+
+// How many cells ahead the K and V rows are fetched, and the fetch of one row.
+constexpr int64_t AHEAD = 8;
+static inline void fetch(const char * p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(p + off, 0, 3);
+    }
+}
+
+// Whether run() computes this attention: F32 queries, an F16 cache (llama.cpp's default) and head
+// sizes in whole lanes; anything else goes through ggml's loop, which is batch-invariant too.
+static inline bool handles(const shape & sh) {
+    return sh.q->type == GGML_TYPE_F32 && sh.k->type == GGML_TYPE_F16 && sh.v->type == GGML_TYPE_F16 &&
+           sh.DK % W == 0 && sh.DV % W == 0 && sh.q->nb[0] == sizeof(float);
+}
+
+// out[0 .. N*W) = the sum over cells, in cell order, of weight p[ic] times V's row ic (from `v`,
+// rows nb1 bytes apart), cells of weight 0 skipped.
+template <int N>
+static inline void weigh(const float * p, const char * v, size_t nb1, int64_t nek1, float * out) {
+    vec a[N];
+    for (int j = 0; j < N; j++) {
+        a[j] = vset(0.0f);
+    }
+    for (int64_t ic = 0; ic < nek1; ++ic) {
+        if (p[ic] == 0.0f) {
+            continue;
+        }
+        const vec w = vset(p[ic]);
+        const ggml_fp16_t * vc = (const ggml_fp16_t *) (v + ic * nb1);
+        for (int j = 0; j < N; j++) {
+            a[j] = vfma(w, vload_h(vc + j * W), a[j]);
+        }
+    }
+    for (int j = 0; j < N; j++) {
+        vstore(out + j * W, a[j]);
+    }
+}
+
+// Rows [r0, r1) of ggml's row order (ir = iq3*neq2*neq1 + iq2*neq1 + iq1), all of one K/V head, in
+// three passes over the cells: each row's scores (K·q, scaled, soft-capped, masked), their softmax
+// (the maximum, exp in lanes, the sum), then the weighted sum of V in F32. A row's arithmetic
+// depends only on its query, its mask and the visible cells: cells in cell order, a score's lane its
+// rank among the visible cells, masked cells weighing exactly 0 and skipped. So its result is the
+// same bits in any batch, with any number of threads, and whichever rows share its unit.
+static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, std::vector<float> & scratch) {
+    const ggml_tensor *q = sh.q, *k = sh.k, *v = sh.v, *mask = sh.mask;
+    const int64_t DK = sh.DK, DV = sh.DV, neq1 = sh.neq1, neq2 = sh.neq2, nek1 = sh.nek1;
+    const int64_t n = r1 - r0;
+    const int64_t cells = (nek1 + W - 1) / W * W;  // a row of scores, in whole lanes
+
+    scratch.resize((size_t) (DK + n * DV + (n + 1) * cells));
+    float * kbuf = scratch.data();
+    float * acc = kbuf + DK;
+    float * P = acc + n * DV;  // row i's scores, then weights: P + i*cells (then one row to pack into)
+
+    row rows[UNIT_ROWS];
+    const float * qrow[UNIT_ROWS];
+    for (int64_t i = 0; i < n; i++) {
+        row & w = rows[i];
+        const int64_t ir = r0 + i;
+        w.iq3 = ir / (neq2 * neq1);
+        w.iq2 = (ir - w.iq3 * neq2 * neq1) / neq1;
+        w.iq1 = ir - w.iq3 * neq2 * neq1 - w.iq2 * neq1;
+        const uint32_t h = (uint32_t) w.iq2;
+        w.slope = (sh.max_bias > 0.0f) ? h < sh.n_head_log2 ? powf(sh.m0, h + 1) : powf(sh.m1, 2 * (h - sh.n_head_log2) + 1) : 1.0f;
+        w.mask = mask ? (const ggml_fp16_t *) ((const char *) mask->data + w.iq1 * mask->nb[1] +
+                                               (w.iq2 % mask->ne[2]) * mask->nb[2] + (w.iq3 % mask->ne[3]) * mask->nb[3])
+                      : nullptr;
+        qrow[i] = (const float *) ((const char *) q->data + (w.iq1 * q->nb[1] + w.iq2 * q->nb[2] + w.iq3 * q->nb[3]));
+    }
+    const int64_t ik2 = rows[0].iq2 / sh.rk2, ik3 = rows[0].iq3 / sh.rk3;
+    const int64_t iv2 = rows[0].iq2 / sh.rv2, iv3 = rows[0].iq3 / sh.rv3;
+
+    // 1. Scores: each cell's K row widened once for all the rows. The cache is read a cell at a time
+    // with little work per cell, so later cells' K rows (and V rows, for pass 3) are fetched ahead.
+    const float scale = sh.scale, softcap = sh.logit_softcap;
+    const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
+    const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
+    for (int64_t ic = 0; ic < nek1; ++ic) {
+        if (ic + AHEAD < nek1) {
+            fetch(kbase + (ic + AHEAD) * k->nb[1], DK * sizeof(ggml_fp16_t));
+            fetch(vbase + (ic + AHEAD) * v->nb[1], DV * sizeof(ggml_fp16_t));
+        }
+        float mv[UNIT_ROWS];
+        bool any = false;
+        for (int64_t i = 0; i < n; i++) {
+            mv[i] = rows[i].mask ? rows[i].slope * GGML_CPU_FP16_TO_FP32(rows[i].mask[ic]) : 0.0f;
+            any |= mv[i] != -INFINITY;
+        }
+        if (any) {
+            const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + ic * k->nb[1]);
+            for (int64_t d = 0; d < DK; d += W) {
+                vstore(kbuf + d, vload_h(kc + d));
+            }
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (mv[i] == -INFINITY) {
+                P[i * cells + ic] = -INFINITY;
+                continue;
+            }
+            vec a = vmul(vload(kbuf), vload(qrow[i]));
+            for (int64_t d = W; d < DK; d += W) {
+                a = vfma(vload(kbuf + d), vload(qrow[i] + d), a);
+            }
+            float s = vsum(a) * scale;
+            if (softcap != 0.0f) {
+                s = softcap * tanhf(s);
+            }
+            P[i * cells + ic] = s + mv[i];
+        }
+    }
+
+    // 2. Softmax: the maximum (with the head's sink, where the model has one), exp in lanes, the sum.
+    // The visible cells' scores are first packed in cell order, so a score's lane is its rank among
+    // them, not its cell: a sliding-window cache that wrapped around holds the same cells, in the
+    // same order, at other indices in a batch than alone.
+    float * packed = P + n * cells;
+    for (int64_t i = 0; i < n; i++) {
+        row & w = rows[i];
+        float * p = P + i * cells;
+        int64_t visible = 0;
+        for (int64_t c = 0; c < nek1; c++) {
+            if (p[c] != -INFINITY) {
+                packed[visible++] = p[c];
+            }
+        }
+        const int64_t lanes = (visible + W - 1) / W * W;
+        for (int64_t c = visible; c < lanes; c++) {
+            packed[c] = -INFINITY;
+        }
+        vec m = vset(-INFINITY);
+        for (int64_t c = 0; c < lanes; c += W) {
+            m = vmax(m, vload(packed + c));
+        }
+        float M = lanes ? vhmax(m) : -INFINITY;
+        const float sink = sh.sinks ? ((const float *) sh.sinks->data)[w.iq2] : -INFINITY;
+        M = sink > M ? sink : M;
+        if (M == -INFINITY) {  // every cell masked: no weight anywhere (ggml's loop writes zeros too)
+            for (int64_t c = 0; c < nek1; c++) {
+                p[c] = 0.0f;
+            }
+            w.S = 0.0f;
+            continue;
+        }
+        vec sum = vset(0.0f);
+        const vec vm = vset(M);
+        for (int64_t c = 0; c < lanes; c += W) {
+            const vec e = vexp(vsub(vload(packed + c), vm));
+            vstore(packed + c, e);
+            sum = vadd(sum, e);
+        }
+        w.S = vsum(sum) + (sh.sinks ? expf(sink - M) : 0.0f);
+        for (int64_t c = 0, j = 0; c < nek1; c++) {  // each weight back to its cell, 0 where masked
+            p[c] = p[c] != -INFINITY ? packed[j++] : 0.0f;
+        }
+    }
+
+    // 3. The weighted sum of V in cell order, N lanes-wide slices of a row's sum kept in registers.
+    for (int64_t i = 0; i < n; i++) {
+        const float * p = P + i * cells;
+        float * a = acc + i * DV;
+        const int64_t slices = DV / W;
+        const int64_t N = slices % 8 == 0 ? 8 : slices % 4 == 0 ? 4 : slices % 2 == 0 ? 2 : 1;
+        for (int64_t d = 0; d < DV; d += N * W) {
+            switch (N) {
+                case 8: weigh<8>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
+                case 4: weigh<4>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
+                case 2: weigh<2>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
+                default: weigh<1>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
+            }
+        }
+    }
+
+    for (int64_t i = 0; i < n; i++) {
+        const row & w = rows[i];
+        const float S_inv = w.S == 0.0f ? 0.0f : 1.0f / w.S;
+        float * out = (float *) ((char *) dst->data + (w.iq3 * dst->ne[2] * dst->ne[1] + w.iq2 + w.iq1 * dst->ne[1]) * dst->nb[1]);
+        const vec vs = vset(S_inv);
+        for (int64_t d = 0; d < DV; d += W) {
+            vstore(out + d, vmul(vload(acc + i * DV + d), vs));
+        }
+    }
+}
+
+// The units of a decode: each K/V group's rows (contiguous in ggml's order) cut into pieces of at
+// most UNIT_ROWS, and into more pieces where there are fewer units than threads.
+static inline int64_t units_per_group(const shape & sh, int nth) {
+    const int64_t group_rows = sh.rk2 * sh.neq1;
+    const int64_t groups = sh.neq3 * (sh.neq2 / sh.rk2);
+    int64_t per = (group_rows + UNIT_ROWS - 1) / UNIT_ROWS;
+    while (per * groups < nth && per < group_rows) {
+        per++;
+    }
+    return per;
+}
+
+// Computes the attention of `dst` for few query rows and returns true, or returns false where ggml's
+// loop must (this kernel turned off, rows past FEW_COLUMNS, a type or head size handles() refuses,
+// K and V heads shared differently).
+static bool run(const ggml_compute_params * params, ggml_tensor * dst) {
+    const shape sh = read_shape(dst);
+    if (!specgen::invariant(sh.neq1) || !specgen::kernel_on("attention")) {
+        return false;
+    }
+    if (!handles(sh) || sh.rk2 != sh.rv2 || sh.rk3 != sh.rv3 || sh.rk2 < 1 || sh.rk3 < 1) {
+        return false;
+    }
+    const int ith = params->ith, nth = params->nth;
+    const int64_t group_rows = sh.rk2 * sh.neq1;
+    const int64_t groups = sh.neq3 * (sh.neq2 / sh.rk2);
+    const int64_t per = units_per_group(sh, nth);
+    const int64_t nunits = groups * per;
+
+    static thread_local std::vector<float> scratch;
+
+    if (ith == 0) {
+        ggml_threadpool_chunk_set(params->threadpool, nth);
+    }
+    ggml_barrier(params->threadpool);
+
+    for (int64_t u = ith; u < nunits; u = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t g = u / per, p = u % per;
+        const int64_t r0 = g * group_rows + (group_rows * p) / per;
+        const int64_t r1 = g * group_rows + (group_rows * (p + 1)) / per;
+        if (r1 > r0) {
+            unit(sh, dst, r0, r1, scratch);
+        }
+    }
+    return true;
+}
+
+}  // namespace specgen_attention
