@@ -11,9 +11,10 @@
 // tokens of a decode), every row is computed as a one-row decode computes it: a specgen kernel
 // where there is one for the weight type (few_columns.h: each weight block read once for all the
 // rows, each row's arithmetic that of ggml's one-row vec_dot), ggml's own one-row code otherwise,
-// the repacked types through their one-row GEMV, and attention through ggml's per-row flash-attention
-// loop over the whole cache; the KV cache puts no new token in a cell freed by a rejected draft
-// before it wraps around (that loop sums cells in cell order). Each row's result then depends on
+// the repacked types through their one-row GEMV, and attention through specgen's (attention.h: each
+// row in F32 lanes, whatever else is in the batch) or else ggml's per-row flash-attention loop; the KV
+// cache puts no new token in a cell freed by a rejected draft before it wraps around (both sum a
+// row's cells in cell order). Each row's result then depends on
 // neither the batch nor the thread count. Bigger batches (prompt processing) keep llama.cpp's kernels: a prompt is read the same way
 // whatever method follows it.
 //
@@ -21,7 +22,8 @@
 //   unset or 1   batch invariance and every specgen kernel this build has
 //   0            llama.cpp's own kernels everywhere (specgen's patch does nothing)
 //   ggml         batch invariance with ggml's one-row code only (no specgen kernel)
-//   q4_1,q8_0    batch invariance; specgen kernels only for the listed weight types
+//   q4_1,q8_0    batch invariance; specgen kernels only for the listed weight types (and "attention"
+//                for specgen's attention; without it, ggml's per-row loop)
 //
 // This file is specgen's own; specgen.llama.build copies it into ggml-cpu and hooks it in.
 #pragma once
