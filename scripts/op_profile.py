@@ -21,19 +21,23 @@ import sys
 from pathlib import Path
 
 MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
-SETTINGS = {"specgen": {}, "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
+SETTINGS = {"specgen": {},
+            # specgen's product kernels, attention through ggml's per-row loop (what specgen had before
+            # its own attention, native/attention.h)
+            "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k"},
+            "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
 SIZES = [1, 4, 8, 16]
 N_PAST = 256  # tokens of context before each timed decode
 
 
-def one(model: str, sizes: list[int], repeats: int, threads: int) -> dict:
+def one(model: str, sizes: list[int], repeats: int, threads: int, n_past: int = N_PAST) -> dict:
     from specgen.llama.backend import LlamaModel
     from specgen.llama.profile import profile
     from specgen.models.resolve import resolve
 
     m = LlamaModel(resolve(model))
     token = m.tokenize(" the", add_special=False)[-1]
-    return profile(m, tuple(sizes), N_PAST, repeats, threads, token)
+    return profile(m, tuple(sizes), n_past, repeats, threads, token)
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -47,7 +51,7 @@ def measure(args: argparse.Namespace) -> dict:
         for model in args.models:
             for setting in order:
                 cmd = [sys.executable, __file__, "--one", model, "--sizes", ",".join(map(str, args.sizes)),
-                       "--repeats", str(args.repeats), "--threads", str(args.threads)]
+                       "--repeats", str(args.repeats), "--threads", str(args.threads), "--n-past", str(args.n_past)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **SETTINGS[setting]})
                 if proc.returncode != 0:
                     sys.exit(f"op_profile: {model} ({setting}) failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -55,7 +59,7 @@ def measure(args: argparse.Namespace) -> dict:
                              "sizes": json.loads(proc.stdout.strip().splitlines()[-1])})
     return {"run": run_info(), "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                                           "others_cores": others_cores(before, cpu_sample())},
-            "settings": {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "n_past": N_PAST,
+            "settings": {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "n_past": args.n_past,
                          "sizes": args.sizes, "env": SETTINGS}, "runs": runs}
 
 
@@ -106,9 +110,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-past", type=int, default=N_PAST, help="tokens of context before each timed decode")
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.sizes, args.repeats, args.threads)))
+        print(json.dumps(one(args.one, args.sizes, args.repeats, args.threads, args.n_past)))
     elif args.table:
         print(table(args.table))
     elif args.out:

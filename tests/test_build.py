@@ -103,6 +103,9 @@ def test_doctor_names_the_kernels_state():
 
     on = kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = on | SPECGEN_KERNELS = avx2: q8_0 q4_1 | REPACK = 1 |")
     assert on.startswith("batch-invariant") and "kernels for avx2: q8_0 q4_1;" in on
+    assert on.endswith("attention through ggml's per-row loop")  # a build or setting without it
+    rows = kernels("CPU : SPECGEN_INVARIANT = on | SPECGEN_ATTENTION = rows | SPECGEN_KERNELS = avx2: q8_0 |")
+    assert rows.endswith("specgen's attention (F32, several rows per pass)")
     assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on | SPECGEN_KERNELS = off |")
     assert "no specgen kernel" in kernels("CPU : SPECGEN_INVARIANT = on |")  # a CPU without AVX2
     assert "SPECGEN_KERNELS=0" in kernels("CPU : AVX2 = 1 | SPECGEN_INVARIANT = off | SPECGEN_KERNELS = off |")

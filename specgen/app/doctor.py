@@ -49,8 +49,11 @@ def kernels(system_info: str) -> str:
     have = found.group(1).strip() if found else "off"
     which = (f"specgen's kernels for {have}" if have != "off" else
              "no specgen kernel on this build or setting")
+    attention = re.search(r"SPECGEN_ATTENTION = (\w+)", system_info)
+    attends = ("specgen's attention (F32, several rows per pass)" if attention and attention.group(1) == "rows"
+               else "attention through ggml's per-row loop")
     return (f"batch-invariant decoding for up to 128 rows; {which}; other weight types through ggml's "
-            "one-row code")
+            f"one-row code; {attends}")
 
 
 def build_warnings(system_info: str, host_flags: set[str]) -> list[str]:
