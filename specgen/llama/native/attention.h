@@ -104,6 +104,18 @@ static inline float vsum(vec x) {  // lanes summed in one fixed tree
     return _mm_cvtss_f32(q);
 }
 static inline float vhmax(vec x) { return _mm512_reduce_max_ps(x); }
+// out[t] = the sum of a_t's lanes, by one tree for every t: lane i + lane i+8, then + lane i+4, then
+// pairs (i, i+2), then (i, i+1).
+static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
+    const __m512 c01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+    const __m512 c23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+    // c01 quarters: a0 (lanes i, i+4 of its fold), a0, a1, a1; the same for c23
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(c01, c23, 0x88), _mm512_shuffle_f32x4(c01, c23, 0xDD));
+    // d quarters: a0, a1, a2, a3, four lanes each
+    const __m512 e = _mm512_add_ps(d, _mm512_permute_ps(d, 0x4E));
+    const __m512 f = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), f)));
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 using vec = __m256;
 constexpr int64_t W = 8;
@@ -122,6 +134,19 @@ static inline float vsum(vec x) {
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
+}
+// out[t] = the sum of a_t's lanes, by one tree for every t: lane i + lane i+4, then pairs twice.
+static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
+    const __m256 c01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
+    const __m256 c23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
+    const __m256 h1 = _mm256_hadd_ps(c01, c23);  // [a0: 0+1, 2+3, a2: 0+1, 2+3 | a1..., a3...]
+    const __m256 h2 = _mm256_hadd_ps(h1, h1);    // [a0, a2, a0, a2 | a1, a3, a1, a3]
+    alignas(32) float t[8];
+    _mm256_store_ps(t, h2);
+    out[0] = t[0];
+    out[1] = t[4];
+    out[2] = t[1];
+    out[3] = t[5];
 }
 static inline float vhmax(vec x) {
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -144,6 +169,12 @@ static inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 static inline vec vexp(vec x) { return expf(x); }
 static inline float vsum(vec x) { return x; }
 static inline float vhmax(vec x) { return x; }
+static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+}
 #endif
 
 // How many cells ahead the K and V rows are fetched, and the fetch of one row.
@@ -196,9 +227,9 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
     const int64_t n = r1 - r0;
     const int64_t cells = (nek1 + W - 1) / W * W;  // a row of scores, in whole lanes
 
-    scratch.resize((size_t) (DK + n * DV + (n + 1) * cells));
+    scratch.resize((size_t) (4 * DK + n * DV + (n + 1) * cells));
     float * kbuf = scratch.data();
-    float * acc = kbuf + DK;
+    float * acc = kbuf + 4 * DK;
     float * P = acc + n * DV;  // row i's scores, then weights: P + i*cells (then one row to pack into)
 
     row rows[UNIT_ROWS];
@@ -219,42 +250,65 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
     const int64_t ik2 = rows[0].iq2 / sh.rk2, ik3 = rows[0].iq3 / sh.rk3;
     const int64_t iv2 = rows[0].iq2 / sh.rv2, iv3 = rows[0].iq3 / sh.rv3;
 
-    // 1. Scores: each cell's K row widened once for all the rows. The cache is read a cell at a time
-    // with little work per cell, so later cells' K rows (and V rows, for pass 3) are fetched ahead.
+    // 1. Scores, four cells at a time: their K rows widened once for all the rows, each row's four dot
+    // products summed over their lanes together (sum4: the same tree for every cell, whichever of the
+    // four places it takes). The cache is read with little work per cell, so the K rows (and the V
+    // rows, for pass 3) of later cells are fetched ahead.
     const float scale = sh.scale, softcap = sh.logit_softcap;
     const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
     const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
-    for (int64_t ic = 0; ic < nek1; ++ic) {
-        if (ic + AHEAD < nek1) {
-            fetch(kbase + (ic + AHEAD) * k->nb[1], DK * sizeof(ggml_fp16_t));
-            fetch(vbase + (ic + AHEAD) * v->nb[1], DV * sizeof(ggml_fp16_t));
+    for (int64_t c0 = 0; c0 < nek1; c0 += 4) {
+        for (int64_t ic = c0 + AHEAD; ic < c0 + AHEAD + 4 && ic < nek1; ic++) {
+            fetch(kbase + ic * k->nb[1], DK * sizeof(ggml_fp16_t));
+            fetch(vbase + ic * v->nb[1], DV * sizeof(ggml_fp16_t));
         }
-        float mv[UNIT_ROWS];
-        bool any = false;
-        for (int64_t i = 0; i < n; i++) {
-            mv[i] = rows[i].mask ? rows[i].slope * GGML_CPU_FP16_TO_FP32(rows[i].mask[ic]) : 0.0f;
-            any |= mv[i] != -INFINITY;
-        }
-        if (any) {
-            const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + ic * k->nb[1]);
-            for (int64_t d = 0; d < DK; d += W) {
-                vstore(kbuf + d, vload_h(kc + d));
+        float mv[4][UNIT_ROWS];
+        bool seen[4] = { false, false, false, false };
+        for (int t = 0; t < 4; t++) {
+            const int64_t ic = c0 + t;
+            for (int64_t i = 0; i < n; i++) {
+                mv[t][i] = ic >= nek1 ? -INFINITY : rows[i].mask ? rows[i].slope * GGML_CPU_FP16_TO_FP32(rows[i].mask[ic]) : 0.0f;
+                seen[t] |= mv[t][i] != -INFINITY;
+            }
+            if (seen[t]) {
+                const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + ic * k->nb[1]);
+                for (int64_t d = 0; d < DK; d += W) {
+                    vstore(kbuf + t * DK + d, vload_h(kc + d));
+                }
             }
         }
+        const int cells4 = (int) (nek1 - c0 < 4 ? nek1 - c0 : 4);
         for (int64_t i = 0; i < n; i++) {
-            if (mv[i] == -INFINITY) {
-                P[i * cells + ic] = -INFINITY;
+            float * out = P + i * cells + c0;
+            if (mv[0][i] == -INFINITY && mv[1][i] == -INFINITY && mv[2][i] == -INFINITY && mv[3][i] == -INFINITY) {
+                for (int t = 0; t < cells4; t++) out[t] = -INFINITY;
                 continue;
             }
-            vec a = vmul(vload(kbuf), vload(qrow[i]));
+            const float * qi = qrow[i];
+            vec a0 = vmul(vload(kbuf), vload(qi));
+            vec a1 = vmul(vload(kbuf + DK), vload(qi));
+            vec a2 = vmul(vload(kbuf + 2 * DK), vload(qi));
+            vec a3 = vmul(vload(kbuf + 3 * DK), vload(qi));
             for (int64_t d = W; d < DK; d += W) {
-                a = vfma(vload(kbuf + d), vload(qrow[i] + d), a);
+                const vec qd = vload(qi + d);
+                a0 = vfma(vload(kbuf + d), qd, a0);
+                a1 = vfma(vload(kbuf + DK + d), qd, a1);
+                a2 = vfma(vload(kbuf + 2 * DK + d), qd, a2);
+                a3 = vfma(vload(kbuf + 3 * DK + d), qd, a3);
             }
-            float s = vsum(a) * scale;
-            if (softcap != 0.0f) {
-                s = softcap * tanhf(s);
+            float dots[4];
+            sum4(a0, a1, a2, a3, dots);
+            for (int t = 0; t < cells4; t++) {
+                if (mv[t][i] == -INFINITY) {
+                    out[t] = -INFINITY;
+                    continue;
+                }
+                float sc = dots[t] * scale;
+                if (softcap != 0.0f) {
+                    sc = softcap * tanhf(sc);
+                }
+                out[t] = sc + mv[t][i];
             }
-            P[i * cells + ic] = s + mv[i];
         }
     }
 

@@ -14,8 +14,8 @@
 // ggml's compiled `summs += m * s` does with FMA), and the lanes are summed as hsum_float_8 sums
 // them. Tests compare logits decoded alone and inside batches, bit for bit, on the real models.
 //
-// Q8_0 has an AVX-512 VNNI variant (two columns per 512-bit register); the other types use 256-bit
-// code on both AVX2 and AVX-512 hosts. Without AVX2, FMA and F16C there is no kernel and
+// Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 have AVX-512 VNNI variants (two columns per 512-bit register);
+// Q4_K and Q6_K use 256-bit code on both AVX2 and AVX-512 hosts. Without AVX2, FMA and F16C there is no kernel and
 // invariance falls back to ggml's one-column code.
 //
 // This file is specgen's own; specgen.llama.build copies it next to llamafile's sgemm.cpp and
@@ -222,9 +222,9 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
 
 }  // namespace q8_0
 
-// Q4_0, Q5_0 weights x Q8_0 columns and Q4_1, Q5_1 weights x Q8_1 columns, 256-bit code. The
-// weight block is unpacked to 32 bytes once; per column, as ggml's AVX2 vec_dot does it: for the
-// signed types |x| times y with x's sign, for the unsigned ones x times y, summed in pairs and fours.
+// Q4_0, Q5_0 weights x Q8_0 columns and Q4_1, Q5_1 weights x Q8_1 columns (256-bit code, and 512-bit
+// code with VNNI below). The weight block is unpacked to 32 bytes once; per column, as ggml's AVX2 vec_dot
+// does it: for the signed types |x| times y with x's sign, for the unsigned ones x times y, summed in pairs and fours.
 namespace low_bits {
 
 struct block_q4_0 { uint16_t d; uint8_t qs[16]; };
@@ -308,7 +308,11 @@ static inline void rows_pass(int64_t k, const typename T::block * A, int64_t lda
             const __m256 dx = _mm256_set1_ps(fp16(a[l].d));
             for (int j = 0; j < NC; j++) {
                 const __m256i y = T::is_signed ? _mm256_sign_epi8(P.q[l * NC + j], x) : P.q[l * NC + j];
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, y);  // the same integers
+#else
                 const __m256i dot = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ux, y));
+#endif
                 acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dx, P.d[l * NC + j]), _mm256_cvtepi32_ps(dot), acc[j]);
             }
             if constexpr (!T::is_signed) {
@@ -341,6 +345,105 @@ static inline void columns(int64_t k, const typename T::block * A, int64_t lda, 
     with_count(n, [&](auto N) { rows_pass<T, decltype(N)::value>(k, A, lda, r0, r1, P, C, ldc, n); });
 }
 
+#if defined(__AVX512VNNI__)
+// AVX-512 VNNI: two columns per 512-bit register (column 2p in the low half, 2p+1 in the high),
+// each half the same eight lanes as above taking the same block products in the same order: the
+// weight block's bytes are broadcast to both halves and vpdpbusd forms each lane's sum of four byte
+// products at once (the same integers as pairs-then-fours: exact either way). The signed types
+// negate the column's bytes where the weight's are negative and take the weight's absolute value,
+// as the sign trick above does.
+constexpr int GROUP512 = 16;  // columns per pass over the weights: 8 registers of accumulators
+
+struct packed512 {
+    __m512i * q;  // [block][pair]: the pair's 2 x 32 bytes
+    __m512 * d;   // [block][pair]: the two scales, each over its half
+    __m512 * s;   // [block]: lane j = column j's d * sum(q) (Q8_1 only)
+};
+
+template <typename T, int NP>
+static inline void rows_pass512(int64_t k, const typename T::block * A, int64_t lda, int64_t r0, int64_t r1,
+                                const packed512 & P, float * C, int64_t ldc, int n) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t i = r0; i < r1; i++) {
+        __m512 acc[NP];
+        for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+        __m512 summs = _mm512_setzero_ps();
+        const typename T::block * a = A + lda * i;
+        for (int64_t l = 0; l < k; l++) {
+            _mm_prefetch((const char *) (a + lda * PREFETCH_ROWS + l), _MM_HINT_T0);
+            const __m256i x = T::values(a[l]);
+            const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(x), x, 1);
+            const __m512i ux = T::is_signed ? _mm512_abs_epi8(xx) : xx;
+            const __mmask64 neg = T::is_signed ? _mm512_movepi8_mask(xx) : 0;
+            const __m512 dx = _mm512_set1_ps(fp16(a[l].d));
+            for (int p = 0; p < NP; p++) {
+                const __m512i y = T::is_signed ? _mm512_mask_sub_epi8(P.q[l * NP + p], neg, zero, P.q[l * NP + p])
+                                               : P.q[l * NP + p];
+                const __m512i dot = _mm512_dpbusd_epi32(zero, ux, y);
+                acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, P.d[l * NP + p]), _mm512_cvtepi32_ps(dot), acc[p]);
+            }
+            if constexpr (!T::is_signed) {
+                summs = _mm512_fmadd_ps(_mm512_set1_ps(fp16(a[l].m)), P.s[l], summs);
+            }
+        }
+        alignas(64) float m[16];
+        _mm512_store_ps(m, summs);
+        for (int p = 0; p < NP; p++) {
+            const __m256 high = _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(acc[p]), 1));
+            const float lo = hsum8(_mm512_castps512_ps256(acc[p]));
+            C[ldc * (2 * p) + i] = T::is_signed ? lo : lo + m[2 * p];
+            if (2 * p + 1 < n) {
+                const float hi = hsum8(high);
+                C[ldc * (2 * p + 1) + i] = T::is_signed ? hi : hi + m[2 * p + 1];
+            }
+        }
+    }
+}
+
+template <typename T>
+static inline void columns512(int64_t k, const typename T::block * A, int64_t lda, int64_t r0, int64_t r1,
+                              const typename T::column * B, int64_t ldb, float * C, int64_t ldc, int n) {
+    static thread_local std::vector<char> bq, bd, bs;
+    const int np = (n + 1) / 2;
+    const packed512 P = { scratch<__m512i>(bq, k * np), scratch<__m512>(bd, k * np), scratch<__m512>(bs, k) };
+    for (int64_t l = 0; l < k; l++) {
+        alignas(64) float s[16] = { 0 };
+        for (int p = 0; p < np; p++) {
+            alignas(64) int8_t q[64];
+            alignas(64) float d[16];
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * p + h;
+                const typename T::column * b = j < n ? &B[ldb * j + l] : nullptr;
+                if (b) memcpy(q + 32 * h, b->qs, 32); else memset(q + 32 * h, 0, 32);
+                for (int t = 0; t < 8; t++) d[8 * h + t] = b ? fp16(b->d) : 0.0f;
+                if constexpr (!T::is_signed) s[j] = b ? fp16(b->s) : 0.0f;
+            }
+            P.q[l * np + p] = _mm512_load_si512(q);
+            P.d[l * np + p] = _mm512_load_ps(d);
+        }
+        P.s[l] = _mm512_load_ps(s);
+    }
+    with_count(np, [&](auto N) { rows_pass512<T, decltype(N)::value>(k, A, lda, r0, r1, P, C, ldc, n); });
+}
+
+template <typename T>
+static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
+                          int64_t ldc, int64_t r0, int64_t r1) {
+    const auto * a = (const typename T::block *) A;
+    const auto * b = (const typename T::column *) B;
+    if (n == 1) {  // one column: the 256-bit code (half a 512-bit register would idle)
+        for (int64_t j0 = 0; j0 < n; j0 += GROUP) {
+            const int cols = (int) (n - j0 < GROUP ? n - j0 : GROUP);
+            columns<T>(k, a, lda, r0, r1, b + ldb * j0, ldb, C + ldc * j0, ldc, cols);
+        }
+        return;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += GROUP512) {
+        const int cols = (int) (n - j0 < GROUP512 ? n - j0 : GROUP512);
+        columns512<T>(k, a, lda, r0, r1, b + ldb * j0, ldb, C + ldc * j0, ldc, cols);
+    }
+}
+#else
 template <typename T>
 static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
                           int64_t ldc, int64_t r0, int64_t r1) {
@@ -351,6 +454,7 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
         columns<T>(k, a, lda, r0, r1, b + ldb * j0, ldb, C + ldc * j0, ldc, cols);
     }
 }
+#endif
 
 }  // namespace low_bits
 
