@@ -72,6 +72,19 @@ def test_bad_constraint_options_are_one_line(args, words):
     assert_one_line_error(gen(*args, ASK), words)
 
 
+def test_a_schema_that_is_not_an_object_names_the_option_not_an_openai_field(tmp_path):
+    # The CLI's schema used to travel inside a made-up OpenAI body, and its refusal named the body's
+    # field (response_format.json_schema.schema), which no CLI user wrote.
+    from specgen.cli.options import constraint_option
+    from specgen.errors import SpecgenError
+
+    path = tmp_path / "schema.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(SpecgenError) as refused:
+        constraint_option(str(path), None, False)
+    assert str(refused.value).startswith("--json-schema expects a JSON Schema object, found [1, 2]")
+
+
 def test_grammar_the_compiler_refuses_is_one_line(tmp_path):
     gbnf = tmp_path / "bad.gbnf"
     gbnf.write_text("root ::= missing_rule\n")

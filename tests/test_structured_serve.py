@@ -237,6 +237,9 @@ def test_prefill_and_system_nudge_at_the_end(server):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}}}}, None, "json_schema"),
+    ({"json_schema": [1, 2]}, "json_schema", "json_schema expects a JSON Schema object, found [1, 2]"),
+    ({"response_format": {"type": "json_object", "schema": 7}}, "response_format",
+     "response_format.schema expects a JSON Schema object, found 7"),
     ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tools", "tool_choice"),
     ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "either"),

@@ -41,17 +41,19 @@ def response_format(value: object) -> ConstraintSpec | None:
         return None
     if kind == "json_object":
         schema = value.get("schema")
-        return ConstraintSpec("json_object") if schema is None else _schema_spec(schema, "response_format.schema")
+        return ConstraintSpec("json_object") if schema is None else schema_spec(schema, "response_format.schema")
     if kind == "json_schema":
         inner = value.get("json_schema")
         if not isinstance(inner, dict) or "schema" not in inner:
             raise ConstraintError("response_format json_schema expects {\"json_schema\": {\"name\": ..., \"schema\": "
                                   f"{{...}}}}, found {json.dumps(inner)[:60]}")
-        return _schema_spec(inner["schema"], "response_format.json_schema.schema")
+        return schema_spec(inner["schema"], "response_format.json_schema.schema")
     raise ConstraintError(f"response_format.type expects text, json_object or json_schema, found {kind!r}")
 
 
-def _schema_spec(schema: object, where: str) -> ConstraintSpec:
+def schema_spec(schema: object, where: str) -> ConstraintSpec:
+    """A JSON Schema as the constraint, closed as structured output closes it; `where` names the
+    flag or field it came from in a refusal (--json-schema, json_schema, response_format.schema)."""
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):

@@ -155,9 +155,9 @@ def constraint_option(json_schema: str | None, grammar: Path | None, json_object
     if json_schema is None:
         return None
     text = json_schema if json_schema.lstrip().startswith("{") else _read(Path(json_schema), "--json-schema")
-    from specgen.app.structured import response_format
+    from specgen.app.structured import schema_spec
 
-    return response_format({"type": "json_schema", "json_schema": {"name": "cli", "schema": _json(text)}})
+    return schema_spec(_json(text), "--json-schema")
 
 
 def _read(path: Path, option: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
 from specgen.app.prompts import Prompt, message_from, split_turns
-from specgen.app.structured import offered_tools, read_tools, response_format
+from specgen.app.structured import offered_tools, read_tools, response_format, schema_spec
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
 from specgen.errors import SpecgenError
@@ -234,7 +234,7 @@ def _constraint(body: dict) -> ConstraintSpec | None:
     where = given[0] if given else "response_format"
     try:
         if where == "json_schema":
-            return response_format({"type": "json_object", "schema": body["json_schema"]})
+            return schema_spec(body["json_schema"], "json_schema")
         if where == "grammar":
             if not isinstance(body["grammar"], str):
                 raise RequestError(400, f"grammar expects GBNF text, found {json.dumps(body['grammar'])[:60]}",
@@ -242,7 +242,7 @@ def _constraint(body: dict) -> ConstraintSpec | None:
             return ConstraintSpec("gbnf", body["grammar"])
         return response_format(body.get("response_format"))
     except SpecgenError as e:
-        raise RequestError(400, str(e).replace("response_format.schema", where), where) from None
+        raise RequestError(400, str(e), where) from None
 
 
 def _structured(body: dict, tools: bool) -> dict:
