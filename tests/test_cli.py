@@ -202,7 +202,9 @@ def test_calibrate_kernels_times_each_weight_type_against_llama_cpps(smollm2_pat
 def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     """With a seed auto plans from the cached calibration alone, not from this machine's timings.
     The curve written there makes a batch cost 1 + (B - 1)/2 single decodes: drafting after a
-    1-2 token match does not pay, after the repeated passage it does, so auto mixes both."""
+    1-2 token match does not pay, after the repeated passage it does, so auto mixes both. (A prompt
+    whose continuation repeats to the end, as "one two three four" did once specgen's attention came
+    in, takes no plain step: the passage must end.)"""
     from specgen.llama import tools
     from specgen.costs.cache import cache_key, save_cached
     from specgen.costs.curve import CostCurve
@@ -213,7 +215,7 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     save_cached(isolated_home / "calibration" / f"{key}.json",
                 CostCurve(sizes, [0.010 * (1 + 0.5 * (b - 1)) for b in sizes]))
     proc = specgen("generate", "-m", str(smollm2_path), "--method", "auto", "-n", "24", "--no-chat", "--seed", "0",
-                   "--threads", "1", "--ctx", "1024", "one two three four one two three four one two three",
+                   "--threads", "1", "--ctx", "1024", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a +",
                    env={"SPECGEN_HOME": str(isolated_home)})
     assert proc.returncode == 0, proc.stderr
     steps = proc.stderr.split("steps: ")[1].split(" · ")[0]
