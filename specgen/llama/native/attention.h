@@ -386,9 +386,7 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
 
 // The units of a decode: each K/V group's rows (contiguous in ggml's order) cut into pieces of at
 // most UNIT_ROWS, and into more pieces where there are fewer units than threads.
-static inline int64_t units_per_group(const shape & sh, int nth) {
-    const int64_t group_rows = sh.rk2 * sh.neq1;
-    const int64_t groups = sh.neq3 * (sh.neq2 / sh.rk2);
+static inline int64_t units_per_group(int64_t group_rows, int64_t groups, int nth) {
     int64_t per = (group_rows + UNIT_ROWS - 1) / UNIT_ROWS;
     while (per * groups < nth && per < group_rows) {
         per++;
@@ -410,7 +408,7 @@ static bool run(const ggml_compute_params * params, ggml_tensor * dst) {
     const int ith = params->ith, nth = params->nth;
     const int64_t group_rows = sh.rk2 * sh.neq1;
     const int64_t groups = sh.neq3 * (sh.neq2 / sh.rk2);
-    const int64_t per = units_per_group(sh, nth);
+    const int64_t per = units_per_group(group_rows, groups, nth);
     const int64_t nunits = groups * per;
 
     static thread_local std::vector<float> scratch;

@@ -295,7 +295,9 @@ struct packed {
 template <typename T, int NC>
 static inline void rows_pass(int64_t k, const typename T::block * A, int64_t lda, int64_t r0, int64_t r1,
                              const packed & P, float * C, int64_t ldc, int n) {
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t i = r0; i < r1; i++) {
         __m256 acc[NC];
         for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
@@ -432,10 +434,7 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
     const auto * a = (const typename T::block *) A;
     const auto * b = (const typename T::column *) B;
     if (n == 1) {  // one column: the 256-bit code (half a 512-bit register would idle)
-        for (int64_t j0 = 0; j0 < n; j0 += GROUP) {
-            const int cols = (int) (n - j0 < GROUP ? n - j0 : GROUP);
-            columns<T>(k, a, lda, r0, r1, b + ldb * j0, ldb, C + ldc * j0, ldc, cols);
-        }
+        columns<T>(k, a, lda, r0, r1, b, ldb, C, ldc, 1);
         return;
     }
     for (int64_t j0 = 0; j0 < n; j0 += GROUP512) {
