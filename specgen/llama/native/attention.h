@@ -7,11 +7,13 @@
 // and its share grows with the context.
 //
 // What: the rows that read one K/V head (the tokens of a query head, the query heads of a KV group)
-// form units of at most UNIT_ROWS. Per unit: (1) every row's score per cell (K's row widened once for
-// the unit, K.q in F32 lanes, one fixed sum over the lanes, scaled, soft-capped, masked); (2) per row,
-// the softmax: the visible cells' scores packed in cell order, their maximum, ggml's vectorized expf
-// (ggml_v_expf, what its soft_max uses) over them, the sum in lanes; (3) per row, the weights times V
-// summed in cell order into F32 registers. The K and V rows are fetched a few cells ahead.
+// form units of at most UNIT_ROWS. Per unit: (1) every row's score per cell, a block of cells at a
+// time (the block's K rows widened once for the unit, K.q in F32 lanes, one fixed sum over the lanes,
+// two rows per K load; then scaled, soft-capped and masked in lanes; a block no row sees skipped);
+// (2) per row, the softmax: the visible cells' scores packed in cell order, their maximum, ggml's
+// vectorized expf (ggml_v_expf, what its soft_max uses) over them, the sum in lanes; (3) the weights
+// times V summed in cell order into F32 registers, up to four rows per widened V row. The K and V rows
+// are fetched into L2 a few blocks ahead.
 //
 // Exactness: a row's result depends only on its query, its mask and the visible cells in cell order
 // (not on their indices in the cache, which a sliding-window cache changes when it wraps), never on
@@ -104,6 +106,11 @@ static inline float vsum(vec x) {  // lanes summed in one fixed tree
     return _mm_cvtss_f32(q);
 }
 static inline float vhmax(vec x) { return _mm512_reduce_max_ps(x); }
+// x where mv is not -inf, -inf where it is (a masked cell: whatever its K row held)
+static inline bool vseen(vec mv) { return _mm512_cmp_ps_mask(mv, vset(-INFINITY), _CMP_NEQ_UQ) != 0; }
+static inline vec vmasked(vec x, vec mv) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mv, vset(-INFINITY), _CMP_EQ_OQ), x, vset(-INFINITY));
+}
 // out[t] = the sum of a_t's lanes, by one tree for every t: lane i + lane i+8, then + lane i+4, then
 // pairs (i, i+2), then (i, i+1).
 static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
@@ -115,6 +122,46 @@ static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
     const __m512 e = _mm512_add_ps(d, _mm512_permute_ps(d, 0x4E));
     const __m512 f = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1));
     _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), f)));
+}
+// The cells of one block of scores, and their sums: out[t] = the sum of a[t]'s lanes for t < 16, by
+// sum4's tree (lane i + lane i+8, + lane i+4, pairs (i, i+2), then (i, i+1)), sixteen at a time.
+constexpr int64_t BC = 16;
+static inline void sum_block(const vec * a, float * out) {
+    __m512 b[8], c[4];
+    for (int j = 0; j < 8; j++) {  // halves: [a_2j: i + i+8 | a_2j+1: i + i+8]
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xEE));
+    }
+    for (int j = 0; j < 4; j++) {  // quarters: a_4j .. a_4j+3, each lane i (+ i+8) + lane i+4 (+ i+12)
+        c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88), _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+    }
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44), _mm512_shuffle_ps(c[0], c[1], 0xEE));  // (i, i+2)
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(c[2], c[3], 0x44), _mm512_shuffle_ps(c[2], c[3], 0xEE));
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xDD));  // (i, i+1)
+    // f's lane 4q+k holds a[4k+q]'s sum
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, f));
+}
+// A row of scores (cells, a multiple of BC) packed: the cells that are not -inf, in cell order, from
+// packed[0]; returns how many. packed has room for cells + W floats.
+static inline int64_t pack(const float * p, int64_t cells, float * packed) {
+    int64_t n = 0;
+    for (int64_t c = 0; c < cells; c += W) {
+        const __m512 x = _mm512_loadu_ps(p + c);
+        const __mmask16 k = _mm512_cmp_ps_mask(x, vset(-INFINITY), _CMP_NEQ_UQ);
+        _mm512_storeu_ps(packed + n, _mm512_maskz_compress_ps(k, x));
+        n += __builtin_popcount((unsigned) k);
+    }
+    return n;
+}
+// The packed weights back to their cells, 0 where the score was -inf.
+static inline void unpack(float * p, int64_t cells, const float * packed) {
+    int64_t j = 0;
+    for (int64_t c = 0; c < cells; c += W) {
+        const __m512 x = _mm512_loadu_ps(p + c);
+        const __mmask16 k = _mm512_cmp_ps_mask(x, vset(-INFINITY), _CMP_NEQ_UQ);
+        _mm512_storeu_ps(p + c, _mm512_maskz_expand_ps(k, _mm512_loadu_ps(packed + j)));
+        j += __builtin_popcount((unsigned) k);
+    }
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 using vec = __m256;
@@ -148,6 +195,15 @@ static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
     out[2] = t[1];
     out[3] = t[5];
 }
+constexpr int64_t BC = 8;
+static inline void sum_block(const vec * a, float * out) {
+    sum4(a[0], a[1], a[2], a[3], out);
+    sum4(a[4], a[5], a[6], a[7], out + 4);
+}
+static inline bool vseen(vec mv) { return _mm256_movemask_ps(_mm256_cmp_ps(mv, vset(-INFINITY), _CMP_NEQ_UQ)) != 0; }
+static inline vec vmasked(vec x, vec mv) {
+    return _mm256_blendv_ps(x, vset(-INFINITY), _mm256_cmp_ps(mv, vset(-INFINITY), _CMP_EQ_OQ));
+}
 static inline float vhmax(vec x) {
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     q = _mm_max_ps(q, _mm_movehl_ps(q, q));
@@ -175,13 +231,37 @@ static inline void sum4(vec a0, vec a1, vec a2, vec a3, float * out) {
     out[2] = a2;
     out[3] = a3;
 }
+constexpr int64_t BC = 4;
+static inline void sum_block(const vec * a, float * out) { sum4(a[0], a[1], a[2], a[3], out); }
+static inline bool vseen(vec mv) { return mv != -INFINITY; }
+static inline vec vmasked(vec x, vec mv) { return mv == -INFINITY ? -INFINITY : x; }
 #endif
 
-// How many cells ahead the K and V rows are fetched, and the fetch of one row.
-constexpr int64_t AHEAD = 8;
+#if !(defined(__AVX512F__) && defined(__AVX512DQ__))
+static inline int64_t pack(const float * p, int64_t cells, float * packed) {
+    int64_t n = 0;
+    for (int64_t c = 0; c < cells; c++) {  // no branch: a cell's store is overwritten unless it counts
+        packed[n] = p[c];
+        n += p[c] != -INFINITY;
+    }
+    return n;
+}
+static inline void unpack(float * p, int64_t cells, const float * packed) {
+    for (int64_t c = 0, j = 0; c < cells; c++) {
+        const bool seen = p[c] != -INFINITY;
+        p[c] = seen ? packed[j] : 0.0f;
+        j += seen;
+    }
+}
+#endif
+
+// How many blocks ahead pass 1 fetches the K and V rows, into L2 (measured on a Zen 4, smollm2 at
+// 1 and 8 rows: fetching into L1, or one block ahead, left pass 1 waiting on memory).
+constexpr int64_t AHEAD = 4;
+// The fetch of one K or V row into the caches, ahead of its use.
 static inline void fetch(const char * p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(p + off, 0, 3);
+        __builtin_prefetch(p + off, 0, 2);
     }
 }
 
@@ -192,26 +272,87 @@ static inline bool handles(const shape & sh) {
            sh.DK % W == 0 && sh.DV % W == 0 && sh.q->nb[0] == sizeof(float);
 }
 
-// out[0 .. N*W) = the sum over cells, in cell order, of weight p[ic] times V's row ic (from `v`,
-// rows nb1 bytes apart), cells of weight 0 skipped.
-template <int N>
-static inline void weigh(const float * p, const char * v, size_t nb1, int64_t nek1, float * out) {
-    vec a[N];
-    for (int j = 0; j < N; j++) {
-        a[j] = vset(0.0f);
+// out[r][t] = K's row t (widened, DK floats each, in kbuf) dotted with row r's query, for the BC cells
+// of a block and R rows, BC/R cells of each row at a time (each K load serves the R rows): per cell,
+// lanes multiplied then multiplied-added along the row, then summed by sum_block's one tree.
+template <int R>
+static inline void dots(const float * kbuf, const float * const * q, int64_t DK, float * const * out) {
+    constexpr int C = (int) BC / R;
+    for (int h = 0; h < BC; h += C) {
+        vec a[BC];
+        for (int r = 0; r < R; r++) {
+            const vec q0 = vload(q[r]);
+            for (int t = 0; t < C; t++) {
+                a[r * C + t] = vmul(vload(kbuf + (h + t) * DK), q0);
+            }
+        }
+        for (int64_t d = W; d < DK; d += W) {
+            vec qd[R];
+            for (int r = 0; r < R; r++) {
+                qd[r] = vload(q[r] + d);
+            }
+            for (int t = 0; t < C; t++) {
+                const vec kd = vload(kbuf + (h + t) * DK + d);
+                for (int r = 0; r < R; r++) {
+                    a[r * C + t] = vfma(kd, qd[r], a[r * C + t]);
+                }
+            }
+        }
+        float sums[BC];
+        sum_block(a, sums);
+        for (int r = 0; r < R; r++) {
+            memcpy(out[r] + h, sums + r * C, C * sizeof(float));
+        }
+    }
+}
+
+// out[r][0 .. N*W) = the sum over cells, in cell order, of weight p[r][ic] times V's row ic (from `v`,
+// rows nb1 bytes apart), for R rows that share each V row's widening; a row's cells of weight 0 are
+// skipped (whatever the others weigh them).
+template <int N, int R>
+static inline void weigh(const float * const * p, const char * v, size_t nb1, int64_t nek1, float * const * out) {
+    vec a[R][N];
+    for (int r = 0; r < R; r++) {
+        for (int j = 0; j < N; j++) {
+            a[r][j] = vset(0.0f);
+        }
     }
     for (int64_t ic = 0; ic < nek1; ++ic) {
-        if (p[ic] == 0.0f) {
+        int weighed = 0;
+        for (int r = 0; r < R; r++) {
+            weighed += p[r][ic] != 0.0f;
+        }
+        if (weighed == 0) {
             continue;
         }
-        const vec w = vset(p[ic]);
         const ggml_fp16_t * vc = (const ggml_fp16_t *) (v + ic * nb1);
+        vec x[N];
         for (int j = 0; j < N; j++) {
-            a[j] = vfma(w, vload_h(vc + j * W), a[j]);
+            x[j] = vload_h(vc + j * W);
+        }
+        for (int r = 0; r < R; r++) {
+            if (weighed == R || p[r][ic] != 0.0f) {
+                const vec w = vset(p[r][ic]);
+                for (int j = 0; j < N; j++) {
+                    a[r][j] = vfma(w, x[j], a[r][j]);
+                }
+            }
         }
     }
-    for (int j = 0; j < N; j++) {
-        vstore(out + j * W, a[j]);
+    for (int r = 0; r < R; r++) {
+        for (int j = 0; j < N; j++) {
+            vstore(out[r] + j * W, a[r][j]);
+        }
+    }
+}
+
+// weigh() for r <= 4 rows (1, 2 or 4) and N slices of W lanes.
+template <int N>
+static inline void weigh_rows(int r, const float * const * p, const char * v, size_t nb1, int64_t nek1, float * const * out) {
+    switch (r) {
+        case 4: weigh<N, 4>(p, v, nb1, nek1, out); break;
+        case 2: weigh<N, 2>(p, v, nb1, nek1, out); break;
+        default: weigh<N, 1>(p, v, nb1, nek1, out); break;
     }
 }
 
@@ -225,12 +366,14 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
     const ggml_tensor *q = sh.q, *k = sh.k, *v = sh.v, *mask = sh.mask;
     const int64_t DK = sh.DK, DV = sh.DV, neq1 = sh.neq1, neq2 = sh.neq2, nek1 = sh.nek1;
     const int64_t n = r1 - r0;
-    const int64_t cells = (nek1 + W - 1) / W * W;  // a row of scores, in whole lanes
+    const int64_t cells = (nek1 + BC - 1) / BC * BC;  // a row of scores, in whole blocks
 
-    scratch.resize((size_t) (4 * DK + n * DV + (n + 1) * cells));
-    float * kbuf = scratch.data();
-    float * acc = kbuf + 4 * DK;
-    float * P = acc + n * DV;  // row i's scores, then weights: P + i*cells (then one row to pack into)
+    scratch.resize((size_t) (BC * DK + n * BC + n * DV + n * cells + cells + W));
+    float * kbuf = scratch.data();  // a block's K rows, widened
+    float * mvs = kbuf + BC * DK;   // each row's mask over the block (slope times the mask; -inf: not seen)
+    float * acc = mvs + n * BC;
+    float * P = acc + n * DV;       // row i's scores, then weights: P + i*cells
+    float * packed = P + n * cells;
 
     row rows[UNIT_ROWS];
     const float * qrow[UNIT_ROWS];
@@ -247,67 +390,106 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
                       : nullptr;
         qrow[i] = (const float *) ((const char *) q->data + (w.iq1 * q->nb[1] + w.iq2 * q->nb[2] + w.iq3 * q->nb[3]));
     }
+    int64_t same_mask[UNIT_ROWS];  // the first row with the same mask and slope (its mask is computed once)
+    for (int64_t i = 0; i < n; i++) {
+        same_mask[i] = i;
+        for (int64_t j = 0; j < i; j++) {
+            if (rows[j].mask == rows[i].mask && rows[j].slope == rows[i].slope) {
+                same_mask[i] = j;
+                break;
+            }
+        }
+    }
     const int64_t ik2 = rows[0].iq2 / sh.rk2, ik3 = rows[0].iq3 / sh.rk3;
     const int64_t iv2 = rows[0].iq2 / sh.rv2, iv3 = rows[0].iq3 / sh.rv3;
 
-    // 1. Scores, four cells at a time: their K rows widened once for all the rows, each row's four dot
-    // products summed over their lanes together (sum4: the same tree for every cell, whichever of the
-    // four places it takes). The cache is read with little work per cell, so the K rows (and the V
-    // rows, for pass 3) of later cells are fetched ahead.
+    // 1. Scores, a block of BC cells at a time: each row's mask over the block; where some row sees a
+    // cell of it, the block's K rows widened once for all the rows, and each row that sees one gets its
+    // BC dot products (dots()), scaled, soft-capped and masked in lanes. A block no row sees is
+    // skipped. The K and V rows of the next block are fetched meanwhile.
     const float scale = sh.scale, softcap = sh.logit_softcap;
     const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
     const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
-    for (int64_t c0 = 0; c0 < nek1; c0 += 4) {
-        for (int64_t ic = c0 + AHEAD; ic < c0 + AHEAD + 4 && ic < nek1; ic++) {
+    for (int64_t ic = 0; ic < AHEAD * BC && ic < nek1; ic++) {
+        fetch(kbase + ic * k->nb[1], DK * sizeof(ggml_fp16_t));
+        fetch(vbase + ic * v->nb[1], DV * sizeof(ggml_fp16_t));
+    }
+    for (int64_t c0 = 0; c0 < nek1; c0 += BC) {
+        const int64_t nc = nek1 - c0 < BC ? nek1 - c0 : BC;
+        for (int64_t ic = c0 + AHEAD * BC; ic < c0 + (AHEAD + 1) * BC && ic < nek1; ic++) {
             fetch(kbase + ic * k->nb[1], DK * sizeof(ggml_fp16_t));
             fetch(vbase + ic * v->nb[1], DV * sizeof(ggml_fp16_t));
         }
-        float mv[4][UNIT_ROWS];
-        bool seen[4] = { false, false, false, false };
-        for (int t = 0; t < 4; t++) {
-            const int64_t ic = c0 + t;
-            for (int64_t i = 0; i < n; i++) {
-                mv[t][i] = ic >= nek1 ? -INFINITY : rows[i].mask ? rows[i].slope * GGML_CPU_FP16_TO_FP32(rows[i].mask[ic]) : 0.0f;
-                seen[t] |= mv[t][i] != -INFINITY;
-            }
-            if (seen[t]) {
-                const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + ic * k->nb[1]);
-                for (int64_t d = 0; d < DK; d += W) {
-                    vstore(kbuf + t * DK + d, vload_h(kc + d));
-                }
-            }
-        }
-        const int cells4 = (int) (nek1 - c0 < 4 ? nek1 - c0 : 4);
+        bool seen[UNIT_ROWS], any = false;
         for (int64_t i = 0; i < n; i++) {
-            float * out = P + i * cells + c0;
-            if (mv[0][i] == -INFINITY && mv[1][i] == -INFINITY && mv[2][i] == -INFINITY && mv[3][i] == -INFINITY) {
-                for (int t = 0; t < cells4; t++) out[t] = -INFINITY;
+            const int64_t j = same_mask[i];
+            if (j != i) {
+                seen[i] = seen[j];
                 continue;
             }
-            const float * qi = qrow[i];
-            vec a0 = vmul(vload(kbuf), vload(qi));
-            vec a1 = vmul(vload(kbuf + DK), vload(qi));
-            vec a2 = vmul(vload(kbuf + 2 * DK), vload(qi));
-            vec a3 = vmul(vload(kbuf + 3 * DK), vload(qi));
-            for (int64_t d = W; d < DK; d += W) {
-                const vec qd = vload(qi + d);
-                a0 = vfma(vload(kbuf + d), qd, a0);
-                a1 = vfma(vload(kbuf + DK + d), qd, a1);
-                a2 = vfma(vload(kbuf + 2 * DK + d), qd, a2);
-                a3 = vfma(vload(kbuf + 3 * DK + d), qd, a3);
+            float * mv = mvs + i * BC;
+            const ggml_fp16_t * m = rows[i].mask;
+            if (m && nc == BC) {
+                for (int64_t l = 0; l < BC; l += W) {
+                    vstore(mv + l, vmul(vset(rows[i].slope), vload_h(m + c0 + l)));
+                }
+            } else {
+                for (int64_t l = 0; l < BC; l++) {
+                    mv[l] = l >= nc ? -INFINITY : m ? rows[i].slope * GGML_CPU_FP16_TO_FP32(m[c0 + l]) : 0.0f;
+                }
             }
-            float dots[4];
-            sum4(a0, a1, a2, a3, dots);
-            for (int t = 0; t < cells4; t++) {
-                if (mv[t][i] == -INFINITY) {
-                    out[t] = -INFINITY;
-                    continue;
+            seen[i] = false;
+            for (int64_t l = 0; l < BC; l += W) {
+                seen[i] |= vseen(vload(mv + l));
+            }
+            any |= seen[i];
+        }
+        if (!any) {
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t l = 0; l < BC; l++) P[i * cells + c0 + l] = -INFINITY;
+            }
+            continue;
+        }
+        for (int64_t t = 0; t < BC; t++) {
+            const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + (c0 + t) * k->nb[1]);
+            for (int64_t d = 0; d < DK; d += W) {
+                vstore(kbuf + t * DK + d, t < nc ? vload_h(kc + d) : vset(0.0f));
+            }
+        }
+        int64_t seeing[UNIT_ROWS], ns = 0;  // the rows that see some cell of the block, two at a time
+        for (int64_t i = 0; i < n; i++) {
+            if (seen[i]) {
+                seeing[ns++] = i;
+            } else {
+                for (int64_t l = 0; l < BC; l++) P[i * cells + c0 + l] = -INFINITY;
+            }
+        }
+        for (int64_t s0 = 0; s0 < ns; s0 += 2) {
+            const int R = ns - s0 >= 2 ? 2 : 1;
+            const float * qs[2];
+            float * outs[2];
+            for (int r = 0; r < R; r++) {
+                qs[r] = qrow[seeing[s0 + r]];
+                outs[r] = P + seeing[s0 + r] * cells + c0;
+            }
+            if (R == 2) {
+                dots<2>(kbuf, qs, DK, outs);
+            } else {
+                dots<1>(kbuf, qs, DK, outs);
+            }
+            for (int r = 0; r < R; r++) {
+                float * out = outs[r];
+                const float * mvr = mvs + same_mask[seeing[s0 + r]] * BC;
+                for (int64_t l = 0; l < BC; l += W) {
+                    vstore(out + l, vmul(vload(out + l), vset(scale)));
                 }
-                float sc = dots[t] * scale;
                 if (softcap != 0.0f) {
-                    sc = softcap * tanhf(sc);
+                    for (int64_t l = 0; l < BC; l++) out[l] = softcap * tanhf(out[l]);
                 }
-                out[t] = sc + mv[t][i];
+                for (int64_t l = 0; l < BC; l += W) {
+                    const vec mv = vload(mvr + l);
+                    vstore(out + l, vmasked(vadd(vload(out + l), mv), mv));
+                }
             }
         }
     }
@@ -316,16 +498,10 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
     // The visible cells' scores are first packed in cell order, so a score's lane is its rank among
     // them, not its cell: a sliding-window cache that wrapped around holds the same cells, in the
     // same order, at other indices in a batch than alone.
-    float * packed = P + n * cells;
     for (int64_t i = 0; i < n; i++) {
         row & w = rows[i];
         float * p = P + i * cells;
-        int64_t visible = 0;
-        for (int64_t c = 0; c < nek1; c++) {
-            if (p[c] != -INFINITY) {
-                packed[visible++] = p[c];
-            }
-        }
+        const int64_t visible = pack(p, cells, packed);
         const int64_t lanes = (visible + W - 1) / W * W;
         for (int64_t c = visible; c < lanes; c++) {
             packed[c] = -INFINITY;
@@ -338,7 +514,7 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
         const float sink = sh.sinks ? ((const float *) sh.sinks->data)[w.iq2] : -INFINITY;
         M = sink > M ? sink : M;
         if (M == -INFINITY) {  // every cell masked: no weight anywhere (ggml's loop writes zeros too)
-            for (int64_t c = 0; c < nek1; c++) {
+            for (int64_t c = 0; c < cells; c++) {
                 p[c] = 0.0f;
             }
             w.S = 0.0f;
@@ -352,25 +528,38 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
             sum = vadd(sum, e);
         }
         w.S = vsum(sum) + (sh.sinks ? expf(sink - M) : 0.0f);
-        for (int64_t c = 0, j = 0; c < nek1; c++) {  // each weight back to its cell, 0 where masked
-            p[c] = p[c] != -INFINITY ? packed[j++] : 0.0f;
-        }
+        unpack(p, cells, packed);  // each weight back to its cell, 0 where masked
     }
 
-    // 3. The weighted sum of V in cell order, N lanes-wide slices of a row's sum kept in registers.
-    for (int64_t i = 0; i < n; i++) {
-        const float * p = P + i * cells;
-        float * a = acc + i * DV;
-        const int64_t slices = DV / W;
-        const int64_t N = slices % 8 == 0 ? 8 : slices % 4 == 0 ? 4 : slices % 2 == 0 ? 2 : 1;
+    // 3. The weighted sum of V in cell order: up to four rows at a time share each V row's widening,
+    // N lanes-wide slices of each row's sum kept in registers.
+    const int64_t slices = DV / W;
+    constexpr int64_t ACC = W == 16 ? 16 : 8;  // sums kept in registers at once
+    const int64_t N = slices % 8 == 0 && 8 <= ACC / 2 ? 8 : slices % 4 == 0 ? 4 : slices % 2 == 0 ? 2 : 1;
+    const int64_t R = ACC / N < 4 ? ACC / N : 4;
+    for (int64_t i0 = 0; i0 < n;) {
+        const int64_t left = n - i0;
+        const int r = (int) (left >= 4 && R >= 4 ? 4 : left >= 2 && R >= 2 ? 2 : 1);
+        const float * p[4];
+        float * a[4];
+        for (int j = 0; j < r; j++) {
+            p[j] = P + (i0 + j) * cells;
+            a[j] = acc + (i0 + j) * DV;
+        }
         for (int64_t d = 0; d < DV; d += N * W) {
+            float * ad[4];
+            for (int j = 0; j < r; j++) {
+                ad[j] = a[j] + d;
+            }
+            const char * vd = vbase + d * sizeof(ggml_fp16_t);
             switch (N) {
-                case 8: weigh<8>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
-                case 4: weigh<4>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
-                case 2: weigh<2>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
-                default: weigh<1>(p, vbase + d * sizeof(ggml_fp16_t), v->nb[1], nek1, a + d); break;
+                case 8: weigh_rows<8>(r, p, vd, v->nb[1], nek1, ad); break;
+                case 4: weigh_rows<4>(r, p, vd, v->nb[1], nek1, ad); break;
+                case 2: weigh_rows<2>(r, p, vd, v->nb[1], nek1, ad); break;
+                default: weigh_rows<1>(r, p, vd, v->nb[1], nek1, ad); break;
             }
         }
+        i0 += r;
     }
 
     for (int64_t i = 0; i < n; i++) {
