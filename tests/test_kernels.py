@@ -112,12 +112,12 @@ def test_with_llama_cpps_own_kernels_the_batch_changes_the_bits():
 
 
 # Every product kernel, attention through ggml's per-row loop.
-PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k"
+PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32"
 
 
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ["smollm2-135m-instruct-f32"])  # F32: every product, output included
 def test_specgens_product_kernels_equal_ggmls_one_row_code_bit_for_bit(name):
     # SPECGEN_KERNELS=ggml: the same invariance through ggml's own vec_dot for every type (no repacking,
     # which would hand Q4_K to llama.cpp's repacked GEMV, itself rounded differently from vec_dot).
@@ -177,5 +177,5 @@ def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels
 def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
-    assert f"SPECGEN_KERNELS = {isa}: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k f32 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

@@ -15,7 +15,8 @@
 // them. Tests compare logits decoded alone and inside batches, bit for bit, on the real models.
 //
 // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 have AVX-512 VNNI variants (two columns per 512-bit register);
-// Q4_K and Q6_K use 256-bit code on both AVX2 and AVX-512 hosts. Without AVX2, FMA and F16C there is no kernel and
+// Q4_K and Q6_K use 256-bit code on both AVX2 and AVX-512 hosts; F32 follows ggml's own F32 path
+// (512-bit where the host has AVX-512, else 256-bit). Without AVX2, FMA and F16C there is no kernel and
 // invariance falls back to ggml's one-column code.
 //
 // This file is specgen's own; specgen.llama.build copies it next to llamafile's sgemm.cpp and
@@ -457,6 +458,125 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
 
 }  // namespace low_bits
 
+// F32 weights x F32 columns: ggml_vec_dot_f32's arithmetic per (row, column), its own AVX-512 or
+// AVX path (simd-mappings.h): GGML_F32_ARR = 4 accumulators of one register each, a step of 4
+// registers' worth of values at a time, accumulator j taking the j-th register of every step by
+// fused multiply-add, then x0 + x2, x1 + x3, their sum, and that register's lanes summed as
+// GGML_F32_VEC_REDUCE sums them. Products whose k is not a whole number of steps (ggml adds the
+// leftovers one by one) stay with ggml.
+// One column: ggml's loop, the row read front to back. Two or more: the four accumulators are four
+// independent chains, computed one after the other for a tile of TR rows and up to TC columns
+// (TR*TC registers of sums; each weight load serves TC columns, each column load TR rows); each row
+// is read from memory once, the tile's later passes finding it in L1, and the rows two tiles on are
+// fetched into L2 line by line meanwhile (the hardware's prefetcher does not follow rows read a line
+// in four). Measured on a Zen 4 (gemma-3-270m's F32 output layer, one thread): 8 columns in 66 ms
+// against 82 ms for ggml's one-column code, 29 ms for one column; its 512-bit multiply-adds are the
+// limit there (one every two cycles).
+namespace f32 {
+
+constexpr int ARR = 4;
+#if defined(__AVX512F__)
+using vec = __m512;
+constexpr int EPR = 16;
+static inline vec load(const float * p) { return _mm512_loadu_ps(p); }
+static inline vec zero() { return _mm512_setzero_ps(); }
+static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float reduce(vec * x) {
+    x[0] = _mm512_add_ps(x[0], x[2]);
+    x[1] = _mm512_add_ps(x[1], x[3]);
+    x[0] = _mm512_add_ps(x[0], x[1]);
+    return _mm512_reduce_add_ps(x[0]);
+}
+#else
+using vec = __m256;
+constexpr int EPR = 8;
+static inline vec load(const float * p) { return _mm256_loadu_ps(p); }
+static inline vec zero() { return _mm256_setzero_ps(); }
+static inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float reduce(vec * x) {
+    x[0] = _mm256_add_ps(x[0], x[2]);
+    x[1] = _mm256_add_ps(x[1], x[3]);
+    x[0] = _mm256_add_ps(x[0], x[1]);
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x[0]), _mm256_extractf128_ps(x[0], 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+#endif
+constexpr int64_t STEP = ARR * EPR;
+constexpr int TR = 2, TC = 4;  // 8 registers of sums, 2 of weights, 4 of columns: within AVX2's 16
+constexpr int AHEAD = 2;       // tiles
+
+// One row, one column: ggml_vec_dot_f32.
+static inline float dot(int64_t k, const float * a, const float * y) {
+    vec acc[ARR];
+    for (int j = 0; j < ARR; j++) acc[j] = zero();
+    for (int64_t s = 0; s < k; s += STEP)
+        for (int j = 0; j < ARR; j++) acc[j] = fma(load(a + s + j * EPR), load(y + s + j * EPR), acc[j]);
+    return reduce(acc);
+}
+
+// Rows i .. i+R times columns j0 .. j0+NC, chain after chain. With `fetch`, the R rows AHEAD tiles on
+// are fetched into L2, R lines per step, in address order.
+template <int R, int NC>
+static inline void tile(int64_t k, const float * A, int64_t lda, int64_t i, const float * B, int64_t ldb, float * C,
+                        int64_t ldc, int64_t j0, bool fetch) {
+    vec part[R][NC][ARR];
+    const float * next = A + lda * (i + AHEAD * R);
+    int64_t row = 0, line = 0;
+    for (int j = 0; j < ARR; j++) {
+        vec acc[R][NC];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < NC; c++) acc[r][c] = zero();
+        for (int64_t s = j * EPR; s < k; s += STEP) {
+            if (fetch) {
+                for (int r = 0; r < R; r++) {
+                    _mm_prefetch((const char *) (next + lda * row + line * 16), _MM_HINT_T1);
+                    if (++line == k / 16) line = 0, row++;
+                }
+            }
+            vec w[R], y[NC];
+            for (int r = 0; r < R; r++) w[r] = load(A + lda * (i + r) + s);
+            for (int c = 0; c < NC; c++) y[c] = load(B + ldb * (j0 + c) + s);
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < NC; c++) acc[r][c] = fma(w[r], y[c], acc[r][c]);
+        }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < NC; c++) part[r][c][j] = acc[r][c];
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) C[ldc * (j0 + c) + i + r] = reduce(part[r][c]);
+}
+
+template <int R>
+static inline void rows(int64_t n, int64_t k, const float * A, int64_t lda, int64_t i, const float * B, int64_t ldb,
+                        float * C, int64_t ldc) {
+    for (int64_t j0 = 0; j0 < n; j0 += TC) {
+        const bool fetch = j0 == 0;
+        switch (n - j0 < TC ? n - j0 : TC) {
+            case 4: tile<R, 4>(k, A, lda, i, B, ldb, C, ldc, j0, fetch); break;
+            case 3: tile<R, 3>(k, A, lda, i, B, ldb, C, ldc, j0, fetch); break;
+            case 2: tile<R, 2>(k, A, lda, i, B, ldb, C, ldc, j0, fetch); break;
+            default: tile<R, 1>(k, A, lda, i, B, ldb, C, ldc, j0, fetch); break;
+        }
+    }
+}
+static_assert(TC == 4, "rows() has a case for each width up to TC");
+
+static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
+                          int64_t ldc, int64_t r0, int64_t r1) {
+    const float * a = (const float *) A;
+    const float * b = (const float *) B;
+    if (n == 1) {
+        for (int64_t i = r0; i < r1; i++) C[i] = dot(k, a + lda * i, b);
+        return;
+    }
+    int64_t i = r0;
+    for (; i + TR <= r1; i += TR) rows<TR>(n, k, a, lda, i, b, ldb, C, ldc);
+    for (; i < r1; i++) rows<1>(n, k, a, lda, i, b, ldb, C, ldc);
+}
+
+}  // namespace f32
+
 // Q4_K and Q6_K weights x Q8_K columns (256 values a block), 256-bit code. A weight block is
 // unpacked once into eight 32-value chunks of unsigned bytes w[c] with their integer scales sc[c];
 // per column, as ggml's AVX2 vec_dot: sumi = sum over c of sc[c] * (pairs, then fours of w[c] * y)
@@ -608,7 +728,7 @@ static inline bool keeps_layout(ggml_type type) {
 static inline const char * describe() {
     static char text[96] = "";
     if (!text[0]) {
-        const char * all[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k" };
+        const char * all[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k", "f32" };
         size_t n = (size_t) snprintf(text, sizeof(text), "%s:", SPECGEN_FEW);
         const size_t bare = n;
         for (const char * t : all) {
@@ -644,6 +764,8 @@ static inline bool matmul(int64_t m, int64_t n, int64_t k, const void * A, int64
         k_quants::matmul<k_quants::q4_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
     } else if (a == GGML_TYPE_Q6_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q6_k")) {
         k_quants::matmul<k_quants::q6_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
+    } else if (a == GGML_TYPE_F32 && b == GGML_TYPE_F32 && k % f32::STEP == 0 && specgen::kernel_on("f32")) {
+        f32::matmul(n, k, A, lda, B, ldb, C, ldc, r0, r1);
     } else {
         return false;
     }
