@@ -24,8 +24,11 @@ MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 SETTINGS = {"specgen": {},
             # specgen's product kernels, attention through ggml's per-row loop (what specgen had before
             # its own attention, native/attention.h)
-            "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k"},
+            "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32"},
+            # F32 weights through ggml's one-row code (what specgen had before its F32 kernel)
+            "specgen, ggml's F32 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,attention"},
             "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
+DEFAULT_SETTINGS = ["specgen", "specgen, ggml's attention", "llama.cpp's kernels"]
 SIZES = [1, 4, 8, 16]
 N_PAST = 256  # tokens of context before each timed decode
 
@@ -47,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict:
     before = cpu_sample()
     runs = []
     for r in range(args.rounds):
-        order = list(SETTINGS)[r % len(SETTINGS):] + list(SETTINGS)[:r % len(SETTINGS)]
+        order = args.settings[r % len(args.settings):] + args.settings[:r % len(args.settings)]
         for model in args.models:
             for setting in order:
                 cmd = [sys.executable, __file__, "--one", model, "--sizes", ",".join(map(str, args.sizes)),
@@ -60,7 +63,7 @@ def measure(args: argparse.Namespace) -> dict:
     return {"run": run_info(), "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                                           "others_cores": others_cores(before, cpu_sample())},
             "settings": {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "n_past": args.n_past,
-                         "sizes": args.sizes, "env": SETTINGS}, "runs": runs}
+                         "sizes": args.sizes, "env": {k: SETTINGS[k] for k in args.settings}}, "runs": runs}
 
 
 def _median(xs: list[float]) -> float:
@@ -107,11 +110,16 @@ def main() -> None:
     ap.add_argument("--one")
     ap.add_argument("--models", type=lambda v: v.split(","), default=MODELS)
     ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES)
+    ap.add_argument("--settings", type=lambda v: v.split(";"), default=DEFAULT_SETTINGS,
+                    help=f"';'-separated, of: {'; '.join(SETTINGS)}")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-past", type=int, default=N_PAST, help="tokens of context before each timed decode")
     args = ap.parse_args()
+    unknown = [x for x in args.settings if x not in SETTINGS]
+    if unknown:
+        ap.error(f"--settings: expected names from {'; '.join(SETTINGS)}, found {'; '.join(unknown)}")
     if args.one:
         print(json.dumps(one(args.one, args.sizes, args.repeats, args.threads, args.n_past)))
     elif args.table:

@@ -299,13 +299,22 @@ def test_the_prefill_table_in_serve_md_is_rendered_from_its_results_file():
             assert sorted(rounds) in ([], list(range(data["settings"]["rounds"]))), (model, threads, n, name)
 
 
-def test_the_op_profile_in_screening_and_kernels_md_is_rendered_from_its_results_file():
-    """docs/screening-and-kernels.md's per-op profile is scripts/op_profile.py's rendering of the
-    file its marker names, and that file holds every model and setting the script runs, each round."""
+def test_the_op_profiles_in_screening_and_kernels_md_are_rendered_from_their_results_files():
+    """Each per-op profile in docs/screening-and-kernels.md is scripts/op_profile.py's rendering of the
+    file its marker names, and that file holds each of its models in each of its settings (the
+    script's), every round."""
     import json
+    import re
 
-    table, path, script = _rendered("screening-and-kernels.md", "profile-table", "op_profile")
-    assert table == script.table(path)
-    data = json.loads(path.read_text())
-    runs = {(r["model"], r["setting"], r["round"]) for r in data["runs"]}
-    assert runs == {(m, s, r) for m in script.MODELS for s in script.SETTINGS for r in range(data["settings"]["rounds"])}
+    _, _, script = _rendered("screening-and-kernels.md", "profile-table", "op_profile")
+    text = (ROOT / "docs" / "screening-and-kernels.md").read_text()
+    blocks = re.findall(r"<!-- profile-table: (\S+) -->\n(.*?)\n<!-- profile-table:end -->", text, re.S)
+    assert len(blocks) == 2, "the quantized models' profile and the F32 target's"
+    for name, table in blocks:
+        path = ROOT / "docs" / name
+        assert table == script.table(path), name
+        data = json.loads(path.read_text())
+        settings, models = list(data["settings"]["env"]), {r["model"] for r in data["runs"]}
+        assert set(settings) <= set(script.SETTINGS), name
+        runs = {(r["model"], r["setting"], r["round"]) for r in data["runs"]}
+        assert runs == {(m, s, r) for m in models for s in settings for r in range(data["settings"]["rounds"])}, name
