@@ -106,7 +106,8 @@ static inline float vsum(vec x) {  // lanes summed in one fixed tree
     return _mm_cvtss_f32(q);
 }
 static inline float vhmax(vec x) { return _mm512_reduce_max_ps(x); }
-// x where mv is not -inf, -inf where it is (a masked cell: whatever its K row held)
+// Whether some lane of a mask is not -inf (a cell seen, as the scalar `!= -INFINITY` says); then x where
+// mv is not -inf, -inf where it is (a masked cell, whatever its K row held).
 static inline bool vseen(vec mv) { return _mm512_cmp_ps_mask(mv, vset(-INFINITY), _CMP_NEQ_UQ) != 0; }
 static inline vec vmasked(vec x, vec mv) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mv, vset(-INFINITY), _CMP_EQ_OQ), x, vset(-INFINITY));
@@ -406,7 +407,7 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
     // 1. Scores, a block of BC cells at a time: each row's mask over the block; where some row sees a
     // cell of it, the block's K rows widened once for all the rows, and each row that sees one gets its
     // BC dot products (dots()), scaled, soft-capped and masked in lanes. A block no row sees is
-    // skipped. The K and V rows of the next block are fetched meanwhile.
+    // skipped. The K and V rows AHEAD blocks on are fetched meanwhile.
     const float scale = sh.scale, softcap = sh.logit_softcap;
     const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
     const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
