@@ -12,6 +12,9 @@ def test_categories_name_products_by_weight_type_and_the_output_layer_apart():
     assert category("MUL_MAT", "result_output", "q8_0") == "output layer (q8_0)"
     assert category("FLASH_ATTN_EXT", "__fattn__-0", "f32") == "attention"
     assert category("MUL_MAT", "kq-0", "f16") == "attention products"
+    # an F32 model's attention output projection is a weight's product, not the cache's
+    assert category("MUL_MAT", "kqv_out-3", "f32", "blk.3.attn_output.weight") == "matmul f32"
+    assert category("MUL_MAT", "kq-3", "f16", "cache_k_l3 (view)") == "attention products"
     assert category("RMS_NORM", "norm-0", "f32") == "norms" and category("ROPE", "Qcur-0", "f32") == "rope"
 
 

@@ -44,14 +44,19 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
-def category(op: str, name: str, weight_type: str | None) -> str:
+def category(op: str, name: str, weight_type: str | None, weight_name: str | None = None) -> str:
     """What a node is, for the profile: a product by its weight type (the output layer apart),
-    attention, a norm, or its op's own name."""
+    attention, a norm, or its op's own name. `weight_name`, the product's first operand's name, tells
+    a model's weight (llama.cpp names them `blk.N....weight`) from the cache (K·Q and V·softmax
+    without flash attention); without it, an F32 or F16 operand that no projection's node names is
+    taken for the cache."""
     if op in ("MUL_MAT", "MUL_MAT_ID"):
         if name.startswith("result_output"):
             return f"output layer ({weight_type})"
+        if weight_name is not None:
+            return f"matmul {weight_type}" if weight_name.endswith(".weight") else "attention products"
         if weight_type in ("f32", "f16") and not name.startswith(("attn_", "ffn_", "Qcur", "Kcur", "Vcur")):
-            return "attention products"  # K·Q and V·softmax without flash attention
+            return "attention products"
         return f"matmul {weight_type}"
     if op in ("FLASH_ATTN_EXT", "SOFT_MAX"):
         return "attention"
@@ -81,10 +86,12 @@ class _Recorder:
         now = time.perf_counter()
         t = _Tensor.from_address(tensor)
         op = (self.lib.ggml_op_desc(tensor) or b"?").decode()
-        weight = None
+        weight = weight_name = None
         if t.src[0]:
-            weight = (self.lib.ggml_type_name(_Tensor.from_address(t.src[0]).type) or b"?").decode()
-        key = category(op.upper(), t.name.decode(errors="replace"), weight)
+            src = _Tensor.from_address(t.src[0])
+            weight = (self.lib.ggml_type_name(src.type) or b"?").decode()
+            weight_name = src.name.decode(errors="replace")
+        key = category(op.upper(), t.name.decode(errors="replace"), weight, weight_name)
         self.into.seconds[key] += now - self.last
         self.into.nodes[key] += 1
         self.last = now
