@@ -481,27 +481,27 @@ constexpr int EPR = 16;
 static inline vec load(const float * p) { return _mm512_loadu_ps(p); }
 static inline vec zero() { return _mm512_setzero_ps(); }
 static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float reduce(vec * x) {
-    x[0] = _mm512_add_ps(x[0], x[2]);
-    x[1] = _mm512_add_ps(x[1], x[3]);
-    x[0] = _mm512_add_ps(x[0], x[1]);
-    return _mm512_reduce_add_ps(x[0]);
-}
+static inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline float lanes(vec x) { return _mm512_reduce_add_ps(x); }
 #else
 using vec = __m256;
 constexpr int EPR = 8;
 static inline vec load(const float * p) { return _mm256_loadu_ps(p); }
 static inline vec zero() { return _mm256_setzero_ps(); }
 static inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float reduce(vec * x) {
-    x[0] = _mm256_add_ps(x[0], x[2]);
-    x[1] = _mm256_add_ps(x[1], x[3]);
-    x[0] = _mm256_add_ps(x[0], x[1]);
-    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x[0]), _mm256_extractf128_ps(x[0], 1));
+static inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline float lanes(vec x) {
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     const __m128 t1 = _mm_hadd_ps(t0, t0);
     return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
 }
 #endif
+// GGML_F32_VEC_REDUCE: x0 + x2, x1 + x3, their sum, then the register's lanes as ggml sums them.
+static inline float reduce(vec * x) {
+    x[0] = add(x[0], x[2]);
+    x[1] = add(x[1], x[3]);
+    return lanes(add(x[0], x[1]));
+}
 constexpr int64_t STEP = ARR * EPR;
 constexpr int TR = 2, TC = 4;  // 8 registers of sums, 2 of weights, 4 of columns: within AVX2's 16
 constexpr int AHEAD = 2;       // tiles
