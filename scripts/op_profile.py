@@ -24,9 +24,9 @@ MODELS = ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 SETTINGS = {"specgen": {},
             # specgen's product kernels, attention through ggml's per-row loop (what specgen had before
             # its own attention, native/attention.h)
-            "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32"},
+            "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32"},
             # F32 weights through ggml's one-row code (what specgen had before its F32 kernel)
-            "specgen, ggml's F32 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,attention"},
+            "specgen, ggml's F32 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,attention"},
             "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
 DEFAULT_SETTINGS = ["specgen", "specgen, ggml's attention", "llama.cpp's kernels"]
 SIZES = [1, 4, 8, 16]

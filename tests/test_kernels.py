@@ -112,18 +112,44 @@ def test_with_llama_cpps_own_kernels_the_batch_changes_the_bits():
 
 
 # Every product kernel, attention through ggml's per-row loop.
-PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32"
+PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32"
+
+
+@pytest.fixture(scope="module")
+def retyped_q2_k(tmp_path_factory):
+    """smollm2 with Q2_K ffn_down (no llama.cpp file type gives Q2_K to a matrix of these shapes: its Q2_K
+    files make ffn_down Q3_K) and Q8_0 elsewhere, quantized by ggml from the F32 weights."""
+    path = tmp_path_factory.mktemp("q2_k") / "smollm2-135m-instruct-q2_k-ffn-down.gguf"
+    changed = tools.retype(models.resolve("smollm2-135m-instruct-f32"), path,
+                           {"ffn_down": "Q2_K", "attn_": "Q8_0", "ffn_": "Q8_0"})
+    assert sum("ffn_down" in name for name in changed) == 30 and len(changed) == 210
+    return path
+
+
+def products_equal_ggmls(path):
+    # SPECGEN_KERNELS=ggml: the same invariance through ggml's own vec_dot for every type (no repacking,
+    # which would hand Q4_K and Q2_K to llama.cpp's repacked GEMV, itself rounded differently from vec_dot).
+    ours = rows_by_way(path, PRODUCTS)
+    assert len(set(ours["alone, 2 threads"])) == 16 and differing(ours) == []
+    assert ours == rows_by_way(path, "ggml", "no-repack")
 
 
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
-@pytest.mark.parametrize("name", MODELS + ["smollm2-135m-instruct-f32"])  # F32: every product, output included
+@pytest.mark.parametrize("name", MODELS + [
+    "smollm2-135m-instruct-f32",     # F32: every product, the output layer included
+    "smollm2-135m-instruct-f16",     # F16: the same
+    "gemma-3-270m-q2_k",             # Q3_K (its attn_output and ffn_down), Q4_0, Q5_0
+    "smollm2-135m-instruct-q5_k_m",  # Q5_K and Q6_K (ffn_down), Q5_1
+])
 def test_specgens_product_kernels_equal_ggmls_one_row_code_bit_for_bit(name):
-    # SPECGEN_KERNELS=ggml: the same invariance through ggml's own vec_dot for every type (no repacking,
-    # which would hand Q4_K to llama.cpp's repacked GEMV, itself rounded differently from vec_dot).
-    ours = rows_by_way(models.resolve(name), PRODUCTS)
-    assert len(set(ours["alone, 2 threads"])) == 16 and differing(ours) == []
-    assert ours == rows_by_way(models.resolve(name), "ggml", "no-repack")
+    products_equal_ggmls(models.resolve(name))
+
+
+@needs_invariance
+@pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
+def test_the_q2_k_kernel_equals_ggmls_one_row_code_bit_for_bit(retyped_q2_k):
+    products_equal_ggmls(retyped_q2_k)
 
 
 # SCRIPT's 16 tokens decoded one at a time (2 threads), their logits saved to argv[2] (.npy).
@@ -177,5 +203,5 @@ def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels
 def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
-    assert f"SPECGEN_KERNELS = {isa}: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k f32 |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: {PRODUCTS.replace(',', ' ')} |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

@@ -75,6 +75,8 @@ CPU_DIR = "vendor/llama.cpp/ggml/src/ggml-cpu"
 HEADERS = [
     (NATIVE / "invariant.h", f"{CPU_DIR}/specgen_invariant.h"),
     (NATIVE / "few_columns.h", f"{CPU_DIR}/llamafile/specgen_few_columns.h"),
+    *((NATIVE / f"few_{part}.h", f"{CPU_DIR}/llamafile/specgen_few_{part}.h")
+      for part in ("q8_0", "low_bits", "float", "k_quants")),
     (NATIVE / "attention.h", f"{CPU_DIR}/specgen_attention.h"),
 ]
 SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Sequence
 
 import llama_cpp as L
+import numpy as np
+from gguf import GGML_QUANT_SIZES
 
 from specgen.errors import ModelError
 from specgen.host import default_threads
@@ -48,6 +50,41 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None, hea
     if rc != 0:
         raise ModelError(f"llama.cpp quantize {src.name} -> {ftype} failed (code {rc}): {_last_error()}")
 
+
+
+def retype(src: Path, dst: Path, types: dict[str, str]) -> list[str]:
+    """Write `src` with every F32 matrix whose name contains a key of `types` (the first that matches)
+    quantized by ggml to that type ("ffn_down": "Q2_K"), the rest as they were; returns the names
+    changed. For weight types no
+    llama.cpp file type gives the shapes at hand (Q2_K needs rows of 256 values, which smollm2's and
+    gemma-3's Q2_K files keep only for ffn_down, which they make Q3_K)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from llama_cpp import _ggml
+
+    from specgen.llama import gguf as gguf_files
+
+    quantize = _ggml.libggml.ggml_quantize_chunk
+    quantize.restype = ctypes.c_size_t
+    quantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_int64, ctypes.c_void_p]
+    reader = GGUFReader(src)
+    tensors, changed = [], []
+    for t in reader.tensors:
+        want = next((v for k, v in types.items() if k in t.name), None)
+        if want is None or t.tensor_type != GGMLQuantizationType.F32 or t.data.ndim < 2:
+            tensors.append((t.name, t.data, t.tensor_type))
+            continue
+        qtype = GGMLQuantizationType[want]
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows = np.ascontiguousarray(t.data, dtype=np.float32).reshape(-1, t.data.shape[-1])
+        if rows.shape[1] % block:
+            raise ModelError(f"{t.name}: rows of {rows.shape[1]} values do not split into {want}'s blocks of {block}")
+        out = np.empty((rows.shape[0], rows.shape[1] // block * size), dtype=np.uint8)
+        quantize(int(qtype), rows.ctypes.data, out.ctypes.data, 0, rows.shape[0], rows.shape[1], None)
+        tensors.append((t.name, out.reshape(*t.data.shape[:-1], out.shape[1]), qtype))
+        changed.append(t.name)
+    gguf_files.write_tensors(gguf_files.copy_metadata(reader, dst), tensors)
+    return changed
 
 @dataclass(frozen=True)
 class BuildInfo:
