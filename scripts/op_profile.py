@@ -27,6 +27,8 @@ SETTINGS = {"specgen": {},
             "specgen, ggml's attention": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32"},
             # F32 weights through ggml's one-row code (what specgen had before its F32 kernel)
             "specgen, ggml's F32 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,attention"},
+            # without the Q2_K, Q3_K, Q5_K and F16 kernels (what specgen had before them): ggml's one-row code
+            "specgen, ggml's Q2_K/Q3_K/Q5_K/F16 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32,attention"},
             "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
 DEFAULT_SETTINGS = ["specgen", "specgen, ggml's attention", "llama.cpp's kernels"]
 SIZES = [1, 4, 8, 16]
