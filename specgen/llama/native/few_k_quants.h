@@ -118,37 +118,34 @@ struct q3_K {
     }
 };
 
+// Q4_K and Q5_K's low four bits per value (chunk 2j: the low nibbles of bytes 32j.., chunk 2j + 1: the
+// high ones), their scales, mins and super-block scales.
+template <typename B>
+static inline void nibbles_scales_mins(const B & x, unpacked & u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (x.qs + 32 * j));
+        u.w[2 * j] = _mm256_and_si256(q, m4);
+        u.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    scales_and_mins(x.scales, u);
+    u.d = fp16(x.d);
+    u.dmin = fp16(x.dmin);
+}
+
 struct q4_K {
     using block = block_q4_K;
     static constexpr offset kind = offset::mins4;
-    static inline void unpack(const block & x, unpacked & u) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (x.qs + 32 * j));
-            u.w[2 * j] = _mm256_and_si256(q, m4);
-            u.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
-        scales_and_mins(x.scales, u);
-        u.d = fp16(x.d);
-        u.dmin = fp16(x.dmin);
-    }
+    static inline void unpack(const block & x, unpacked & u) { nibbles_scales_mins(x, u); }
 };
 
 struct q5_K {
     using block = block_q5_K;
     static constexpr offset kind = offset::mins_scalar;
     static inline void unpack(const block & x, unpacked & u) {
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        const __m256i h = _mm256_loadu_si256((const __m256i *) x.qh);
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (x.qs + 32 * j));
-            u.w[2 * j] = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(one_bit(h, 2 * j), 4));
-            u.w[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                             _mm256_slli_epi16(one_bit(h, 2 * j + 1), 4));
-        }
-        scales_and_mins(x.scales, u);
-        u.d = fp16(x.d);
-        u.dmin = fp16(x.dmin);
+        nibbles_scales_mins(x, u);
+        const __m256i h = _mm256_loadu_si256((const __m256i *) x.qh);  // chunk c's fifth bit: bit c
+        for (int c = 0; c < 8; c++) u.w[c] = _mm256_or_si256(u.w[c], _mm256_slli_epi16(one_bit(h, c), 4));
     }
 };
 
