@@ -116,13 +116,15 @@ PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32"
 
 
 @pytest.fixture(scope="module")
-def retyped_q2_k(tmp_path_factory):
-    """smollm2 with Q2_K ffn_down (no llama.cpp file type gives Q2_K to a matrix of these shapes: its Q2_K
-    files make ffn_down Q3_K) and Q8_0 elsewhere, quantized by ggml from the F32 weights."""
-    path = tmp_path_factory.mktemp("q2_k") / "smollm2-135m-instruct-q2_k-ffn-down.gguf"
-    changed = tools.retype(models.resolve("smollm2-135m-instruct-f32"), path,
-                           {"ffn_down": "Q2_K", "attn_": "Q8_0", "ffn_": "Q8_0"})
-    assert sum("ffn_down" in name for name in changed) == 30 and len(changed) == 210
+def retyped(tmp_path_factory):
+    """smollm2 with the weight types no shipped model has, quantized by ggml from the F32 weights:
+    `ffn_down` (the one matrix with rows of 256-value blocks) Q2_K, Q5_K and Q6_K by layer (no llama.cpp
+    file type gives Q2_K to a matrix of these shapes: its Q2_K files make ffn_down Q3_K), the attention
+    matrices F16, the feed-forward ones Q8_0; the token embedding (the output layer) stays F32."""
+    path = tmp_path_factory.mktemp("retyped") / "smollm2-135m-instruct-retyped.gguf"
+    types = {f"blk.{i}.ffn_down.": ("Q2_K", "Q5_K", "Q6_K")[i % 3] for i in range(30)}
+    changed = tools.retype(models.resolve("smollm2-135m-instruct-f32"), path, {**types, "attn_": "F16", "ffn_": "Q8_0"})
+    assert len(changed) == 210 and sum("ffn_down" in name for name in changed) == 30
     return path
 
 
@@ -137,10 +139,8 @@ def products_equal_ggmls(path):
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
 @pytest.mark.parametrize("name", MODELS + [
-    "smollm2-135m-instruct-f32",     # F32: every product, the output layer included
-    "smollm2-135m-instruct-f16",     # F16: the same
-    "gemma-3-270m-q2_k",             # Q3_K (its attn_output and ffn_down), Q4_0, Q5_0
-    "smollm2-135m-instruct-q5_k_m",  # Q5_K and Q6_K (ffn_down), Q5_1
+    "smollm2-135m-instruct-f32",  # F32: every product, the output layer included
+    "gemma-3-270m-q2_k",          # Q3_K (its attn_output and ffn_down), Q4_0, Q5_0
 ])
 def test_specgens_product_kernels_equal_ggmls_one_row_code_bit_for_bit(name):
     products_equal_ggmls(models.resolve(name))
@@ -148,8 +148,8 @@ def test_specgens_product_kernels_equal_ggmls_one_row_code_bit_for_bit(name):
 
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
-def test_the_q2_k_kernel_equals_ggmls_one_row_code_bit_for_bit(retyped_q2_k):
-    products_equal_ggmls(retyped_q2_k)
+def test_the_q2_k_q5_k_and_f16_kernels_equal_ggmls_one_row_code_bit_for_bit(retyped):
+    products_equal_ggmls(retyped)
 
 
 # SCRIPT's 16 tokens decoded one at a time (2 threads), their logits saved to argv[2] (.npy).
