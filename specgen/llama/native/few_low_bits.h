@@ -36,46 +36,47 @@ static inline __m256i bits(const uint8_t * qh) {
     return _mm256_cmpeq_epi8(set, _mm256_set1_epi64x(-1));
 }
 
-// Each weight type: its block, the column block it pairs with, and its 32 values as bytes.
-// The signed types' values are their stored codes less an offset (8, 16): `codes` are those codes.
+// 32 5-bit fields: the nibbles, bit 4 from the 32 bits of qh.
+static inline __m256i five_bits(const uint8_t * qs, const uint8_t * qh) {
+    return _mm256_or_si256(nibbles(qs), _mm256_and_si256(bits(qh), _mm256_set1_epi8(0x10)));
+}
+
+// Each weight type: its block, the column block it pairs with, and its 32 stored codes as bytes; a
+// signed type's values are its codes less `offset` (values<T>).
 struct q4_0 {
     using block = block_q4_0;
     using column = block_q8_0;
     static constexpr bool is_signed = true;
     static constexpr int offset = 8;
     static inline __m256i codes(const block & b) { return nibbles(b.qs); }
-    static inline __m256i values(const block & b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
 };
 struct q5_0 {
     using block = block_q5_0;
     using column = block_q8_0;
     static constexpr bool is_signed = true;
     static constexpr int offset = 16;
-    static inline __m256i codes(const block & b) {
-        return _mm256_or_si256(nibbles(b.qs), _mm256_and_si256(bits(b.qh), _mm256_set1_epi8(0x10)));
-    }
-    static inline __m256i values(const block & b) {
-        return _mm256_or_si256(nibbles(b.qs), _mm256_andnot_si256(bits(b.qh), _mm256_set1_epi8((char) 0xF0)));
-    }
+    static inline __m256i codes(const block & b) { return five_bits(b.qs, b.qh); }
 };
 struct q4_1 {
     using block = block_q4_1;
     using column = block_q8_1;
     static constexpr bool is_signed = false;
     static constexpr int offset = 0;
-    static inline __m256i values(const block & b) { return nibbles(b.qs); }
-    static inline __m256i codes(const block & b) { return values(b); }
+    static inline __m256i codes(const block & b) { return nibbles(b.qs); }
 };
 struct q5_1 {
     using block = block_q5_1;
     using column = block_q8_1;
     static constexpr bool is_signed = false;
     static constexpr int offset = 0;
-    static inline __m256i values(const block & b) {
-        return _mm256_or_si256(nibbles(b.qs), _mm256_and_si256(bits(b.qh), _mm256_set1_epi8(0x10)));
-    }
-    static inline __m256i codes(const block & b) { return values(b); }
+    static inline __m256i codes(const block & b) { return five_bits(b.qs, b.qh); }
 };
+
+template <typename T>
+static inline __m256i values(const typename T::block & b) {
+    if constexpr (T::is_signed) return _mm256_sub_epi8(T::codes(b), _mm256_set1_epi8((char) T::offset));
+    return T::codes(b);
+}
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 // VNNI, signed types: vpdpbusd takes the codes (unsigned) as they are and starts from -offset times each
@@ -116,7 +117,7 @@ static inline void rows_pass(int64_t k, const typename T::block * A, int64_t lda
                 const __m256i start = T::is_signed ? P.corr[l * NC + j] : _mm256_setzero_si256();
                 const __m256i dot = _mm256_dpbusd_epi32(start, ux, P.q[l * NC + j]);  // the same integers
 #else
-            const __m256i x = T::values(a[l]);
+            const __m256i x = values<T>(a[l]);
             const __m256i ux = T::is_signed ? _mm256_sign_epi8(x, x) : x;
             for (int j = 0; j < NC; j++) {
                 const __m256i y = T::is_signed ? _mm256_sign_epi8(P.q[l * NC + j], x) : P.q[l * NC + j];
@@ -188,7 +189,7 @@ static inline void rows_pass512(int64_t k, const typename T::block * A, int64_t 
         const typename T::block * a = A + lda * i;
         for (int64_t l = 0; l < k; l++) {
             _mm_prefetch((const char *) (a + lda * PREFETCH_ROWS + l), _MM_HINT_T0);
-            const __m256i x = CODES ? T::codes(a[l]) : T::values(a[l]);
+            const __m256i x = CODES ? T::codes(a[l]) : values<T>(a[l]);
             const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(x), x, 1);
             const __m512i ux = SIGNS ? _mm512_abs_epi8(xx) : xx;
             const __mmask64 neg = SIGNS ? _mm512_movepi8_mask(xx) : 0;
