@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Sequence
 
 import llama_cpp as L
-import numpy as np
-from gguf import GGML_QUANT_SIZES
 
 from specgen.errors import ModelError
 from specgen.host import default_threads
@@ -51,14 +49,13 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None, hea
         raise ModelError(f"llama.cpp quantize {src.name} -> {ftype} failed (code {rc}): {_last_error()}")
 
 
-
 def retype(src: Path, dst: Path, types: dict[str, str]) -> list[str]:
     """Write `src` with every F32 matrix whose name contains a key of `types` (the first that matches)
     quantized by ggml to that type ("ffn_down": "Q2_K"), the rest as they were; returns the names
-    changed. For weight types no
-    llama.cpp file type gives the shapes at hand (Q2_K needs rows of 256 values, which smollm2's and
-    gemma-3's Q2_K files keep only for ffn_down, which they make Q3_K)."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    changed. For weight types that no llama.cpp file type gives the shapes at hand (Q2_K needs rows
+    of 256 values, which smollm2's and gemma-3's Q2_K files have only in ffn_down, made Q3_K there)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
     from llama_cpp import _ggml
 
     from specgen.llama import gguf as gguf_files
@@ -85,6 +82,7 @@ def retype(src: Path, dst: Path, types: dict[str, str]) -> list[str]:
         changed.append(t.name)
     gguf_files.write_tensors(gguf_files.copy_metadata(reader, dst), tensors)
     return changed
+
 
 @dataclass(frozen=True)
 class BuildInfo:
