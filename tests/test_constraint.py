@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-import chisquare
 from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
 from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
@@ -143,21 +142,16 @@ def test_logit_bias_that_bans_every_allowed_token_is_one_clear_error(method, tem
 
 
 @pytest.mark.parametrize("method", ["lookup", "chain", "staged"])
-def test_sampled_constrained_matches_constrained_plain(method):
-    """Free positions 3 and 4 (8 choices each) and the closing choice at 6, over independent seeds."""
+def test_sampled_constrained_equals_constrained_plain_under_the_same_seed(method):
+    """The race decides each token from (seed, position, row): any method writes plain's text."""
     model = FakeModel(n_vocab=V, eos=EOS, sharpness=1.0, script=LOOPY)
-    runs, positions = 300, [3, 4, 6]
-    freq = {k: np.zeros((len(positions), V)) for k in ("plain", "spec")}
-    for seed in range(runs):
+    texts = set()
+    for seed in range(60):
         p = run(model, [0, 2], SamplingParams(1.0, seed=seed))[0]
-        s = run(model, [0, 2], SamplingParams(1.0, seed=50_000 + seed), method)[0]
-        assert matches(p) and matches(s)
-        for i, pos in enumerate(positions):
-            freq["plain"][i, p[pos]] += 1
-            freq["spec"][i, s[pos]] += 1
-    for i, pos in enumerate(positions):
-        ok, why = chisquare.two_sample(freq["plain"][i], freq["spec"][i])
-        assert ok, f"position {pos}: {why}"
+        assert matches(p)
+        assert run(model, [0, 2], SamplingParams(1.0, seed=seed), method)[0] == p, seed
+        texts.add(tuple(p))
+    assert len(texts) > 5  # the seeds do sample (position 3 is nearly always 7, position 4 is free)
 
 
 def test_masked_argmax_is_the_argmax_of_the_masked_row():
@@ -171,18 +165,16 @@ def test_masked_argmax_is_the_argmax_of_the_masked_row():
         assert np.isneginf(masked(row, allowed)[~allowed]).all()
 
 
-def test_prune_drops_forbidden_deterministic_nodes_keeps_drawn():
+def test_prune_drops_forbidden_nodes_and_what_hangs_below():
     c = FakeConstraint([[{5}, {6}, {7}]], n_vocab=10, eos=1)
     tree = DraftTree.root_only(0)
     a = tree.add(5, 0)
     tree.add(6, a)          # allowed
     bad = tree.add(9, a)    # forbidden: goes
     tree.add(4, bad)        # below it: goes
-    drawn = tree.add(8, 0, drawn=True)  # forbidden, but drawn: stays
-    tree.q_rows = {0: np.full(10, 0.1)}
+    tree.add(8, 0)          # forbidden: goes
     pruned, index = prune(tree, c)
-    assert pruned.tokens == [0, 5, 6, 8] and pruned.drawn == [False, False, False, True]
-    assert index[drawn] == 3 and 0 in pruned.q_rows
+    assert pruned.tokens == [0, 5, 6] and index == {0: 0, 1: 1, 2: 2}
     assert c.consumed == []  # pruning never moves the matcher
 
 
@@ -191,14 +183,10 @@ def test_merge_forced_puts_trunk_first_and_maps_origins():
     a = tree.add(5, 0)
     b = tree.add(6, a)
     other = tree.add(7, 0)
-    drawn = tree.add(5, 0, drawn=True)
-    tree.q_rows = {0: np.full(10, 0.1)}
     merged = merge_forced(tree, [5, 6, 2], max_nodes=10, max_leaves=4)
     out = merged.tree
     assert out.tokens[:4] == [0, 5, 6, 2] and out.forced == {1, 2, 3}
     assert merged.origin[1] == a and merged.origin[2] == b and merged.origin[3] is None
-    # A drawn node never joins the trunk, even with the forced token's value.
-    assert out.tokens[merged.origin.index(drawn)] == 5 and out.drawn[merged.origin.index(drawn)]
     assert merged.origin.index(other) > 3
     capped = merge_forced(tree, [5, 6, 2], max_nodes=10, max_leaves=1)
     assert capped.tree.tokens == [0, 5, 6, 2]  # each of the others would open a branch
@@ -212,7 +200,7 @@ class Recorder:
     def __init__(self, tree):
         self.tree, self.seen = tree, []
 
-    def reset(self, tokens):
+    def reset(self, tokens, sampler=None):
         pass
 
     def propose(self, max_depth):
@@ -292,7 +280,7 @@ class Once:
     def __init__(self, *chains):
         self.chains, self.root, self.steps = chains, None, 0
 
-    def reset(self, tokens):
+    def reset(self, tokens, sampler=None):
         self.root = tokens[-1]
 
     def propose(self, max_depth):

@@ -38,8 +38,8 @@ def loaded(target, draft):
     return load_session(RunConfig(target=target, draft=draft or target), NAMES)
 
 
-def generate(target, draft, method, prompt, n=32):
-    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False)
+def generate(target, draft, method, prompt, n=32, **sampling):
+    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False, **sampling)
     runner = Runner(cfg, loaded(target, draft))
     stats = RunStats()
     tokens = [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), stats) if isinstance(e, TokenEvent)]
@@ -73,3 +73,21 @@ def test_every_method_equals_plain_on_quantized_targets(target, draft):
         for method in METHODS:
             tokens, _, _ = generate(target, draft, method, prompt)
             assert tokens == plain, f"{method} on {prompt!r}: differs from plain on a batch-invariant build, a bug"
+
+
+@needs_invariance
+@pytest.mark.parametrize("target,draft", [("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q4_1"),
+                                          ("gemma-3-270m-q4_k_m", "gemma-3-270m-q2_k")])
+def test_every_method_samples_plains_text_under_the_same_seed(target, draft):
+    """The race (core/race.py): each token is decided by (seed, position, row), so every method,
+    whatever its trees, writes plain sampling's text; at four temperatures, two seeds each."""
+    texts = set()
+    for i, (prompt, temperature) in enumerate(zip(PROMPTS, (0.3, 0.7, 1.0, 1.5))):
+        for seed in (i, 1000 + i):
+            sampling = dict(temperature=temperature, seed=seed)
+            plain, _, _ = generate(target, draft, "plain", prompt, n=16, **sampling)
+            texts.add(tuple(plain))
+            for method in METHODS:
+                tokens, _, _ = generate(target, draft, method, prompt, n=16, **sampling)
+                assert tokens == plain, f"{method} on {prompt!r} at T={temperature}, seed {seed}"
+    assert len(texts) >= 6  # the seeds sample different texts (at T = 0.3 two seeds may agree)

@@ -4,7 +4,6 @@ KV caches that hold exactly the committed text, and the self-draft property."""
 import numpy as np
 import pytest
 
-import chisquare
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.drafting.lookup import LookupDrafter
 from specgen.drafting.model import ModelDrafter, Staged
@@ -105,25 +104,19 @@ def test_staged_makes_fewer_draft_calls_for_the_same_tree():
     assert calls[1] < calls[0]
 
 
-@pytest.mark.parametrize("method", ["chain", "tree"])
-def test_sampled_drafts_match_plain_distribution(method):
-    """Rejection sampling over children drawn from q: per-position token frequencies match plain
-    sampling (two-sample chi-square), with independent seeds."""
+@pytest.mark.parametrize("method", ["chain", "tree", "staged"])
+def test_sampled_drafts_write_plains_text_under_the_same_seed(method):
+    """The draft races with the target's noise (core/race.py): whatever it proposes, verification
+    commits plain sampling's own choices, so each seed's text is plain's, token for token."""
     target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3})
     draft = NoisyDraft(target, noise=1.0)
-    sampling = lambda seed: SamplingParams(1.0, seed=seed)
-    n, runs, prompt = 3, 400, [0, 2, 3]
-    plain = np.zeros((n, 6))
-    spec = np.zeros((n, 6))
-    accepted = 0
+    n, runs, prompt = 6, 120, [0, 2, 3]
+    accepted, texts = 0, set()
     for seed in range(runs):
-        for pos, tok in enumerate(run_plain(target, prompt, n, sampling(seed))):
-            plain[pos, tok] += 1
-        events, stats, *_ = run_spec(target, draft, prompt, n, sampling(50_000 + seed), METHODS[method])
+        plain = run_plain(target, prompt, n, SamplingParams(1.0, seed=seed))
+        events, stats, *_ = run_spec(target, draft, prompt, n, SamplingParams(1.0, seed=seed), METHODS[method])
+        assert [e.token for e in events] == plain, seed
         accepted += stats.accepted
-        for pos, e in enumerate(events):
-            spec[pos, e.token] += 1
-    assert accepted > runs  # drafts really were accepted, so the test exercises rejection sampling
-    for pos in range(n):
-        ok, why = chisquare.two_sample(plain[pos], spec[pos])
-        assert ok, f"position {pos}: {why}"
+        texts.add(tuple(plain))
+    assert accepted > runs  # drafts really were accepted
+    assert len(texts) > runs // 2  # and the seeds really sample

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-import chisquare
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.logprobs import token_logprob
@@ -99,23 +98,19 @@ def test_a_banned_token_never_appears_and_a_bias_favours():
 
 
 @pytest.mark.parametrize("method", ["lookup", "tree"])
-def test_sampled_with_penalties_matches_plain_chi_square(method):
-    """lookup: sample-and-match; tree: drawn drafts verified by rejection sampling. Positions 1 and 2
-    see the penalties of the tokens drawn before them."""
+def test_sampled_with_penalties_equals_plain_under_the_same_seed(method):
+    """Each node's row carries the penalties of its own path; the race at each position then
+    chooses what plain decoding chooses there. Positions 1 and 2 see the tokens drawn before them."""
     model = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3, (3,): 2})
-    prompt, n, runs = [0, 2, 3, 2, 3], 3, 300
+    prompt, n = [0, 2, 3, 2, 3], 3
     pen = Penalties(repeat=2.5, frequency=0.5, presence=1.0, last_n=3, bias=((4, 0.8),))
-    freq = {m: np.zeros((n, 6)) for m in ("plain", "spec")}
-    for seed in range(runs):
-        p = run(model, prompt, n, SamplingParams(1.0, seed=seed, penalties=pen))
-        s = run(model, prompt, n, SamplingParams(1.0, seed=10_000 + seed, penalties=pen), method)
-        for pos, e in enumerate(p):
-            freq["plain"][pos, e.token] += 1
-        for pos, e in enumerate(s):
-            freq["spec"][pos, e.token] += 1
-    for pos in range(n):
-        ok, why = chisquare.two_sample(freq["plain"][pos], freq["spec"][pos])
-        assert ok, f"position {pos}: {why}"
+    texts = set()
+    for seed in range(150):
+        p = [e.token for e in run(model, prompt, n, SamplingParams(1.0, seed=seed, penalties=pen))]
+        s = [e.token for e in run(model, prompt, n, SamplingParams(1.0, seed=seed, penalties=pen), method)]
+        assert s == p, seed
+        texts.add(tuple(p))
+    assert len(texts) > 30
 
 
 def test_min_p_keeps_tokens_at_least_min_p_of_the_most_likely():

@@ -6,7 +6,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import chisquare
 from fakes import FakeContext, FakeModel, NoisyDraft
 import specgen.costs.measure as costs_measure
 from specgen.costs.curve import BATCH_SIZES, CostCurve
@@ -358,30 +357,24 @@ def test_auto_stays_plain_when_nothing_is_accepted_and_costs_are_steep():
     assert auto.choices["plain"] + auto.choices["guard"] >= 50
 
 
-@pytest.mark.parametrize("prompt, noise, choice", [([0, 4, 5], 1.0, "staged"), ([0, 2, 3, 2, 3], 3.0, "staged+lookup")])
-def test_auto_sampled_distribution_matches_plain(prompt, noise, choice):
-    """At T > 0 auto drafts from q (chains; after a repeat and with a weaker draft, chains with
-    lookup nodes beside them): per-position frequencies match plain sampling."""
+@pytest.mark.parametrize("prompt, noise", [([0, 4, 5], 1.0), ([0, 2, 3, 2, 3], 3.0)])
+def test_auto_sampled_writes_plains_tokens_under_the_same_seed(prompt, noise):
+    """At T > 0 auto drafts with the draft racing on the target's noise (and lookup after a
+    repeat): whatever it runs, each seed's text is plain sampling's."""
     target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3, (3,): 2})
     draft = NoisyDraft(target, noise=noise)
-    n, runs = 3, 300
-    plain = np.zeros((n, 6))
-    spec = np.zeros((n, 6))
-    choices, accepted = Counter(), 0
+    n, runs = 6, 150
+    choices, accepted, texts = Counter(), 0, set()
     for seed in range(runs):
-        for pos, tok in enumerate(plain_tokens(target, prompt, n, SamplingParams(1.0, seed=seed))):
-            plain[pos, tok] += 1
-        tokens, stats, auto = auto_run(target, draft, prompt, n, SamplingParams(1.0, seed=90_000 + seed),
+        plain = plain_tokens(target, prompt, n, SamplingParams(1.0, seed=seed))
+        tokens, stats, auto = auto_run(target, draft, prompt, n, SamplingParams(1.0, seed=seed),
                                        FLAT, CostCurve([1, 8], [0.002, 0.003]))
+        assert tokens == plain, seed
         choices.update(auto.choices)
         accepted += stats.accepted
-        for pos, tok in enumerate(tokens):
-            spec[pos, tok] += 1
-    assert choices[choice] > runs // 10, choices
-    assert accepted > runs
-    for pos in range(n):
-        ok, why = chisquare.two_sample(plain[pos], spec[pos])
-        assert ok, f"position {pos}: {why}"
+        texts.add(tuple(plain))
+    assert choices["staged"] + choices["lookup"] > runs // 10, choices  # it drafted
+    assert accepted > runs and len(texts) > 5  # the script makes most texts loop on 2, 3
 
 
 def test_seeded_auto_ignores_clocks_and_repeats_its_text(monkeypatch):
@@ -645,16 +638,16 @@ def test_a_quoted_passage_is_drafted_as_far_as_a_flat_curve_affords_from_the_fir
     assert tree.n_drafted >= 39 and tree.tokens[1:tree.n_drafted + 1] == passage[30:30 + tree.n_drafted]
 
 
-def test_sampled_auto_learns_the_draft_s_acceptance_from_overlaps():
-    """At T > 0 auto learns sum min(p, q) per depth: a draft close to the target is priced high and
-    drafts chains; one far from it is priced low, and auto stops using it."""
+def test_sampled_auto_learns_how_often_the_draft_wins_the_targets_race():
+    """At T > 0 the draft's race winner is accepted where it is the target's: a draft close to the
+    target is priced high and drafts chains; one far from it is priced low, and auto stops using it."""
     target = FakeModel(n_vocab=16, sharpness=2.0)
     prompt, params, draft_curve = [0, 9, 8, 7], SamplingParams(1.0, seed=3), CostCurve([1, 8], [0.004, 0.005])
     _, good_stats, good = auto_run(target, NoisyDraft(target, noise=0.05), prompt, 64, params, FLAT, draft_curve,
                                    reproducible=True)
     _, _, bad = auto_run(target, NoisyDraft(target, noise=4.0), prompt, 64, params, FLAT, draft_curve,
                          reproducible=True)
-    assert good.sampled_acceptance.by_depth(1)[0] > 0.85 and good_stats.mean_accepted > 1.5
-    assert bad.sampled_acceptance.by_depth(1)[0] < 0.5
+    assert good.draft.alpha > 0.8 and good_stats.mean_accepted > 1.5
+    assert bad.draft.alpha < 0.5
     share = lambda auto: auto.choices["staged"] / auto.choices.total()  # noqa: E731
-    assert share(good) > 0.8 and share(bad) < 0.4
+    assert share(good) > 0.8 and share(bad) < 0.5

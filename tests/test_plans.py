@@ -1,17 +1,15 @@
-"""auto's plans as values: pricing (the measured overhead of a step), the stop rule a sampled chain
-carries, and guards per kind of plan, over synthetic numbers and the fake backend."""
+"""auto's plans as values: pricing (the measured overhead of a step) and guards per kind of plan,
+over synthetic numbers and the fake backend."""
 
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
 from specgen.core.sampling import SamplingParams
-from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 from specgen.costs.curve import CostCurve
-from specgen.drafting.acceptance import SampledAcceptance
 from specgen.drafting.guards import KindGuards, Overhead
 from specgen.drafting.methods import METHODS, DraftingKit
-from specgen.drafting.plans import LOOKUP, PLAIN, LookupOffer, StepPlan, StopRule, graft_plan, plain_plan
+from specgen.drafting.plans import LOOKUP, PLAIN, StepPlan, plain_plan
 from specgen.drafting.value import best_subtree
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])
@@ -51,30 +49,12 @@ def test_a_dear_verification_buys_smaller_trees():
     assert len(dear.nodes) < len(free.nodes) and dear.rate < free.rate
 
 
-def test_the_stop_rule_draws_children_only_while_they_pay():
-    acceptance = SampledAcceptance().table()
-    rule = StopRule(floor=0.5, acceptance=acceptance)
-    p = acceptance[SampledAcceptance.depth_bin(1), SampledAcceptance.conf_bin(0.9)]
-    assert rule(1, 0.9, 1.0) == pytest.approx(float(p))
-    assert rule(1, 0.9, 0.5 / p * 0.99) is None  # just below the floor
-
-
 def test_plans_are_compared_by_rate_times_trust():
     plain = plain_plan(FLAT.given(0))
     lookup = StepPlan(LOOKUP, 2.0, FLAT(3))
     trusted_less = StepPlan("draft", 2.2, FLAT(3), draft_len=2, trust=0.5)
     assert max([plain, lookup, trusted_less], key=lambda p: p.score) is lookup
     assert plain.kind == PLAIN and plain.rate == pytest.approx(1 / FLAT(1))
-
-
-def test_a_graft_counts_the_chain_only_where_lookup_misses():
-    tree = DraftTree.chain(1, [2, 3])
-    offer = LookupOffer(tree, [1.0, 0.5, 0.5], [None, None, None], best_subtree(tree.parents, [1.0, 0.5, 0.5],
-                                                                               FLAT.given(0)))
-    chain = StepPlan("draft", 3.0, 0.05, draft_len=4)
-    graft = graft_plan(chain, offer, FLAT.given(0))
-    assert graft.expected_tokens == pytest.approx(offer.best.expected_tokens + 0.5 * (3.0 - 1.0))
-    assert graft.lookup_nodes == tuple(offer.best.nodes) and graft.draft_len == 4
 
 
 def test_guards_bench_one_kind_and_let_the_others_run():

@@ -76,7 +76,7 @@ def test_walk_descends_matching_children_then_bonus():
     c = tree.add(3, a)
     logits = np.zeros((4, 5))
     logits[0, 1] = logits[a, 3] = logits[c, 4] = 1.0  # target: root->1, 1->3, 3->4
-    verdict = walk(tree, logits, lambda row: int(np.argmax(row)))
+    verdict = walk(tree, logits, lambda row, depth: int(np.argmax(row)))
     assert verdict.path == [a, c] and verdict.tokens == [1, 3, 4]
 
 

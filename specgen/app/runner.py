@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from specgen.app.ask import Ask, ask_for, tools_format
@@ -186,7 +186,7 @@ class Runner:
                        max_tokens=max_tokens or self.cfg.max_tokens, logprobs=logprobs)
 
     def _learning(self, ask: Ask) -> Learned:
-        key = (ask.chat, ask.sampling)
+        key = (ask.chat, replace(ask.sampling, seed=None))  # what is learned holds for any seed
         if key not in self._learned:
             kept = self.method.drafter(self.session.kit(self.method, ask.sampling)) if self.method.measured else None
             self._learned[key] = Learned(kept, CallRecord())

@@ -109,32 +109,18 @@ def all_banned(allowed: np.ndarray, position: int) -> ConstraintError:
 
 
 def prune(tree: DraftTree, constraint: Constraint) -> tuple[DraftTree, dict[int, int]]:
-    """The tree without deterministic nodes the grammar forbids along their own path (and what
-    hangs below them). Drawn nodes are kept whatever they are: a draw dropped for its value would
-    bias rejection sampling (verify.walk_rejection); under the mask they simply meet p = 0.
-    Returns the pruned tree and the map old index -> new index (subtree's)."""
+    """The tree without the nodes the grammar forbids along their own path (and what hangs below
+    them): the masked target never chooses them. Returns the pruned tree and the map old index -> new index (subtree's)."""
     if tree.n_drafted == 0:
         return tree, {0: 0}
-    kids = tree.children()
     keep = [0]
-    drawn_below = _drawn_below(tree, kids)
     for leaf in tree.leaves():
         path = tree.path_to(leaf)
-        n_ok = constraint.valid_prefix([tree.tokens[v] for v in path])
-        keep.extend(path[:n_ok])
-        # A forbidden deterministic node stays only when drawn nodes hang below it.
-        keep.extend(v for v in path[n_ok:] if tree.drawn[v] or drawn_below[v])
+        keep.extend(path[:constraint.valid_prefix([tree.tokens[v] for v in path])])
     keep = _closed(tree, set(keep))
     if len(keep) == len(tree):
         return tree, {i: i for i in range(len(tree))}
     return tree.subtree(sorted(keep))
-
-
-def _drawn_below(tree: DraftTree, kids: list[list[int]]) -> list[bool]:
-    below = [False] * len(tree)
-    for v in range(len(tree) - 1, 0, -1):  # children have larger indices than their parents
-        below[v] = any(tree.drawn[c] or below[c] for c in kids[v])
-    return below
 
 
 def _closed(tree: DraftTree, keep: set[int]) -> set[int]:
@@ -176,9 +162,7 @@ def merge_forced(tree: DraftTree, forced: list[int], max_nodes: int, max_leaves:
         if parent is None:
             continue
         nxt = trunk.index(parent) + 1 if parent in trunk else len(trunk)
-        # A drawn node never joins the trunk: its siblings' q would then hold a token that is
-        # no longer among the drawn ones (verify.walk_rejection needs each drawn round's q).
-        if nxt < len(trunk) and not tree.drawn[v] and out.tokens[trunk[nxt]] == tree.tokens[v]:
+        if nxt < len(trunk) and out.tokens[trunk[nxt]] == tree.tokens[v]:
             where[v] = trunk[nxt]
             origin[trunk[nxt]] = v
             continue
@@ -186,7 +170,6 @@ def merge_forced(tree: DraftTree, forced: list[int], max_nodes: int, max_leaves:
             continue
         leaves += bool(has_kids.get(parent))
         has_kids[parent] = True
-        where[v] = out.add(tree.tokens[v], parent, tree.q[v], tree.drawn[v])
+        where[v] = out.add(tree.tokens[v], parent, tree.q[v])
         origin.append(v)
-    out.q_rows = {where[n]: row for n, row in tree.q_rows.items() if n in where}
     return Merged(out, origin)

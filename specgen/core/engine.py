@@ -135,12 +135,13 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     # With a cache, decodes whose every token gets the same bits in any batch; without, the size
     # that reads this model's prompts fastest (backend.prompt_chunk; None: n_batch).
     keep = prefill(ctx, tokens, keep, getattr(ctx, "prompt_chunk", None) if cache is None else INVARIANT_ROWS)
+    sampler = Sampler(request.sampling)
+    stats.seed = None if request.sampling.greedy else sampler.seed
     if drafter is not None:
-        drafter.reset(list(tokens))  # a draft model prefills the prompt too (whole: it keeps no cache)
+        drafter.reset(list(tokens), sampler)  # a draft model prefills the prompt too (whole: it keeps no cache)
     stats.prefill_s, stats.n_prompt, stats.n_cached = clock() - t0, len(tokens), keep
     text = list(tokens)  # the prompt and the committed tokens
 
-    sampler = Sampler(request.sampling)
     scoring = Scoring(request.sampling.penalties, tokens)
     decoder = TextDecoder(model)
     n_past = len(tokens) - 1  # the root (last committed token) sits at n_past
@@ -164,7 +165,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
             # Nothing drafted: a plain step, without tree bookkeeping or KV edits (on a small
             # model every tenth of a millisecond here is a percent of plain decoding's speed).
             rows = scoring.rows(ctx.decode(Batch([root], [n_past], [(COMMITTED_SEQ,)], [True])))
-            verdict = Verdict([], [choose(sampler, rows[0], request.constraint)])
+            verdict = Verdict([], [choose(sampler, rows[0], n_past + 1, request.constraint)])
         else:
             verdict, rows = verify_tree(ctx, tree, n_past, sampler, request.constraint, scoring,
                                         all_rows=request.logprobs is not None)
@@ -267,12 +268,12 @@ def verify_tree(ctx: Context, tree: DraftTree, n_past: int, sampler: Sampler, co
     rows = decoded(None if needed is None or all(needed) else needed)
     start = constraint.position() if constraint is not None else 0
     try:
-        verdict = verify(tree, rows, sampler, constraint)
+        verdict = verify(tree, rows, sampler, n_past, constraint)
     except RowNeeded:  # the grammar allowed a choice after all (never seen): decode the tree again, every row
         constraint.rollback(constraint.position() - start)
         for seq in range(n_branches):
             ctx.seq_rm(seq, n_past, -1)
         rows = decoded(None)
-        verdict = verify(tree, rows, sampler, constraint)
+        verdict = verify(tree, rows, sampler, n_past, constraint)
     keep_branch(ctx, seq_ids[verdict.last_node][0], n_past + len(verdict.path))
     return verdict, rows

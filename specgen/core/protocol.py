@@ -13,6 +13,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from specgen.core.constraint import Constraint, ConstraintSpec
+from specgen.core.sampling import Sampler
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 
@@ -149,8 +150,9 @@ class Drafter(Protocol):
 
     last_choice: str  # what the last proposal was (stats: steps per choice)
 
-    def reset(self, tokens: list[int]) -> None:
-        """Start a new text: `tokens` is the prompt; its last token is the first root."""
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
+        """Start a new text: `tokens` is the prompt; its last token is the first root. `sampler`:
+        the run's own (its seed), for drafters that choose as the target will."""
 
     def propose(self, max_depth: int) -> DraftTree:
         """A tree rooted at the last committed token, at most `max_depth` drafted tokens deep."""

@@ -1,15 +1,19 @@
-"""The target distribution p and seeded draws from it.
+"""The target distribution p, and the one rule that chooses a token from it.
 
-Plain and speculative decoding share these functions, so "sampled output distributed exactly as
-plain sampling" reduces to "every emitted token is a draw from the same p" (see verify.py).
+Plain and speculative decoding share the Sampler, so "the same text under the same seed for every
+method" reduces to "every emitted token is the Sampler's choice from the same row at the same
+position" (see verify.py and race.py).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from specgen.core import race
+from specgen.errors import ConfigError
 from specgen.core.penalties import Penalties
 
 
@@ -100,53 +104,65 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p
 
 
+def eligible(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
+    """The ids a sampled token is raced over: the top-k, then the top-p nucleus, then min-p's
+    (truncated's support); None: every id (no truncation, the race skips -inf itself)."""
+    if params.top_k <= 0 and params.top_p >= 1.0:
+        if params.min_p <= 0.0:
+            return None
+        floor = np.float64(logits.max()) + np.log(params.min_p)  # _min_p's test, without a softmax
+        return np.flatnonzero(logits.astype(np.float64) >= floor)
+    keep, _ = truncated(logits, params)
+    return keep
+
+
+def fresh_seed() -> int:
+    """A seed for a run that named none, reported so that its text can be replayed."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
 class Sampler:
-    """Draws tokens from p with a seeded generator; greedy is argmax (lowest id wins ties)."""
+    """Chooses tokens the one way every method shares: greedy is argmax (lowest id wins ties);
+    sampling is the race of core/race.py at the token's absolute position, keyed by the seed."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
-        self._plain_softmax = 0 == params.top_k and params.top_p >= 1.0 and params.min_p <= 0.0
+        self.seed = fresh_seed() if params.seed is None else int(params.seed)
 
-    def sample(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, position: int) -> int:
+        """The token at `position` (its index in the text) chosen from the row before it."""
         if self.params.greedy:
             return int(np.argmax(logits))
-        if self._plain_softmax:
-            # The common case, without a normalised float64 vector over the vocabulary: the
-            # weights exp((l - max) / T) and one blocked inverse-CDF draw (0.2 ms instead of 6 ms
-            # for 262k tokens, a quarter of a gemma-270m decode). Same p, same one uniform per token.
-            weights = np.exp((logits - logits.max()) * np.float32(1.0 / self.params.temperature))
-            return inverse_cdf(weights, self.rng.random())
-        keep, z = truncated(logits, self.params)
-        i = inverse_cdf(z, self.rng.random())
-        return i if keep is None else int(keep[i])
+        y = race.winner(logits, self.params.temperature, self.seed, position, eligible(logits, self.params))
+        if y < 0:
+            raise NoToken(f"no token can be sampled at position {position}: every logit is -inf "
+                          "(a logit_bias that bans every token?)")
+        return y
+
+    def ranking(self, logits: np.ndarray, position: int, k: int) -> list[int]:
+        """The first k tokens of the choice at `position`: greedy's k most likely, or the race's
+        first k finishers (a draft proposing what the target will sample, and its siblings)."""
+        if self.params.greedy:
+            return top_ids(logits, k)
+        return race.ranking(logits, self.params.temperature, self.seed, position, k, eligible(logits, self.params))
 
 
-def draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from p (weights need not sum to 1): one uniform per token keeps seeded runs reproducible."""
-    return inverse_cdf(p, rng.random())
+class NoToken(ConfigError):
+    """Nothing is left to sample: every token is banned (by the request's logit_bias)."""
 
 
-BLOCK = 512
-
-
-def inverse_cdf(weights: np.ndarray, u: float) -> int:
-    """The token where the cumulative weight (in id order) first exceeds u * total.
-
-    Two levels: float64 sums of 512-token blocks find the block, a cumulative sum inside it finds
-    the token, so the work is one pass over the weights instead of a cumulative sum of them all.
-    """
-    n = weights.shape[0]
-    full = n - n % BLOCK
-    sums = weights[:full].reshape(-1, BLOCK).sum(axis=1, dtype=np.float64)
-    if full < n:
-        sums = np.append(sums, weights[full:].sum(dtype=np.float64))
-    cum = np.cumsum(sums)
-    target = u * cum[-1]
-    b = min(int(np.searchsorted(cum, target, side="right")), len(cum) - 1)
-    block = weights[b * BLOCK:(b + 1) * BLOCK]
-    inner = np.cumsum(block, dtype=np.float64)
-    i = int(np.searchsorted(inner, target - (cum[b - 1] if b else 0.0), side="right"))
-    if i >= len(block):  # rounding between the two levels: the block's last possible token
-        i = int(np.flatnonzero(block)[-1])
-    return b * BLOCK + i
+def top_ids(values: np.ndarray, k: int) -> list[int]:
+    """Indices of the k largest values, largest first (a full sort of 262k costs ms)."""
+    k = min(k, values.shape[0])
+    if k <= 4:  # a few argmax passes beat argpartition over a large vocabulary
+        picks: list[int] = []
+        masked = values
+        for _ in range(k):
+            i = int(np.argmax(masked))
+            picks.append(i)
+            if len(picks) < k:
+                masked = masked.copy() if masked is values else masked
+                masked[i] = -np.inf
+        return picks
+    idx = np.argpartition(-values, k - 1)[:k]
+    return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]

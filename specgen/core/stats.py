@@ -37,9 +37,12 @@ class RunStats:
     accepted_by: Counter = field(default_factory=Counter)
     forced_drafted: int = 0  # tree nodes a grammar forced (not in `drafted`)
     forced_accepted: int = 0  # of those, nodes on accepted paths (not in `accepted`)
+    seed: int | None = None  # a sampled run's seed (the one given, or the fresh one drawn): replays its text
 
     def add(self, other: "RunStats") -> None:
         """Fold in the counters of another run (e.g. the next turn of a conversation)."""
+        # One seed replays the whole only if every part ran with it.
+        self.seed = other.seed if self.target_calls == 0 else (self.seed if self.seed == other.seed else None)
         for name in ("n_prompt", "n_cached", "n_tokens", "n_committed", "target_calls", "drafted", "accepted",
                      "prefill_s", "decode_s", "draft_s", "forced_drafted", "forced_accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -85,6 +88,7 @@ class RunStats:
             "forced_accepted": self.forced_accepted,
             "n_prompt": self.n_prompt,
             "n_cached": self.n_cached,
+            **({} if self.seed is None else {"seed": self.seed}),
         }
 
     def line(self) -> str:
@@ -103,4 +107,6 @@ class RunStats:
             parts.append(f"steps: {shares}")
             parts.append(f"mean tree {self.drafted / max(1, self.target_calls):.1f}")
         parts.append(f"prefill {self.prefill_s:.2f} s" + (f" (cached {self.n_cached})" if self.n_cached else ""))
+        if self.seed is not None:
+            parts.append(f"seed {self.seed}")
         return " · ".join(parts)

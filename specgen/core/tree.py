@@ -8,26 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 
 @dataclass
 class DraftTree:
     tokens: list[int]
     parents: list[int]
     q: list[float] = field(default_factory=list)  # draft probability of each node (root: 1.0)
-    # When children were *sampled* from the draft distribution q (temperature > 0), q at each
-    # expanded node, for recursive rejection sampling; empty for deterministic drafts.
-    q_rows: dict[int, np.ndarray] = field(default_factory=dict)
-    # Per node: drawn from its parent's q row (in draw order among its siblings); False for the
-    # root and for deterministic nodes (lookup), which may sit beside drawn ones (verify.py).
-    drawn: list[bool] = field(default_factory=list)
     # Nodes a grammar forces (core/constraint.py): deterministic drafts, counted apart in the stats.
     forced: set[int] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        if len(self.drawn) < len(self.tokens):
-            self.drawn = self.drawn + [False] * (len(self.tokens) - len(self.drawn))
 
     @classmethod
     def root_only(cls, root: int) -> "DraftTree":
@@ -41,13 +29,12 @@ class DraftTree:
             tree.add(tok, i, q[i] if q else 1.0)
         return tree
 
-    def add(self, token: int, parent: int, q: float = 1.0, drawn: bool = False) -> int:
+    def add(self, token: int, parent: int, q: float = 1.0) -> int:
         if not 0 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} must be an existing node (0..{len(self.tokens) - 1})")
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.q.append(q)
-        self.drawn.append(drawn)
         return len(self.tokens) - 1
 
     def __len__(self) -> int:
@@ -56,10 +43,6 @@ class DraftTree:
     @property
     def n_drafted(self) -> int:
         return len(self.tokens) - 1
-
-    @property
-    def sampled(self) -> bool:
-        return bool(self.q_rows)
 
     def depths(self) -> list[int]:
         depth = [0] * len(self)
@@ -95,8 +78,7 @@ class DraftTree:
         new_index: dict[int, int] = {0: 0}
         out = DraftTree.root_only(self.tokens[0])
         for old in sorted(set(keep) - {0}):  # parents have smaller indices than their children
-            new_index[old] = out.add(self.tokens[old], new_index[self.parents[old]], self.q[old], self.drawn[old])
-        out.q_rows = {new_index[o]: row for o, row in self.q_rows.items() if o in new_index}
+            new_index[old] = out.add(self.tokens[old], new_index[self.parents[old]], self.q[old])
         out.forced = {new_index[o] for o in self.forced if o in new_index}
         return out, new_index
 

@@ -1,9 +1,8 @@
 """What `auto` learns about acceptance: how likely a drafted node is accepted, by where it came from.
 
-Lookup nodes by effective match length and support (AcceptanceModel), greedy draft-model nodes by
-their q, sampled draft-model nodes by the exact overlap of p and q that verification reports
-(SampledAcceptance), and the draft model's first-token acceptance and cost per drafted token
-(DraftEstimate). Estimates are Beta posteriors over bins whose priors are in tuning.py.
+Lookup nodes by effective match length and support (AcceptanceModel), draft-model nodes by their q
+(at T > 0 the draft races with the target's noise: the same bins learn how often its winner is the
+target's), and the draft model's first-token acceptance and cost per drafted token (DraftEstimate). Estimates are Beta posteriors over bins whose priors are in tuning.py.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import numpy as np
 from specgen.core.tree import DraftTree
 from specgen.costs.curve import bounded
 from specgen.drafting.sources import DRAFT_MODEL_NODE, LOOKUP_NODE, LOOP_NODE, MAX_MATCH, SINGLE
-from specgen.drafting.tuning import (ALPHA_EMA, ALPHA_PRIOR, BIN_DECAY, BIN_WEIGHT, CONF_BINS, LOOKUP_PRIOR,
-                                     LOOP_PRIOR, MATCH_BINS, NEW_TEXT_FADE, OVERLAP_DECAY, OVERLAP_PRIOR,
-                                     OVERLAP_WEIGHT, Q_BINS, RELAX, SAMPLED_DEPTHS, STEP_COST_EMA, SUPPORT_PRIOR,
+from specgen.drafting.tuning import (ALPHA_EMA, ALPHA_PRIOR, BIN_DECAY, BIN_WEIGHT, LOOKUP_PRIOR, LOOP_PRIOR,
+                                     MATCH_BINS, NEW_TEXT_FADE, Q_BINS, RELAX, STEP_COST_EMA, SUPPORT_PRIOR,
                                      EFFICIENCY_CREDIT, EFFICIENCY_EMA, EFFICIENCY_RELAX)
 
 
@@ -129,7 +127,7 @@ class AcceptanceModel:
             if tree.parents[v] not in on_path:
                 continue
             e = evidence[v]
-            if e is None:  # learned elsewhere (a sampled draft node: SampledAcceptance)
+            if e is None:
                 continue
             bins = self.draft if e.source == DRAFT_MODEL_NODE else self.bins(e.source)
             bins.update(e.bin, v in on_path)
@@ -181,81 +179,3 @@ class DraftEstimate:
         self.efficiency += (1.0 - self.efficiency) * EFFICIENCY_RELAX
         if self.step_s is not None:
             self.step_s += (c_draft_1 - self.step_s) * RELAX
-
-
-# --- sampled drafts: acceptance learned from the overlap of p and q --------------------------------
-
-class SampledAcceptance:
-    """How likely a token drawn from q is accepted by rejection sampling, learned online.
-
-    A q-sampled child of a node is accepted with probability sum_x min(p(x), q(x)) = 1 - TV(p, q),
-    which verification computes exactly at every node whose drawn children it tested
-    (Verdict.overlap): learning from that expectation instead of a 0/1 outcome needs fewer steps
-    for the same precision. Kept by depth and by the draft's confidence at the parent (its q row's
-    top probability: a flat q beside a flat p still overlaps, a sure q that is wrong does not),
-    and by depth alone, for planning a chain before any row is seen.
-    """
-
-    def __init__(self, prior: float = OVERLAP_PRIOR):
-        shape = (len(SAMPLED_DEPTHS), CONF_BINS)
-        conf = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
-        # Prior: the draft's confidence nudges it; the weight lets a few steps overrule it.
-        self.prior = np.broadcast_to(np.clip(prior - 0.2 + 0.4 * conf, 0.05, 0.95), shape).copy()
-        self.sums = np.zeros(shape)
-        self.counts = np.zeros(shape)
-        self.depth_prior = np.full(len(SAMPLED_DEPTHS), prior)
-        self.depth_sums = np.zeros(len(SAMPLED_DEPTHS))
-        self.depth_counts = np.zeros(len(SAMPLED_DEPTHS))
-
-    @staticmethod
-    def depth_bin(depth: int) -> int:
-        return max(0, bisect.bisect_right(SAMPLED_DEPTHS, depth) - 1)
-
-    @staticmethod
-    def conf_bin(confidence: float) -> int:
-        return min(CONF_BINS - 1, max(0, int(confidence * CONF_BINS)))
-
-    def p(self, depth: int, confidence: float) -> float:
-        return float(self.table()[self.depth_bin(depth), self.conf_bin(confidence)])
-
-    def by_depth(self, max_depth: int) -> list[float]:
-        """The acceptance at depths 1..max_depth, whatever the confidence (for planning a chain)."""
-        means = self._depth_means()
-        return [float(means[self.depth_bin(d)]) for d in range(1, max_depth + 1)]
-
-    # A depth not drafted yet starts from the depth above it (its prior is that depth's estimate):
-    # drawn tokens are accepted about as often deep as shallow, and a fixed prior below what the
-    # first depths have shown would keep chains from ever growing to learn otherwise.
-    def table(self) -> np.ndarray:
-        """The estimate by (depth bin, confidence bin)."""
-        return _chained(self.prior[0], self.sums, self.counts)
-
-    def _depth_means(self) -> np.ndarray:
-        return _chained(self.depth_prior[0], self.depth_sums, self.depth_counts)
-
-    def observe(self, depth: int, confidence: float, overlap: float) -> None:
-        d, c = self.depth_bin(depth), self.conf_bin(confidence)
-        self.sums[d, c] = self.sums[d, c] * OVERLAP_DECAY + overlap
-        self.counts[d, c] = self.counts[d, c] * OVERLAP_DECAY + 1
-        self.depth_sums[d] = self.depth_sums[d] * OVERLAP_DECAY + overlap
-        self.depth_counts[d] = self.depth_counts[d] * OVERLAP_DECAY + 1
-
-    def new_text(self) -> None:
-        self._fade(NEW_TEXT_FADE)
-
-    def relax(self) -> None:
-        """A step without the draft: drift back towards the prior (see RELAX)."""
-        self._fade(1.0 - RELAX)
-
-    def _fade(self, factor: float) -> None:
-        for a in (self.sums, self.counts, self.depth_sums, self.depth_counts):
-            a *= factor
-
-
-def _chained(first_prior, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per depth bin (axis 0), the mean of its observations with the bin above as the prior."""
-    means = np.empty_like(sums, dtype=np.float64)
-    for d in range(sums.shape[0]):
-        prior = first_prior if d == 0 else means[d - 1]
-        means[d] = (prior * OVERLAP_WEIGHT + sums[d]) / (OVERLAP_WEIGHT + counts[d])
-    return means

@@ -1,6 +1,6 @@
 """`--method auto`: each step, enumerate the plans it could run, price them, run the best.
 
-    plans = plain, lookup's best tree, the draft model's chain (with lookup beside it, sampling)
+    plans = plain, lookup's best tree, the draft model's chain
     price = expected tokens / expected seconds          (plans.py, from the curves and estimates)
     pick  = the best rate among the kinds the guards allow
 
@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from specgen.core.sampling import Sampler
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 from specgen.costs.curve import Cost, CostCurve
-from specgen.drafting.acceptance import MATCH_BIN_TOPS, AcceptanceModel, DraftEstimate, NodeEvidence, SampledAcceptance
+from specgen.drafting.acceptance import MATCH_BIN_TOPS, AcceptanceModel, DraftEstimate, NodeEvidence
 from specgen.drafting.guards import KindGuards, Overhead, PlainSpeed
 from specgen.drafting.history import History
 from specgen.drafting.lookup import LookupDrafter, continuation_tree
-from specgen.drafting.plans import (DRAFT, GRAFT, LOOKUP, LookupOffer, StepPlan, StopRule, graft_plan, grafted,
-                                    lookup_plan, plain_plan, replanned)
+from specgen.drafting.plans import DRAFT, LOOKUP, LookupOffer, StepPlan, lookup_plan, plain_plan
 from specgen.drafting.sources import LOOKUP_NODE, SINGLE
 from specgen.drafting.tuning import CATCH_UP_HORIZON, HISTORY_BELOW, LONG_PROMPT, RELAX, USEFUL_DEPTH_EVERY
 from specgen.drafting.value import best_chain_length, best_subtree, cap, cap_siblings, chain_expected
@@ -36,7 +36,6 @@ class DraftModel(Protocol):
     """What auto asks of the draft-model drafter (model.py's ModelDrafter)."""
 
     max_depth: int
-    sampling: bool  # children drawn from q (T > 0): verified by rejection sampling, never pruned
     last_choice: str
     last_calls: int  # the last proposal's draft decodes
     last_catch_up_s: float  # and the seconds its first one (the catch-up on committed text) took
@@ -45,17 +44,12 @@ class DraftModel(Protocol):
     def backlog(self) -> int:
         """Committed tokens the draft has not read yet (the next proposal's first decode reads them)."""
 
-    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = (),
-                stop: Callable[[int, float, float], float | None] | None = None) -> DraftTree: ...
-
-    @property
-    def confidence(self) -> dict[int, float]:
-        """Per node of the last proposal that the draft evaluated: its q row's top probability."""
+    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree: ...
 
     def restrict(self, nodes: list[int]) -> DraftTree:
         """The last proposal cut to `nodes` (ancestor-closed), the draft's KV bookkeeping with it."""
 
-    def reset(self, tokens: list[int]) -> None: ...
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None: ...
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None: ...
 
@@ -79,13 +73,12 @@ class StepRecord:
     choice: str
     plan: StepPlan
     tree: DraftTree
-    evidence: list[NodeEvidence | None]  # per node; None for the root and for sampled draft nodes
+    evidence: list[NodeEvidence | None]  # per node; None for the root
     context: int
     started: float  # perf_counter at propose()
     chosen: float  # and when the tree was ready: a step's own time (verification and after) starts here
     decode_mark: float  # the target curve's observed decode seconds then (the step's decode is what follows)
     draft_calls: int = 0
-    confidence: dict[int, float] | None = field(default=None, compare=False)  # sampled draft steps
     read_backlog: bool = False  # the draft's first decode read committed text it had missed
 
 
@@ -104,8 +97,6 @@ class AutoDrafter:
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
         self.acceptance = AcceptanceModel()
-        self.sampled = model is not None and model.sampling  # drawn from q, verified by rejection sampling
-        self.sampled_acceptance = SampledAcceptance()
         self.draft = DraftEstimate()
         self.guards = KindGuards()
         self.plain = PlainSpeed()  # what the guards compare with (clocks only: not when reproducible)
@@ -124,13 +115,12 @@ class AutoDrafter:
             self.history.add_text(self.lookup.tokens)
         self._text_kept = True
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
         self.finish_text()
         self._text_kept = False
         self.acceptance.new_text()
-        self.sampled_acceptance.new_text()
         if self.model is not None:
-            self.model.reset(tokens)
+            self.model.reset(tokens, sampler)
         self.lookup.reset(tokens)
         if self.on_long_prompt is not None and len(tokens) > LONG_PROMPT and not self.reproducible:
             self.on_long_prompt(tokens)
@@ -184,27 +174,19 @@ class AutoDrafter:
 
     def _draft_plans(self, s: Situation, offer: LookupOffer | None) -> list[StepPlan]:
         """The draft model's chain at its best length (its first decode also reads the committed
-        tokens the draft has not seen, one output row each: a share of it is charged to this step),
-        and when sampling, the same chain with lookup's nodes beside it."""
+        tokens the draft has not seen, one output row each: a share of it is charged to this step)."""
         if self.model is None or self.c_draft is None:
             return []
         c_draft_1 = self.c_draft(1, s.context)
         catch_up = self.c_draft.read(self.model.backlog, s.context) - c_draft_1
         max_k = min(s.depth, self.model.max_depth)
-        alpha = self.sampled_acceptance.by_depth(max_k) if self.sampled else self.draft.alpha
+        alpha = self.draft.alpha
         step_s = self.draft.step_cost(c_draft_1)
         k, rate = best_chain_length(alpha, s.cost, step_s, max_k, catch_up, tokens_left=min(s.room, CATCH_UP_HORIZON))
         if k == 0:
             return []
         expected = chain_expected(alpha, k)
-        chain = StepPlan(DRAFT, expected, expected / rate, draft_len=k, trust=self.draft.usable())
-        graft = graft_plan(chain, offer, s.cost) if self.sampled else None
-        plans = [p for p in (chain, graft) if p is not None]
-        if self.sampled:  # each carries the rule that stops its chain where a further token does not pay
-            marginal = step_s + s.cost(k + 1) - s.cost(k)
-            table = self.sampled_acceptance.table()
-            plans = [replace(p, stop=StopRule(p.rate * marginal, table)) for p in plans]
-        return plans
+        return [StepPlan(DRAFT, expected, expected / rate, draft_len=k, trust=self.draft.usable())]
 
     def _useful_depth(self, match_len: int, cost: Cost, source: str = LOOKUP_NODE, support: int = SINGLE) -> int:
         """How deep a lookup chain from a match of `match_len` tokens, whose first token has
@@ -228,14 +210,13 @@ class AutoDrafter:
         towards its priors, so one bad stretch cannot rule it out for good."""
         assert self.c_draft is not None
         self.draft.relax(self.c_draft(1, context))
-        self.sampled_acceptance.relax()
         self.c_draft.follow(self.c_target, RELAX)  # how busy the machine is shows in every target decode
 
     # -- running the chosen plan ----------------------------------------------------------------
 
     def _run(self, s: Situation, plan: StepPlan, name: str | None, offer: LookupOffer | None = None) -> DraftTree:
         if plan.uses_draft:
-            return self._run_draft(s, plan, offer)
+            return self._run_draft(s, plan)
         if plan.kind == LOOKUP:
             assert offer is not None
             tree, index = offer.tree.subtree([0, *plan.lookup_nodes])
@@ -248,29 +229,16 @@ class AutoDrafter:
         return self._record(StepRecord(name or "plain", plan, DraftTree.root_only(s.root), [None], s.context,
                                        s.started, *self._ready()))
 
-    def _run_draft(self, s: Situation, plan: StepPlan, offer: LookupOffer | None) -> DraftTree:
+    def _run_draft(self, s: Situation, plan: StepPlan) -> DraftTree:
         assert self.model is not None and self.c_draft is not None
-        graft = plan.kind == GRAFT and offer is not None
-        exclude = tuple(offer.tree.tokens[v] for v in plan.lookup_nodes if offer.tree.parents[v] == 0) if graft else ()
         t0 = time.perf_counter()
-        tree = self.model.propose(plan.draft_len, max_nodes=plan.draft_len, exclude=exclude, stop=plan.stop)
+        tree = self.model.propose(plan.draft_len, max_nodes=plan.draft_len)
         c_draft_1 = self.c_draft(1, s.context)
         if not self.reproducible and tree.n_drafted:
             # Per drafted token, the catch-up counted as the one-token decode it is beyond the backlog.
             spent = time.perf_counter() - t0 - self.model.last_catch_up_s + c_draft_1
             self.draft.observe_step_cost(spent / tree.n_drafted, c_draft_1)
         calls, choice = self.model.last_calls, self.model.last_choice
-        if self.sampled:  # drawn children must all stay (verify.walk_rejection): nothing is pruned
-            confidence = dict(self.model.confidence)
-            if not graft and tree.n_drafted < plan.draft_len:  # the stop rule ended the chain: price what was drafted
-                alpha = self.sampled_acceptance.by_depth(plan.draft_len)
-                plan = replanned(plan, tree.n_drafted, alpha, self.draft.step_cost(c_draft_1), s.cost)
-            evidence: list[NodeEvidence | None] = [None] * len(tree)
-            if graft:
-                tree, evidence = grafted(tree, offer.tree, plan.lookup_nodes, offer.evidence)
-                choice += "+lookup"
-            return self._record(StepRecord(choice, plan, tree, evidence, s.context, s.started, *self._ready(),
-                                           calls, confidence, read_backlog=self.model.last_catch_up_s > 2 * c_draft_1))
         accept = [1.0] + [self.acceptance.draft_p(q) for q in tree.q[1:]]
         kept = best_subtree(tree.parents, cap_siblings(tree, accept), s.cost, 0.0, self.max_nodes)  # draft time is spent
         if len(kept.nodes) < tree.n_drafted:
@@ -312,12 +280,7 @@ class AutoDrafter:
                 self.plain.observe_plain(now - step.chosen)
             return
         self.acceptance.observe(tree, step.evidence, verdict.path)
-        if step.confidence is not None:  # sampled: learn from the exact overlap at every tested node
-            depths = tree.depths()
-            for node, overlap in verdict.overlap.items():
-                if (confidence := step.confidence.get(node)) is not None:
-                    self.sampled_acceptance.observe(depths[node] + 1, confidence, overlap)
-        elif plan.uses_draft and tree.n_drafted:
+        if plan.uses_draft and tree.n_drafted:
             first_tested = [v for v in range(1, len(tree)) if tree.parents[v] == 0]
             self.draft.observe_first_token(any(v in verdict.path for v in first_tested))
         if self.reproducible:  # the step's modelled cost: what the planner expected it to take

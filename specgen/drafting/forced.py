@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from specgen.core.constraint import Constraint, Merged, merge_forced, prune
 from specgen.core.protocol import Drafter
+from specgen.core.sampling import Sampler
 from specgen.drafting.calls import CALL, CallSource
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
@@ -39,8 +40,8 @@ class ConstrainedDrafter:
         self._tree: DraftTree | None = None  # the last proposal
         self._call_firsts: list[int | None] = []  # each call chain's first node in it
 
-    def reset(self, tokens: list[int]) -> None:
-        self.inner.reset(tokens)
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
+        self.inner.reset(tokens, sampler)
 
     def propose(self, max_depth: int) -> DraftTree:
         tree = self.inner.propose(max_depth)
@@ -87,16 +88,12 @@ class ConstrainedDrafter:
         """The verdict in the drafter's own node indices: its accepted path ends where the walk
         left its tree (the rest of `committed` is text it did not propose, as a bonus token is)."""
         path = verdict.path
-        overlap = verdict.overlap
         if self._merged is not None:
-            origin = self._merged.origin
-            path = _prefix_in(path, origin)
-            overlap = {origin[n]: o for n, o in overlap.items() if origin[n] is not None}
+            path = _prefix_in(path, self._merged.origin)
         if self._pruned_index is not None:
             back = {new: old for old, new in self._pruned_index.items()}
             path = [back[v] for v in path]
-            overlap = {back[n]: o for n, o in overlap.items()}
-        return Verdict(path, verdict.tokens, overlap)
+        return Verdict(path, verdict.tokens)
 
 
 def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: int, max_leaves: int
@@ -112,7 +109,7 @@ def graft_chains(merged: Merged, at: int, chains: list[list[int]], max_nodes: in
         node = at
         firsts.append(None)
         for token in chain:
-            child = next((c for c in kids[node] if tree.tokens[c] == token and not tree.drawn[c]), None)
+            child = next((c for c in kids[node] if tree.tokens[c] == token), None)
             if child is None:
                 if len(tree) >= max_nodes or (kids[node] and leaves >= max_leaves):
                     break
@@ -153,7 +150,7 @@ class JumpDrafter:
     def __init__(self) -> None:
         self._root = 0
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
         self._root = tokens[-1]
 
     def propose(self, max_depth: int) -> DraftTree:

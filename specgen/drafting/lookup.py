@@ -3,6 +3,7 @@ automaton, and the trie auto builds from continuations of several sources."""
 
 from __future__ import annotations
 
+from specgen.core.sampling import Sampler
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 from specgen.drafting.sources import (LOOKUP_NODE, LOOP_MIN_MATCH, LOOP_NODE, MAJORITY, MAX_MATCH, MINORITY, SINGLE,
@@ -79,7 +80,7 @@ class LookupDrafter:
         self._last_draft = 0
         self.last_choice = "lookup"
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
         self.tokens = []
         self.index = [{} for _ in range(self.max_n + 1)]
         self.counts = {}

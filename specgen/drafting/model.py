@@ -5,43 +5,34 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
 from specgen.core.protocol import Batch, Context
-from specgen.core.sampling import SamplingParams, distribution, draw, softmax
+from specgen.core.sampling import Sampler, SamplingParams, distribution, softmax
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 from specgen.drafting.draft_cache import DraftCache
 from specgen.drafting.lookup import LookupDrafter
 
 
-# Sampling: asked with (the children's depth, the draft's confidence at their parent, the parent's
-# reach), the children's reach, or None: do not draw them. Decided from the parent's own q row before
-# anything is drawn from it, so rejection sampling stays exact (auto's plans.StopRule).
-Stop = Callable[[int, float, float], "float | None"]
-
-
 class ModelDrafter:
     """The draft model grows a tree best-first by cumulative draft probability (q = draft).
 
     Each level is one draft `llama_decode` for the whole frontier, every frontier node in the
-    sequence of its own branch. Children: the top `branching` tokens of q (greedy), or `branching`
-    draws from q without replacement when sampling (the tree then keeps q for rejection sampling).
-    Greedy: only nodes among the best `max_nodes` so far are expanded, and the final tree is the
-    best `max_nodes` nodes, ancestor-closed because a child's cumulative probability never exceeds
-    its parent's. chain = branching 1 with `min_prob` (stop where the draft's top token is less
-    likely than that).
+    sequence of its own branch. Children: the draft's own first `branching` choices at the child's
+    position (Sampler.ranking): its top tokens when greedy; when sampling, the first finishers of its
+    race with the noise the target will race with (core/race.py), so where q is near p the draft's
+    winner is the target's. Only nodes among the best `max_nodes` so far (by cumulative q) are
+    expanded, and the final tree is the best `max_nodes` nodes, ancestor-closed because a child's
+    cumulative probability never exceeds its parent's. chain = branching 1 with `min_prob` (stop
+    where the draft's top token is less likely than that).
 
     With `lookup` (the staged method) a second stage drafts for the draft (the index is read here,
     kept current by its owner: Staged below, or auto): the lookup
     continuation of the best frontier node rides along in the same draft decode, and each lookup
     token that equals the draft's own choice there (its argmax; when sampling, its draw from q)
     joins the tree already evaluated, so one draft call can advance several levels. The draft
-    still chooses every token: the stage only saves it decodes, so a sampled tree stays a tree of
-    draws from q (which nodes get expanded may depend on the draws above them, never on the
-    draws of the children being added, so rejection sampling stays exact: verify.py).
+    still chooses every token: the stage only saves it decodes.
     """
 
     def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
@@ -49,8 +40,8 @@ class ModelDrafter:
                  lookup_len: int = 4, lazy_prefill: bool = False):
         self.cache = DraftCache(ctx, lazy=lazy_prefill)  # lazy: for `auto`, which may not use the draft
         self.params = params
-        self.sampling = not params.greedy
-        self.rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
+        self.sampler = Sampler(params)  # reset() takes the run's own, whose seed the target races with
+        self._n_text = 0  # tokens of the whole text (the draft's cache may hold only its end)
         self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
         self.min_prob = min_prob
         self.lookup = lookup
@@ -63,8 +54,10 @@ class ModelDrafter:
         self._last_tree = DraftTree.root_only(0)
         self.last_choice = "staged" if self.lookup is not None else "draft"
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
         self._grow = None
+        self.sampler = sampler or self.sampler
+        self._n_text = len(tokens)
         self.cache.reset(tokens)
 
     @property
@@ -73,12 +66,8 @@ class ModelDrafter:
         first decode reads them all."""
         return self.cache.behind
 
-    def propose(self, max_depth: int, max_nodes: int | None = None, exclude: tuple[int, ...] = (),
-                stop: Stop | None = None) -> DraftTree:
-        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes.
-        `exclude`: tokens the root's children must not be (when sampling, drawn from q without
-        them), because the caller puts deterministic drafts for them beside this tree. `stop`
-        (sampling): whether a node's children are worth drawing (see Stop)."""
+    def propose(self, max_depth: int, max_nodes: int | None = None) -> DraftTree:
+        """The best tree of at most `max_nodes` (default: the drafter's own) drafted nodes."""
         limit = min(self.max_depth, max_depth)
         budget = self.max_nodes if max_nodes is None else max_nodes
         calls = self.draft_calls
@@ -86,18 +75,17 @@ class ModelDrafter:
             t0 = time.perf_counter()
             root_logits = self.cache.catch_up()  # first: it may start the draft's text over (WINDOW)
             self.last_catch_up_s = time.perf_counter() - t0
-        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget, stop)
+        g = self._grow = _Growth(DraftTree.root_only(self.cache.tokens[-1]), len(self.cache.tokens) - 1, budget,
+                                 self._n_text - len(self.cache.tokens))
         if limit <= 0 or budget <= 0:
             self.last_calls = 0
             return self._proposed(g.tree)
-        frontier = self._add_children(g, 0, root_logits, exclude)
+        frontier = self._add_children(g, 0, root_logits)
         self.draft_calls += 1
         while expand := self._to_expand(g, frontier, limit):
             frontier = self._expand(g, expand, limit)
         self.last_calls = self.draft_calls - calls
         self._proposed(g.tree)
-        if self.sampling:
-            return g.tree  # every drawn child stays: see _to_expand
         return self.restrict(g.best(budget))
 
     @property
@@ -118,20 +106,11 @@ class ModelDrafter:
         return tree
 
     def _to_expand(self, g: "_Growth", frontier: list[int], limit: int) -> list[int]:
-        """Frontier nodes worth a draft evaluation, best cumulative probability first.
-
-        Greedy: those among the best `max_nodes` so far; the final tree is pruned to those.
-        Sampling: rejection sampling needs each node's children to be exactly the first draws
-        from q, so nothing is pruned afterwards; instead a node is expanded only while its
-        `branching` children still fit in `max_nodes` (a rule that never looks at the draws).
-        """
+        """Frontier nodes worth a draft evaluation, best cumulative probability first: those among
+        the best `max_nodes` so far (the final tree is pruned to those)."""
         open_ = sorted((v for v in frontier if g.depth[v] < limit), key=lambda v: (-g.cum[v], v))
-        if self.sampling:
-            room = (g.budget - g.tree.n_drafted) // max(1, self.branching)
-            chosen = open_[:max(0, room)]
-        else:
-            best = set(g.best(g.budget))
-            chosen = [v for v in open_ if v in best]
+        best = set(g.best(g.budget))
+        chosen = [v for v in open_ if v in best]
         return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
 
     def observe(self, verdict: Verdict, committed: list[int]) -> None:
@@ -143,57 +122,32 @@ class ModelDrafter:
                     node = v
         seq = g.seq_of.get(node, 0) if g is not None else 0
         self.cache.commit(committed, seq, g.depth[node] if g is not None else 0)
+        self._n_text += len(committed)
 
     def finish_text(self) -> None:
         """Nothing to keep: the draft model drafts from the current text alone."""
 
-    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray, exclude: tuple[int, ...] = ()) -> list[int]:
-        q = distribution(logits, self.params) if self.sampling else softmax(logits)  # over the draft's columns
+    def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
+        q = softmax(logits) if self.sampler.params.greedy else distribution(logits, self.params)  # draft's columns
         confidence = g.confidence[node] = float(q.max())
         if confidence < self.min_prob:
-            return []  # the draft is unsure here: stop this branch (decided before any draw)
-        reach = g.reach.get(node, 1.0)
-        if self.sampling and g.stop is not None:
-            reach = g.stop(g.depth[node] + 1, confidence, reach)
-            if reach is None:
-                return []
-        if exclude:
-            q = self._without(q, exclude)
-            if q is None:
-                return []
-        if self.sampling:
-            picks = _draw_without_replacement(q, self.branching, self.rng)
-            g.tree.q_rows[node] = self._over_target_vocab(q)
-        else:
-            picks = _top_k(q, self.branching)
-        kids = [g.add(self._token(c), node, float(q[c]), self.sampling) for c in picks]
-        g.reach.update((v, reach) for v in kids)
-        return kids
+            return []  # the draft is unsure here: stop this branch
+        picks = self._choices(logits, g.pos(node) + g.offset + 1, self.branching)
+        return [g.add(self._token(c), node, float(q[c])) for c in picks]
 
-    def _without(self, q: np.ndarray, tokens: tuple[int, ...]) -> np.ndarray | None:
-        """q with `tokens` (target ids) taken out, renormalised when sampling; None if nothing is left."""
+    def _choices(self, logits: np.ndarray, position: int, k: int) -> list[int]:
+        """The draft's first k choices (columns) for the token at `position` of the text."""
         columns = self.cache.ctx.columns
-        ids = np.asarray(tokens, dtype=np.int64)
-        cut = ids[ids < q.shape[0]] if columns is None else np.flatnonzero(np.isin(columns, ids))
-        q = q.copy()
-        q[cut] = 0.0
-        total = float(q.sum())
-        if total <= 0:
-            return None
-        return q / total if self.sampling else q
+        if columns is None:
+            return self.sampler.ranking(logits, position, k)
+        full = np.full(self.cache.ctx.n_vocab, -np.inf, dtype=logits.dtype)  # raced by token id
+        full[columns] = logits
+        ids = self.sampler.ranking(full, position, k)
+        return [int(c) for c in np.searchsorted(columns, ids)]
 
     def _token(self, column: int) -> int:
         columns = self.cache.ctx.columns
         return int(column) if columns is None else int(columns[column])
-
-    def _over_target_vocab(self, q: np.ndarray) -> np.ndarray:
-        """q as verification reads it: indexed by token id, zero where the draft has no column."""
-        columns = self.cache.ctx.columns
-        if columns is None:
-            return q
-        full = np.zeros(self.cache.ctx.n_vocab, dtype=q.dtype)
-        full[columns] = q
-        return full
 
     def _expand(self, g: "_Growth", expand: list[int], limit: int) -> list[int]:
         """One draft decode for `expand` (plus a lookup run after the best node); new children."""
@@ -226,7 +180,7 @@ class ModelDrafter:
         for j, tok in enumerate(run):
             row = out[b + j]
             child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
-            if child is None or (not self.sampling and tok != self._token(int(np.argmax(row)))):
+            if child is None or tok != self._token(self._choices(row, g.pos(node) + g.offset + 1, 1)[0]):
                 self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
                 break
             g.claim(node, child, seq)
@@ -248,17 +202,16 @@ class _Growth:
     tree: DraftTree
     root_pos: int
     budget: int  # drafted nodes the proposal may keep
-    stop: "Stop | None" = None
+    offset: int = 0  # the text's tokens before the draft cache's first: positions in the text are pos + offset
     cum: list[float] = field(default_factory=lambda: [1.0])
     confidence: dict[int, float] = field(default_factory=dict)  # per expanded node: its q row's top probability
-    reach: dict[int, float] = field(default_factory=dict)  # sampling with a judge: each node's predicted reach
     depth: list[int] = field(default_factory=lambda: [0])
     seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
     handed_down: set[int] = field(default_factory=set)
     next_seq: int = 1
 
-    def add(self, token: int, parent: int, q: float, drawn: bool = False) -> int:
-        v = self.tree.add(token, parent, q, drawn)
+    def add(self, token: int, parent: int, q: float) -> int:
+        v = self.tree.add(token, parent, q)
         self.cum.append(self.cum[parent] * q)
         self.depth.append(self.depth[parent] + 1)
         return v
@@ -293,39 +246,6 @@ class _Growth:
         self.depth = [depth[i] for i in range(len(depth))]
 
 
-def _draw_without_replacement(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
-    """k draws from q without replacement, in draw order (inverse CDF: one uniform per draw)."""
-    picks: list[int] = []
-    rest = q
-    for _ in range(k):
-        total = float(rest.sum())
-        if total <= 0:
-            break
-        x = draw(rest / total, rng)
-        picks.append(x)
-        if len(picks) < k:
-            rest = rest.copy() if rest is q else rest
-            rest[x] = 0.0
-    return picks
-
-
-def _top_k(values: np.ndarray, k: int) -> list[int]:
-    """Indices of the k largest values, largest first (a full sort of 262k costs ms)."""
-    k = min(k, values.shape[0])
-    if k <= 4:  # a few argmax passes beat argpartition over a large vocabulary
-        picks: list[int] = []
-        masked = values
-        for _ in range(k):
-            i = int(np.argmax(masked))
-            picks.append(i)
-            if len(picks) < k:
-                masked = masked.copy() if masked is values else masked
-                masked[i] = -np.inf
-        return picks
-    idx = np.argpartition(-values, k - 1)[:k]
-    return [int(i) for i in idx[np.argsort(-values[idx], kind="stable")]]
-
-
 class Staged:
     """The `staged` method: a ModelDrafter drafting with a lookup index of its own, kept current here."""
 
@@ -344,8 +264,8 @@ class Staged:
     def last_choice(self) -> str:
         return self.model.last_choice
 
-    def reset(self, tokens: list[int]) -> None:
-        self.model.reset(tokens)
+    def reset(self, tokens: list[int], sampler: Sampler | None = None) -> None:
+        self.model.reset(tokens, sampler)
         self.lookup.reset(tokens)
 
     def propose(self, max_depth: int) -> DraftTree:

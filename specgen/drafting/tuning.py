@@ -50,13 +50,6 @@ ALPHA_EMA = 0.1  # weight of one step's outcome in alpha
 STEP_COST_EMA = 0.2  # weight of one proposal's measured cost per drafted token
 RELAX = 0.02  # per step without the draft, its estimates drift back this far towards their priors
 
-# --- sampled drafts (SampledAcceptance) --------------------------------------------------------
-SAMPLED_DEPTHS = (1, 2, 3, 4, 6, 9)  # depth bins (lower edges)
-CONF_BINS = 5  # bins of the draft's confidence (its q row's top probability) at the parent
-OVERLAP_DECAY = 0.98  # per update of a bin
-OVERLAP_WEIGHT = 4.0  # the prior's weight, in observations; no measurement set it
-OVERLAP_PRIOR = 0.85  # optimistic on purpose, as ALPHA_PRIOR
-
 # --- realised against planned (KindRecord) -----------------------------------------------------
 EFFICIENCY_EMA = 0.1  # weight of one step's realised/planned rate
 EFFICIENCY_CREDIT = 1.5  # how far above its plan a kind's record may climb

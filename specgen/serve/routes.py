@@ -47,7 +47,8 @@ def speculative(method: str, s: RunStats) -> dict:
     return {"method": method, "target_calls": s.target_calls, "mean_accepted": round(s.mean_accepted, 4),
             "acceptance_rate": round(s.acceptance_rate, 4), "steps": dict(s.choices),
             "accepted_by": dict(s.accepted_by), "forced_drafted": s.forced_drafted,
-            "forced_accepted": s.forced_accepted}
+            "forced_accepted": s.forced_accepted,
+            **({} if s.seed is None else {"seed": s.seed})}  # the sampled run's seed: replays its text
 
 
 # llama-server's sampling settings that specgen does not implement, each at the value that turns it off.
@@ -234,7 +235,8 @@ class NativeReply:
         stop_type = "limit" if done.finish_reason == "length" else "word" if done.stopping_word else "eos"
         return {"index": 0, "content": done.text, "tokens": [], "id_slot": 0, "stop": True, "model": self.model,
                 "tokens_predicted": s.n_tokens, "tokens_evaluated": s.n_prompt,
-                "generation_settings": {**self.settings, "n_ctx": self.n_ctx, "model": self.model},
+                "generation_settings": {**self.settings, "n_ctx": self.n_ctx, "model": self.model,
+                                        **({} if s.seed is None else {"seed": s.seed})},
                 "prompt": self.request.prompt.text, "has_new_line": "\n" in done.text,
                 "truncated": done.finish_reason == "length" and s.n_prompt + s.n_committed >= self.n_ctx - 1,
                 "stop_type": stop_type, "stopping_word": done.stopping_word, "tokens_cached": done.stats.n_cached,
