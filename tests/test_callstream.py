@@ -1,6 +1,6 @@
 """A tool answer streamed as it is written (app/callstream.py): whatever the pieces the text comes
 in, the fragments join into the answer parse_answer reads from the whole text, a call's head comes
-once its name is whole and before its arguments, and nothing shown is taken back."""
+once its name is whole and its arguments open, before them, and nothing shown is taken back."""
 
 import json
 import random
@@ -28,7 +28,7 @@ CASES = [
 
 def joined(fmt: str, text: str, cuts: list[int]) -> tuple[str, dict[int, dict], list]:
     """Feed `text` grown at `cuts`; the content and calls the fragments add up to, and every fragment."""
-    stream, content, calls, seen = CallStream(fmt), "", {}, []
+    stream, content, calls, seen = CallStream(fmt, TOOLS), "", {}, []
     for end in [*cuts, len(text)]:
         delta = stream.feed(text[:end])
         content += delta.content
@@ -57,21 +57,23 @@ def test_fragments_join_into_the_whole_answer_whatever_the_pieces(fmt, text):
 
 
 def test_a_call_streams_while_it_is_written():
-    """Character by character: the head as soon as the name's closing quote is written, then the
-    arguments in many fragments, each shown once its characters exist."""
+    """Character by character: the head as soon as the arguments' opening brace is written (the
+    call is known to be one: test_call_cuts), then the arguments in many fragments, each shown once
+    its characters exist."""
     fmt, text = CASES[0]
     _, _, seen = joined(fmt, text, list(range(1, len(text))))
     heads = [f for f in seen if isinstance(f, CallHead)]
     assert len(heads) == 1 and heads[0].name == "get_weather" and seen[0] is heads[0]
     assert len([f for f in seen if isinstance(f, CallArguments)]) > len(json.dumps(ARGS)) // 2
-    stream = CallStream(fmt)
-    name_end = text.index('"get_weather"') + len('"get_weather"')
-    assert not stream.feed(text[:name_end - 1]).calls
-    assert stream.feed(text[:name_end]).calls == (heads[0].__class__(0, stream.calls[0].id, "get_weather"),)
+    stream = CallStream(fmt, TOOLS)
+    brace = text.index("{", text.index('"arguments"'))
+    assert not stream.feed(text[:brace]).calls
+    head = CallHead(0, stream.calls[0].id, "get_weather")
+    assert stream.feed(text[:brace + 1]).calls == (head, CallArguments(0, "{"))
 
 
 def test_nothing_is_shown_before_the_branch_is_known():
-    stream = CallStream(GENERIC)
+    stream = CallStream(GENERIC, TOOLS)
     for prefix in ("", " ", "{", '{"', '{"resp', '{"response"', '{"response": '):
         assert not stream.feed(prefix)
     assert stream.feed('{"response": "a\\').content == "a" and stream.feed('{"response": "a\\u00').content == ""
@@ -83,11 +85,13 @@ def test_a_text_cut_inside_a_call_answers_with_the_call_as_written(fmt, text):
     """max_tokens ends the text inside a call's arguments: the answer is what the stream showed,
     the last call with its arguments so far (not JSON yet), as OpenAI answers such a call."""
     cut = text.rindex('"arguments"') + len('"arguments": ') + 3
-    stream = CallStream(fmt)
+    stream = CallStream(fmt, TOOLS)
     content, calls, _ = joined(fmt, text[:cut], [cut // 2])
     stream.feed(text[:cut // 2])
     stream.feed(text[:cut])
     answer = stream.answer()
     assert answer.content is None and [(c.name, c.arguments) for c in answer.calls] == \
         [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
-    assert answer.calls[-1].arguments == text[cut - 3:cut] and parse_answer(text[:cut], fmt, TOOLS).calls != answer.calls
+    assert answer.calls[-1].arguments == text[cut - 3:cut]
+    assert [(c.name, c.arguments) for c in parse_answer(text[:cut], fmt, TOOLS).calls] == \
+        [(c.name, c.arguments) for c in answer.calls]  # read whole, the same

@@ -217,6 +217,72 @@ def test_a_call_cut_by_max_tokens_is_the_same_streamed_and_whole(server):
     assert reason == "length" and calls == {0: {"name": "get_time", "arguments": args}}
 
 
+def both(server, **ask) -> tuple[str | None, list[tuple[str, str]], str]:
+    """A chat answer's content, calls (name, arguments) and finish_reason: the same streamed and whole."""
+    r = server.client.chat.completions.create(model="m", temperature=0, **ask).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in r.message.tool_calls or ()]
+    content, joined, reason = "", {}, None
+    stream = server.client.chat.completions.create(model="m", temperature=0, stream=True, **ask)
+    for choice in (choice for chunk in stream for choice in chunk.choices):
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or ():
+            name, args = joined.get(d.index, ("", ""))
+            joined[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+        reason = choice.finish_reason or reason
+    assert (content or None, [joined[i] for i in sorted(joined)], reason) == (r.message.content, calls, r.finish_reason)
+    return r.message.content, calls, r.finish_reason
+
+
+GET_TIME, OSLO = {"type": "function", "function": {"name": "get_time"}}, [{"role": "user", "content": "Time in Oslo?"}]
+PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
+HAIKU = [{"role": "user", "content": "Write a haiku about rain."}]  # with tools offered, an answer in text
+
+
+def test_a_call_cut_by_a_stop_string_is_cut_not_finished(server):
+    """The stop string ends the text inside the call's arguments: the call as written, finish_reason
+    stop (it was answered as a finished call, finish_reason tool_calls, its arguments not JSON)."""
+    content, calls, reason = both(server, messages=OSLO, tools=[WEATHER, TIME], tool_choice=GET_TIME, stop=["city"])
+    assert reason == "stop" and content is None and [name for name, _ in calls] == ["get_time"]
+    with pytest.raises(ValueError):
+        json.loads(calls[0][1])
+
+
+PICK = {"type": "function", "function": {"name": "pick", "description": "Pick numbers", "parameters": {
+    "type": "array", "items": {"enum": [1, 2, 3]}, "maxItems": 3}}}
+
+
+def test_arguments_that_are_not_an_object_are_never_a_call(server):
+    """A tool whose parameters admit an array: the stream showed its call and the whole reply took
+    the stream's calls over the reader's refusal. Not a call, either way: the text is content."""
+    content, calls, reason = both(server, messages=[{"role": "user", "content": "Pick two numbers."}], tools=[PICK],
+                                  tool_choice="required", max_tokens=48)
+    assert calls == [] and reason == "stop" and json.loads(content)["tool_call"]["name"] == "pick"
+
+
+def test_a_cut_text_answer_is_its_text(server):
+    """Cut by max_tokens or a stop string, a text answer in the generic format is its text so far
+    (the whole reply gave the raw `{"response": "...` the model wrote)."""
+    text, _, reason = both(server, messages=HAIKU, tools=[WEATHER, TIME], max_tokens=40)
+    assert reason == "stop" and len(text.split()) > 4
+    word = text.split()[3]
+    for cut in ({"max_tokens": 8}, {"stop": [word]}):
+        content, calls, reason = both(server, messages=HAIKU, tools=[WEATHER, TIME], **cut)
+        assert calls == [] and content and text.startswith(content) and len(content) < len(text)
+        assert reason == ("length" if "max_tokens" in cut else "stop")
+
+
+@pytest.mark.parametrize("ask", [
+    *({"messages": PARIS, "tool_choice": "required", "max_tokens": n} for n in (9, 13, 19)),
+    {"messages": PARIS, "tool_choice": "required", "stop": ["Paris"]},
+    {"messages": PARIS, "tool_choice": "auto"},
+], ids=lambda ask: "-".join(f"{k}={v}" for k, v in ask.items() if k != "messages"))
+def test_streamed_and_whole_replies_agree(server, ask):
+    content, calls, reason = both(server, tools=[WEATHER, TIME], **ask)
+    assert reason in ("stop", "length", "tool_calls") and (content or calls)
+    if reason == "tool_calls":  # only calls the grammar finished
+        assert calls and content is None and all(isinstance(json.loads(a), dict) for _, a in calls)
+
+
 def test_prefill_and_system_nudge_at_the_end(server):
     """A final assistant message is continued (no new turn opened after it); a final system message
     is a turn of its own before the answer's. Each answer is read from the prompt the template

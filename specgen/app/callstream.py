@@ -1,14 +1,19 @@
-"""A tool answer streamed as it is written, as OpenAI and llama-server stream one: content as text,
-each call as its head (index, id, name) once the name is whole, then its arguments' JSON text in
-pieces as the model writes them.
+"""The one reader of a tool answer, streamed or whole, as OpenAI and llama-server stream one: content
+as text, each call as its head (index, id, name) once it is known to be a call, then its arguments'
+JSON text in pieces as the model writes them.
 
 The text is generated under the tools' grammar (structured.tool_constraint), so its layout is
 known: the generic format's one object (`{"tool_call": {"name": ..., "arguments": {...}}}` or
 `{"response": "..."}`), or hermes' `<tool_call>` blocks (or free text that never opens with
 "<"). `CallStream.feed` takes the text as it grows and returns what may be shown of it now;
-nothing is shown that a later token could take back. The whole answer (structured.parse_answer)
-still decides the calls a non-streamed reply carries; streamed arguments are the model's own text
-of them, which parses to the same object.
+nothing is shown that a later token could take back. `finish` ends the text (whole, or cut by
+max_tokens or a stop string) and `answer` is everything shown: a reply streamed and one read whole
+(structured.parse_answer reads through this too) are the same answer.
+
+What a call is, decided here only: a function the request offered (the one tool_choice named), its
+arguments begun as an object, the first call unless parallel_tool_calls; a call cut before its end
+is the call as written (its arguments not JSON yet). Text not read as content or a call (a call
+refused, or cut before its name is whole) is content, as written.
 """
 
 from __future__ import annotations
@@ -17,8 +22,31 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from specgen.app.structured import CLOSE, GENERIC, OPEN, ToolAnswer, ToolCall
+if TYPE_CHECKING:  # structured.py imports this module: the type only
+    from specgen.app.structured import Tools
+
+HERMES, GENERIC = "hermes", "generic"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it (a cut call's: as far as it was written)
+
+    def openai(self, index: int | None = None) -> dict:
+        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return out if index is None else {"index": index, **out}
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    content: str | None
+    calls: tuple[ToolCall, ...] = ()
+
 
 _KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
 _SPACE = re.compile(r"\s*")
@@ -112,58 +140,80 @@ class _Call:
 
 
 class CallStream:
-    """Feed it the answer's text as it grows (`feed(whole text so far)`); it returns each step's Delta."""
+    """Feed it the answer's text as it grows (`feed(whole text so far)`); it returns each step's
+    Delta, then `finish(text)` the last one; `answer()` is every Delta joined."""
 
-    def __init__(self, fmt: str):
-        self.fmt = fmt
-        self.calls: list[_Call] = []
-        self.free_text: bool | None = None  # hermes: the text is content (True) or calls (False)
+    def __init__(self, fmt: str, tools: Tools):
+        self.fmt, self.names, self.parallel = fmt, tools.names(), tools.parallel
+        self.calls: list[_Call] = []  # the calls read, the last perhaps not known to be one yet
         self.heads = 0  # calls whose head was shown
+        self.refused = False  # a call was refused: no call is read from there on
+        self.branch: str | None = None  # generic: the object's key; hermes: "text" or "calls"
         self.next_block = 0  # hermes: where the next `<tool_call>` may open
         self.content = ""  # the content shown (decoded, for the generic response)
 
-    @property
-    def streamed(self) -> bool:
-        """Has anything been shown?"""
-        return bool(self.content) or self.heads > 0
-
     def answer(self) -> ToolAnswer:
-        """What was shown, as an answer: its content, and each call whose head was shown with the
-        arguments written so far (a text cut by max_tokens inside a call: not JSON yet)."""
-        calls = tuple(ToolCall(c.id, c.name, c.text) for c in self.calls[:self.heads] if c.name is not None)
+        """What was shown: its content, and each call with its arguments as written."""
+        calls = tuple(ToolCall(c.id, c.name, c.text) for c in self.calls[:self.heads])
         return ToolAnswer(self.content or None, calls)
 
     def feed(self, text: str) -> Delta:
         return self._generic(text) if self.fmt == GENERIC else self._hermes(text)
 
+    def finish(self, text: str) -> Delta:
+        """The text has ended, whole or cut: its last Delta. A call whose arguments never began is
+        the call as written (none yet); text read as neither content nor a call is content."""
+        delta = self.feed(text)
+        call = self.calls[-1] if self.calls else None
+        head = ()
+        if call is not None and not self.refused and self.heads <= call.index and call.name is not None:
+            head, self.heads = (CallHead(call.index, call.id, call.name),), call.index + 1
+        rest = self._rest(text)
+        self.content += rest
+        return Delta(delta.content + rest, delta.calls + head)
+
+    def _rest(self, text: str) -> str:
+        """Text read as neither content nor a call: all of it where nothing was (generic), what
+        follows the last whole call (hermes)."""
+        if self.fmt == GENERIC:
+            return "" if self.heads or self.branch == "response" else text.strip()
+        last = self.calls[-1] if self.calls else None
+        if self.branch == "text" or last is not None and self.heads > last.index and self.next_block <= last.start:
+            return ""  # free text, shown; or cut inside a call
+        return text[self.next_block:].strip()
+
     def _generic(self, text: str) -> Delta:
         """`{"response": "..."}` streams the string's text; `{"tool_call": {...}}` one call."""
         at = _SPACE.match(text).end()
         key = _KEY.match(text, at + 1) if text[at : at + 1] == "{" else None
-        if key is None or key.end() >= len(text):
+        if key is None:
             return Delta()
-        value = key.end()
-        if key.group(1) == "response" and text[value] == '"':
+        value, self.branch = key.end(), key.group(1)
+        if value >= len(text):
+            return Delta()
+        if self.branch == "response" and text[value] != '"':
+            self.branch = None  # not the grammar's answer: its text is content at the end
+        if self.branch == "response":
             decoded, _ = _string_prefix(text, value)
             out = decoded[len(self.content):]
             self.content += out
             return Delta(content=out)
-        if key.group(1) != "tool_call":
+        if self.branch != "tool_call":
             return Delta()
         if not self.calls:
             self.calls.append(_Call(0, value))
         return Delta(calls=self._read_call(text, self.calls[0]))
 
     def _hermes(self, text: str) -> Delta:
-        """Free text (content: it never opens with "<") or `<tool_call>` blocks, a line apart."""
-        if self.free_text is None and text:
-            self.free_text = not text.startswith("<")
-        if self.free_text:
-            out = text[len(self.content):]
+        """Free text (content, stripped: it never opens with "<") or `<tool_call>` blocks, a line apart."""
+        if self.branch is None and text:
+            self.branch = "calls" if text.startswith("<") else "text"
+        if self.branch == "text":
+            out = text.strip()[len(self.content):]
             self.content += out
             return Delta(content=out)
         fragments: list[CallHead | CallArguments] = []
-        while True:
+        while not self.refused:
             if not self.calls or self.calls[-1].end is not None and self.next_block > self.calls[-1].start:
                 at = _SPACE.match(text, self.next_block).end()
                 if not text.startswith(OPEN, at) or (start := _SPACE.match(text, at + len(OPEN)).end()) >= len(text):
@@ -180,14 +230,16 @@ class CallStream:
         return Delta(calls=tuple(fragments))
 
     def _read_call(self, text: str, call: _Call) -> tuple[CallHead | CallArguments, ...]:
-        """The call object at call.start: its head once "name" is whole, its arguments as written."""
+        """The call object at call.start: its head once it is known to be a call, its arguments as written."""
         out: list[CallHead | CallArguments] = []
         if call.name is None or call.args_at is None:
             self._keys(text, call)
-        if call.name is not None and self.heads <= call.index:
+        if self.heads <= call.index:
+            if not self._accepts(text, call):
+                return ()
             out.append(CallHead(call.index, call.id, call.name))
             self.heads = call.index + 1
-        if call.name is not None and call.args_at is not None and call.end is None:
+        if call.end is None:
             end = _end_of_value(text, call.args_at)
             upto = len(text) if end is None else end
             if upto > call.args_at + len(call.text):
@@ -195,6 +247,14 @@ class CallStream:
                 call.text = text[call.args_at : upto]
             call.end = end
         return tuple(out)
+
+    def _accepts(self, text: str, call: _Call) -> bool:
+        """Is it a call: its name whole and offered, the first call unless parallel, its arguments
+        begun as an object? Once it cannot be, the stream is refused: the rest is content."""
+        if call.name is not None and (call.name not in self.names or call.index > 0 and not self.parallel) or \
+                call.args_at is not None and text[call.args_at] != "{":
+            self.refused = True
+        return not self.refused and call.name is not None and call.args_at is not None
 
     def _keys(self, text: str, call: _Call) -> None:
         """Find the object's "name" (whole) and where its "arguments" start, in the order written."""

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
+from specgen.app.callstream import CLOSE, GENERIC, HERMES, OPEN, CallStream, ToolAnswer
 from specgen.app.schemas import closed, hoisted
 from specgen.core.constraint import ConstraintSpec
 from specgen.drafting.calls import CallHistory
 from specgen.errors import ConstraintError
 
-HERMES, GENERIC = "hermes", "generic"
 # tool_choice none in the generic format: the tools are listed still; this ends the last message.
 NO_CALL_NOTE = "Do not call a tool now: answer in plain text, not JSON."
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def response_format(value: object) -> ConstraintSpec | None:
@@ -187,34 +185,6 @@ def generic_system_prompt(functions: tuple[dict, ...]) -> str:
     return f"You can call these tools:\n{listed}\n{how}"
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-    def openai(self, index: int | None = None) -> dict:
-        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return out if index is None else {"index": index, **out}
-
-
-@dataclass(frozen=True)
-class ToolAnswer:
-    content: str | None
-    calls: tuple[ToolCall, ...] = ()
-
-
-def _call(obj: object, tools: Tools) -> ToolCall | None:
-    """A call to one of the tools with an object of arguments; None for anything else (a name the
-    request did not offer is never returned)."""
-    if not (isinstance(obj, dict) and obj.get("name") in tools.names()):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(args, dict):
-        return None
-    return ToolCall("call_" + uuid.uuid4().hex[:24], obj["name"], json.dumps(args, ensure_ascii=False))
-
-
 def _json(text: str) -> object:
     try:
         return json.loads(text)
@@ -222,44 +192,13 @@ def _json(text: str) -> object:
         return None
 
 
-_DECODER, _SPACE = json.JSONDecoder(), re.compile(r"\s*")
-
-
-def _block(text: str, pos: int) -> tuple[object, int] | None:
-    """The JSON of the `<tool_call>` block at `pos` and where the block ends (None: no whole block
-    there). The JSON is read as JSON, so a string in it that holds the closing tag cannot cut it."""
-    pos = _SPACE.match(text, pos).end()
-    if not text.startswith(OPEN, pos):
-        return None
-    try:
-        obj, end = _DECODER.raw_decode(text, _SPACE.match(text, pos + len(OPEN)).end())
-    except ValueError:
-        return None
-    end = _SPACE.match(text, end).end()
-    return (obj, end + len(CLOSE)) if text.startswith(CLOSE, end) else None
-
-
 def parse_answer(text: str, fmt: str, tools: Tools) -> ToolAnswer:
-    """The generated text as content and/or tool calls. Calls are read only where the grammar's
-    call branch wrote them (the generic object's "tool_call"; hermes blocks from the first
-    character on), each naming one of `tools`; text the grammar did not finish stays content."""
-    if fmt == GENERIC:
-        obj = _json(text)
-        if isinstance(obj, dict) and "tool_call" in obj and (call := _call(obj["tool_call"], tools)) is not None:
-            return ToolAnswer(None, (call,))
-        if isinstance(obj, dict) and isinstance(obj.get("response"), str):
-            return ToolAnswer(obj["response"])
-        return ToolAnswer(text)
-    if not text.startswith(OPEN):  # the free-text branch: never a call
-        return ToolAnswer(text.strip() or None)
-    calls: list[ToolCall] = []
-    pos = 0
-    while (not calls or tools.parallel) and (block := _block(text, pos)) is not None:
-        if (call := _call(block[0], tools)) is None:
-            break
-        calls.append(call)
-        pos = block[1]
-    return ToolAnswer(text[pos:].strip() or None, tuple(calls))
+    """The generated text (whole, or cut by max_tokens or a stop string) as content and/or tool
+    calls, read as a stream of it reads it (callstream.py: the one reader): calls only where the
+    grammar's call branch wrote them, each to one of `tools`; a cut call as written."""
+    stream = CallStream(fmt, tools)
+    stream.finish(text)
+    return stream.answer()
 
 
 def _arguments(fn: dict) -> object:
@@ -312,7 +251,8 @@ def call_history(messages: list[dict], tools: Tools, fmt: str) -> CallHistory:
                     calls.append((fn["name"], args))
             if isinstance(content, str) and content:
                 named = Tools(tools.functions)  # any function this request knows, offered now or not
-                calls += [(c.name, json.loads(c.arguments)) for c in parse_answer(content, fmt, named).calls]
+                calls += [(c.name, args) for c in parse_answer(content, fmt, named).calls
+                          if isinstance(args := _json(c.arguments), dict)]  # a cut call's are not JSON
         elif role in ("user", "tool") and isinstance(content, str):
             texts.append(content)
             if role == "tool":

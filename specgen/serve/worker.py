@@ -10,7 +10,8 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from specgen.app.ask import Ask, ask_for, sampling_params, sampling_values
+from specgen.app.ask import Ask, ask_for, sampling_params, sampling_values, tools_format
+from specgen.app.callstream import CallStream
 from specgen.app.config import RunConfig
 from specgen.app.runner import Runner
 from specgen.core.sampling import SamplingParams
@@ -60,7 +61,7 @@ class Done:
     answer: ToolAnswer | None = None  # with tools: the text as content and calls
     stopping_word: str = ""  # the stop string that ended it, if one did
     logprobs: tuple[Shown, ...] = ()  # every shown token's, when the request asked for them
-    streamed: bool = False  # with tools: the answer went out as it was written (nothing more to send)
+    streamed: bool = False  # with tools: the answer went out as Pieces, as it was read (nothing more to send)
 
 
 @dataclass
@@ -182,7 +183,8 @@ class Worker:
         if ask.max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
             return Done("", reason, stats)
         # With tools the text is read as content and calls as it is written (callstream.py).
-        calls = runner.call_stream(ask)
+        tools = ask.prompt.tools
+        calls = None if tools is None else CallStream(tools_format(runner.session.target, ask.chat), tools)
         pending, target = Pending(), runner.session.target
         events = runner.stream(ask, stats)
         sources = Sources()
@@ -217,13 +219,18 @@ class Worker:
                     reason = "stop" if stop.hit else event.reason
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
-        answer = runner.answer(ask, stop.text)
-        if calls is not None and calls.heads > len(answer.calls):  # cut inside a call: the call as written,
-            answer = calls.answer()  # as the stream showed it (OpenAI answers a call cut by max_tokens so)
-        if answer is not None and answer.calls and reason == "stop":
-            reason = "tool_calls"
-        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent),
-                    calls is not None and calls.streamed)
+        answer = None if calls is None else self._answer(job, calls, stop.text, stats)
+        if answer is not None and answer.calls and reason == "stop" and not stop.hit:
+            reason = "tool_calls"  # the grammar ended the answer: its calls are whole (cut: "stop"/"length")
+        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent), calls is not None)
+
+    @staticmethod
+    def _answer(job: Job, calls: CallStream, text: str, stats: RunStats) -> ToolAnswer:
+        """The tool answer as its stream read it, whole or cut (OpenAI answers a cut call as written):
+        the last of it put as a Piece, so that a streamed reply and a whole one are the same answer."""
+        if last := calls.finish(text):
+            job.put(Piece(last.content, (), Live.of(stats), calls=last.calls))
+        return calls.answer()
 
     def _limit(self, request: Request) -> int:
         """Tokens the request may generate: its max_tokens, else the server's default; -1 (or no
