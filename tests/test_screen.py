@@ -1,5 +1,6 @@
 """Screening (screen.py): a Q8_0 copy of an F32/F16 output layer, and exact logits where the argmax
-could be, give exactly plain decoding's greedy choices."""
+could be, give exactly plain decoding's greedy choices; exact logits where the race could be won
+(or its top-k or min-p set decided) give exactly its sampled choices."""
 
 import dataclasses
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
+from specgen.core.sampling import Sampler, SamplingParams
 from specgen.llama import screen
 from specgen.app.config import RunConfig
 from specgen.app.session import screenable
@@ -68,6 +70,31 @@ def test_patched_rows_have_the_exact_argmax_where_the_copy_alone_would_not(dtype
     assert head.candidates < 0.05 * head.rows * len(exact)  # it recomputed few tokens
 
 
+@pytest.mark.parametrize("params", [SamplingParams(0.3), SamplingParams(0.8), SamplingParams(1.5),
+                                    SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(1.0, min_p=0.1),
+                                    SamplingParams(0.7, top_k=3)], ids=["T0.3", "T0.8", "T1.5", "llama-server",
+                                                                       "min_p", "top_k"])
+def test_patched_rows_give_the_exact_rows_race_winner(params):
+    rng = np.random.default_rng(4)
+    exact = rivals(rng, 4096, 128)
+    head = screen.ScreenedHead(exact, *screen.quantize_head(exact)[1:])
+    hidden = hidden_states(rng, 120, 128) * 3  # sharper rows: a few tokens in the running
+    true = (head.activations(hidden).h.astype(np.float64) @ exact.astype(np.float64).T).astype(np.float32)
+    logits = approximate(head, exact, hidden)
+    positions = np.arange(100, 100 + len(hidden))
+    wrong_before = 0
+    for seed in range(3):
+        sampler = Sampler(SamplingParams(**{**params.__dict__, "seed": seed}))
+        rows = logits.copy()
+        wrong_before += sum(sampler.sample(rows[r], t) != sampler.sample(true[r], t) for r, t in enumerate(positions))
+        head.patch(rows, hidden, positions, sampler)
+        assert [sampler.sample(rows[r], t) for r, t in enumerate(positions)] == \
+            [sampler.sample(true[r], t) for r, t in enumerate(positions)]
+    assert wrong_before > 0  # the copy alone would sample otherwise: the patch has work to do
+    # it recomputed few tokens (a top-k's boundary among 4,096 near-identical pairs takes more)
+    assert head.candidates < (0.1 if params.top_k else 0.02) * head.rows * len(exact)
+
+
 def test_a_tie_goes_to_the_lowest_id_as_in_plain_decoding():
     rng = np.random.default_rng(2)
     hidden = hidden_states(rng, 1, 64)
@@ -89,10 +116,12 @@ def test_only_models_whose_output_layer_is_a_good_share_of_them_are_screened():
     assert not screen.worth_screening(None, 262144, 640, 1_078_917_824)
 
 
-def test_only_greedy_cpu_runs_are_screened(monkeypatch):
+def test_only_cpu_runs_whose_choices_need_no_whole_row_are_screened(monkeypatch):
     cfg = RunConfig(target="t")
     assert screenable(cfg, "cpu")
-    assert not screenable(dataclasses.replace(cfg, temperature=0.7), "cpu")  # rows must be distributions
+    assert screenable(dataclasses.replace(cfg, temperature=0.7), "cpu")  # the race needs its contenders only
+    assert screenable(dataclasses.replace(cfg, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), "cpu")
+    assert not screenable(dataclasses.replace(cfg, temperature=0.7, top_p=0.9), "cpu")  # the nucleus needs the mass
     assert not screenable(dataclasses.replace(cfg, gpu_layers=99), "cpu")
     assert not screenable(dataclasses.replace(cfg, rpc="10.0.0.2:50052"), "cpu")
     assert not screenable(cfg, "cuda")  # a GPU may take another route through a Q8_0 product
@@ -115,7 +144,7 @@ def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
 
 @pytest.mark.real
 @pytest.mark.parametrize("target", REAL_F32)
-def test_screened_greedy_decoding_equals_the_targets_own(target, monkeypatch):
+def test_screened_greedy_and_sampled_decoding_equal_the_targets_own(target, monkeypatch):
     from specgen.app.session import load_session
 
     cfg = RunConfig(target=target, draft=None, method="plain", chat=False)
@@ -126,6 +155,11 @@ def test_screened_greedy_decoding_equals_the_targets_own(target, monkeypatch):
     assert own.target.screen is None
     for prompt in ["The three primary colours are", "def fibonacci(n):", "Once upon a time, in a valley"]:
         assert plain_tokens(screened, cfg, prompt) == plain_tokens(own, cfg, prompt), prompt
+    # Sampled: the race's winner (and the top-k, top-p and min-p sets it runs over) from exact logits.
+    for prompt, seed, extra in [("The three primary colours are", 1, {}), ("Once upon a time, in a valley", 2, {}),
+                                ("def fibonacci(n):", 3, dict(top_k=40, top_p=0.95, min_p=0.05))]:
+        run = dataclasses.replace(cfg, temperature=0.8, seed=seed, **extra)
+        assert plain_tokens(screened, run, prompt, 32) == plain_tokens(own, run, prompt, 32), (prompt, extra)
     assert screened.target.screen.candidates < 0.01 * screened.target.screen.rows * screened.target.n_vocab
 
 
@@ -135,7 +169,7 @@ class Recorder:
     def __init__(self):
         self.rows = []
 
-    def patch(self, logits, hidden):
+    def patch(self, logits, hidden, *rule):
         self.rows.append((np.array(logits), np.array(hidden)))
 
 

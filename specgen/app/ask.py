@@ -115,16 +115,17 @@ def sampling_values(s: SamplingParams) -> dict[str, Any]:
 
 
 def why_exact_rows(sampling: SamplingParams, constrained: bool, logprobs: int | None = None) -> str | None:
-    """The one rule for screening (llama/screen.py keeps a row's argmax exact, nothing more): what in
-    a generation needs the target's own rows, or None when a screened copy's argmax serves."""
+    """The one rule for screening (llama/screen.py keeps exact what decides a row's choice: the
+    argmax, or the race's winner and the top-k or min-p set it runs over): what in a generation
+    needs the target's own rows, or None when a screened copy's row serves."""
     if constrained:
         return "constrained output"  # the masked argmax, not the row's
     if logprobs is not None:
         return "logprobs"
     if sampling.penalties.active:
         return "penalties and logit bias"  # they move logits the screen approximated
-    if not sampling.greedy:
-        return "sampling"  # a draw needs the whole distribution
+    if not sampling.greedy and sampling.top_p < 1.0 and sampling.top_k <= 0:
+        return "top-p without top-k"  # the nucleus needs the whole row's mass
     return None
 
 

@@ -12,7 +12,6 @@ from specgen.app.ask import Ask, ask_for, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
-from specgen.app.callstream import CallStream
 from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, call_history, generic_messages,
                                     generic_system_prompt, parse_answer)
 from specgen.core.constraint import ConstraintSpec
@@ -244,10 +243,6 @@ class Runner:
         if ask.prompt.tools is None:
             return None
         return parse_answer(text, tools_format(self.session.target, ask.chat), ask.prompt.tools)
-
-    def call_stream(self, ask: Ask) -> CallStream | None:
-        """With tools: what streams the answer as it is written, calls as they are written (None without)."""
-        return None if ask.prompt.tools is None else CallStream(tools_format(self.session.target, ask.chat))
 
     def run(self, ask: Ask) -> Completion:
         """Run an Ask to the end. Ctrl-C raises Interrupted carrying the partial completion."""

@@ -137,6 +137,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     keep = prefill(ctx, tokens, keep, getattr(ctx, "prompt_chunk", None) if cache is None else INVARIANT_ROWS)
     sampler = Sampler(request.sampling)
     stats.seed = None if request.sampling.greedy else sampler.seed
+    if (choose_with := getattr(ctx, "choose_with", None)) is not None:
+        choose_with(sampler)  # a screened target's rows are made exact for this rule (llama/screen.py)
     if drafter is not None:
         drafter.reset(list(tokens), sampler)  # a draft model prefills the prompt too (whole: it keeps no cache)
     stats.prefill_s, stats.n_prompt, stats.n_cached = clock() - t0, len(tokens), keep

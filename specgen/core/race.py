@@ -43,7 +43,7 @@ def _mix_int(x: int) -> int:
 
 def stream_key(seed: int, position: int) -> int:
     """The counter base of one (seed, position): every id's noise there derives from it."""
-    return _mix_int(_mix_int(seed * 0x2545F4914F6CDD1D + 1) + position * int(_GOLDEN))
+    return _mix_int(_mix_int(int(seed) * 0x2545F4914F6CDD1D + 1) + int(position) * int(_GOLDEN))
 
 
 def _uniform(key: int, counters: np.ndarray) -> np.ndarray:
@@ -100,7 +100,7 @@ def winner(row: np.ndarray, temperature: float, seed: int, position: int,
             return -1
         return int(ids[int(np.argmax(scores))])
     nz = Noise.at(seed, position, row.shape[0])
-    ids = _contenders(row, temperature, nz)
+    ids = _contenders(row, temperature, nz, 1)
     if not len(ids):
         return -1
     scores = race_scores(row[ids], temperature, nz.of(ids))
@@ -109,11 +109,15 @@ def winner(row: np.ndarray, temperature: float, seed: int, position: int,
 
 def ranking(row: np.ndarray, temperature: float, seed: int, position: int, k: int,
             eligible: np.ndarray | None = None) -> list[int]:
-    """The race's first k finishers (winner first), for a draft's siblings; fewer if fewer can run."""
-    if eligible is None:
-        eligible = np.flatnonzero(row > -np.inf)
-    ids = np.sort(np.asarray(eligible, dtype=np.int64))
-    scores = race_scores(row[ids], temperature, noise(seed, position, ids, row.shape[0]))
+    """The race's first k finishers (winner first; ties: lowest id), for a draft's siblings;
+    fewer if fewer can run."""
+    if eligible is not None:
+        ids = np.sort(np.asarray(eligible, dtype=np.int64))
+        scores = race_scores(row[ids], temperature, noise(seed, position, ids, row.shape[0]))
+    else:
+        nz = Noise.at(seed, position, row.shape[0])
+        ids = _contenders(row, temperature, nz, k)
+        scores = race_scores(row[ids], temperature, nz.of(ids))
     order = np.lexsort((ids, -scores))[:k]
     return [int(ids[i]) for i in order if scores[i] > -np.inf]
 
@@ -123,9 +127,10 @@ def race_scores(logits: np.ndarray, temperature: float, g: np.ndarray) -> np.nda
     return logits.astype(np.float64) + float(temperature) * g
 
 
-def _contenders(row: np.ndarray, temperature: float, nz: Noise) -> np.ndarray:
-    """Ids of the blocks that can still win: each block's bound max(logit) + T G_b against the best
-    score known for sure, a block maximum's own (rounding is monotone, so the bound holds in floats)."""
+def _contenders(row: np.ndarray, temperature: float, nz: Noise, k: int) -> np.ndarray:
+    """Ids that can still finish among the first k: each block's bound max(logit) + T G_b against
+    the k-th best score known for sure, the block maxima's own (rounding is monotone, so the
+    bound holds in floats); in the blocks that reach it, each id's logit with its block's G_b."""
     n = row.shape[0]
     n_blocks = len(nz.block_max)
     padded = row if n == n_blocks * BLOCK else np.concatenate(
@@ -133,7 +138,7 @@ def _contenders(row: np.ndarray, temperature: float, nz: Noise) -> np.ndarray:
     upper = race_scores(padded.reshape(n_blocks, BLOCK).max(axis=1), temperature, nz.block_max)
     at = nz.block_arg < n
     sure = race_scores(row[nz.block_arg[at]], temperature, nz.block_max[at])
-    best = sure.max() if len(sure) else -np.inf
+    best = np.sort(sure)[-k] if len(sure) >= k else -np.inf
     if best == -np.inf:
         best = np.nextafter(-np.inf, 0)  # some block maximum is banned: any finite score may win
     blocks = np.flatnonzero(upper >= best)

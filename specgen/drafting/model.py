@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specgen.core.protocol import Batch, Context
-from specgen.core.sampling import Sampler, SamplingParams, distribution, softmax
+from specgen.core.sampling import Sampler, SamplingParams, softmax
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 from specgen.drafting.draft_cache import DraftCache
@@ -128,7 +128,9 @@ class ModelDrafter:
         """Nothing to keep: the draft model drafts from the current text alone."""
 
     def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
-        q = softmax(logits) if self.sampler.params.greedy else distribution(logits, self.params)  # draft's columns
+        # q over the draft's columns, tempered (not truncated: it only ranks and stops branches)
+        t = self.sampler.params.temperature
+        q = softmax(logits) if t <= 0 else softmax(logits * np.float32(1.0 / t))
         confidence = g.confidence[node] = float(q.max())
         if confidence < self.min_prob:
             return []  # the draft is unsure here: stop this branch

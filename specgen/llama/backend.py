@@ -234,6 +234,7 @@ class LlamaContext:
         if self.screen is not None:  # each output row's hidden state too, room reserved now
             params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_NONE
         self._embeddings = self.screen is not None
+        self._sampler = None  # how the rows will be chosen (screened rows are exact where that needs)
         if eval_callback is not None:  # called around each graph node (profile.py); kept alive with the context
             params.cb_eval, self._eval_callback = eval_callback, eval_callback
         self._ctx = L.llama_init_from_model(model._model, params)
@@ -256,6 +257,11 @@ class LlamaContext:
         # back (build.py), so until it wraps around this is where the next token lands (kv.py).
         self.cells_written = 0
         self._batch = L.llama_batch_init(self.n_batch, 0, n_seq_max)
+
+    def choose_with(self, sampler) -> None:
+        """The generation's choice rule (core/sampling.Sampler): a screened row is made exact where
+        it decides (screen.ScreenedHead.patch); without it, where the argmax does."""
+        self._sampler = sampler
 
     def decode(self, batch: Batch) -> np.ndarray:
         """One `llama_decode`; returns the logits rows of the tokens with logits=True, in order.
@@ -300,10 +306,11 @@ class LlamaContext:
         else:  # every row was output (see above); keep the asked-for ones, exact where it counts
             out = np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
             hidden = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.model.n_embd))
+            asked = np.flatnonzero(batch.logits)
             if n_out < n:
-                asked = np.flatnonzero(batch.logits)
                 out, hidden = out[asked], hidden[asked]
-            self.screen.patch(out, hidden)
+            # Each row chooses the token after its own: the race there (see choose_with).
+            self.screen.patch(out, hidden, np.asarray(batch.positions)[asked] + 1, self._sampler)
         out.flags.writeable = False
         return out
 
@@ -342,6 +349,11 @@ class LlamaContext:
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)
         self.cells_written = 0
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The smallest position `seq_id` holds (-1: none): once its head comes round, a sliding-window
+        cache reuses cells its window left, dropping their positions (kv.holds_from_start)."""
+        return L.llama_memory_seq_pos_min(self._mem, seq_id)
 
     def seq_save(self, seq_id: int) -> bytes | None:
         """Sequence `seq_id`'s KV cells, in cell order (llama.cpp's per-sequence state); None where

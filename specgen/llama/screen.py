@@ -10,7 +10,10 @@ tokens could still be the argmax: those with l^_i + b_i >= max_j (l^_j - b_j). T
 the original matrix's rows times h (in float32), overwrite the approximate ones in the row, so the
 row's argmax is plain decoding's argmax: every other token's exact logit is below a candidate's.
 Lowest-id ties break as before, since no other token can reach the maximum. The rows are no longer
-the target's distribution, so only greedy decoding is screened (app/session.py decides).
+the target's distribution, so what reads a row must need only its choice: greedy decoding, or sampling
+by the race of core/race.py, whose winner needs exact logits only for the tokens whose bounds, with
+their noise (known before the target runs), can still win it or enter the top-k it runs over
+(ScreenedHead.patch; app/ask.why_exact_rows decides which requests may read a screened row).
 
 The bound, for row i of the exact matrix w_i and its Q8_0 copy w^_i: llama.cpp computes
 l^_i = w^_i . h^, where h^ is h quantized to Q8_0 (32-wide blocks, scale d = max|h|/127 stored in
@@ -35,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specgen.core import race
+from specgen.core.sampling import Sampler
 from specgen.errors import ModelError
 from specgen.files import replacing, write_text
 from specgen.host import specgen_home
@@ -88,22 +93,61 @@ class ScreenedHead:
         self.candidates = 0  # tokens whose exact logits were computed, over all rows (stats)
         self.rows = 0
 
-    def patch(self, logits: np.ndarray, hidden: np.ndarray) -> None:
+    def patch(self, logits: np.ndarray, hidden: np.ndarray, positions: np.ndarray | None = None,
+              sampler: "Sampler | None" = None) -> None:
         """Overwrite, in each row of `logits` (approximate, from the Q8_0 copy), the tokens that
-        could be its argmax with their exact logits; `hidden[r]` is row r's final hidden state."""
+        could be its choice with their exact logits; `hidden[r]` is row r's final hidden state.
+        Greedy (no sampler): the tokens that could be the argmax. Sampling: those that could win
+        the race of core/race.py for the token at `positions[r]`, or be in the top-k (or min-p's
+        set) that the race runs over, so the Sampler's choice from the patched row is its choice
+        from the exact one (Sampler.screenable says which settings these are)."""
         act = self.activations(hidden)
         # A first cut with each block's largest norm (one pass over each row), then each survivor's own.
         wide = act.h_max @ self.err_max + act.q_factor @ self.q_max
-        top = logits.max(axis=1)
+        racing = sampler is not None and not sampler.params.greedy
         for r in range(len(logits)):
             row = logits[r]
-            near = np.flatnonzero(row >= top[r] - 2 * wide[r])
-            bound = self.bound(near, act, r)
-            approx = row[near]
-            cand = near[approx + bound >= np.max(approx - bound)]
+            if racing:
+                cand = self._race_candidates(row, float(wide[r]), act, r, sampler, int(positions[r]))
+            else:
+                near = np.flatnonzero(row >= row.max() - 2 * wide[r])
+                bound = self.bound(near, act, r)
+                approx = row[near]
+                cand = near[approx + bound >= np.max(approx - bound)]
             row[cand] = self.exact[cand].astype(np.float32) @ act.h[r]
             self.candidates += len(cand)
         self.rows += len(logits)
+
+    def _race_candidates(self, row: np.ndarray, wide: float, act: "Activations", r: int, sampler: "Sampler",
+                         position: int) -> np.ndarray:
+        """Tokens whose upper bound reaches the lower bound that decides: the k-th largest (top-k),
+        the largest plus ln(min_p) (min-p alone), else the best race score known for sure."""
+        params = sampler.params
+        if params.top_p < 1.0 and params.top_k <= 0:  # the nucleus needs the whole row's mass
+            return np.arange(row.shape[0])
+        if params.top_k > 0 or params.min_p > 0.0:
+            k = min(params.top_k, row.shape[0]) if params.top_k > 0 else 1
+            kth = float(np.partition(row, row.shape[0] - k)[row.shape[0] - k])
+            slack = 0.0 if params.top_k > 0 else float(np.log(params.min_p))
+            near = np.flatnonzero(row >= kth - 2 * wide + slack)
+            bound = self.bound(near, act, r)
+            low = row[near].astype(np.float64) - bound
+            floor = np.partition(low, len(low) - k)[len(low) - k] + slack
+            return near[row[near] + bound >= floor]
+        t = params.temperature
+        nz = race.Noise.at(sampler.seed, position, row.shape[0])
+        n_blocks = len(nz.block_max)
+        at = nz.block_arg < row.shape[0]
+        sure = race.race_scores(row[nz.block_arg[at]].astype(np.float64) - wide, t, nz.block_max[at]).max()
+        padded = np.full(n_blocks * race.BLOCK, -np.inf)  # float64: bounds never round inwards
+        padded[:row.shape[0]] = row
+        reach = race.race_scores(padded.reshape(n_blocks, race.BLOCK) + wide, t, nz.block_max[:, None]) >= sure
+        near = np.flatnonzero(reach.ravel()[:row.shape[0]])
+        bound = self.bound(near, act, r)
+        g = nz.of(near)
+        score = race.race_scores(row[near], t, g)
+        best = max(float(sure), float(np.max(score - bound)))
+        return near[score + bound >= best]
 
     def activations(self, hidden: np.ndarray) -> "Activations":
         h32 = hidden.astype(np.float32)
