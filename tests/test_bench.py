@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeModel, NoisyDraft
+from specgen.app.ask import Ask
 from specgen.bench import results, run, suites, summary
 from specgen.bench.view import check_plot_path, summary_table, svg_chart
 from specgen.app.config import RunConfig
@@ -136,11 +137,11 @@ class EchoRunner:
         self.seen = []
 
     def ask(self, prompt, max_tokens=None):
-        return prompt
+        return Ask(prompt, chat=True)
 
-    def run(self, prompt):
-        self.seen.append(prompt.messages())
-        return Completion(prompt.index, f"answer{len(self.seen)}", RunStats(n_tokens=10, decode_s=0.5), "length")
+    def run(self, ask):
+        self.seen.append(ask.prompt.messages())
+        return Completion(ask.prompt.index, f"answer{len(self.seen)}", RunStats(n_tokens=10, decode_s=0.5), "length")
 
 
 def test_second_turn_follows_the_models_own_answer():
@@ -162,7 +163,7 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
               trial("2", "qa", "plain", 300), trial("2", "qa", "lookup", 300, text="other"),
               trial("3", "rag", "plain", 50), trial("3", "rag", "lookup", 100),
               trial("4", "rag", "plain", 50)]  # interrupted before lookup ran: left out everywhere
-    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], greedy=True)}
+    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], compare_texts=True)}
     qa = rows[("qa", "lookup")]
     assert qa.speedup == pytest.approx(300 / 200)  # mean(300,300)/mean(100,300), not mean of ratios (2.0)
     assert (qa.lossless_mismatches, qa.n_prompts, qa.mean_accepted, qa.acceptance_rate) == (1, 2, 2.0, 0.5)
@@ -170,7 +171,7 @@ def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     overall = rows[(summary.OVERALL, "lookup")]
     assert overall.speedup == pytest.approx((700 / 3) / (450 / 3), abs=1e-3)  # JSON keeps 3 decimals
     assert rows[(summary.OVERALL, "plain")].speedup == 1.0
-    sampled = summary.summarize(trials, ["plain", "lookup"], greedy=False)
+    sampled = summary.summarize(trials, ["plain", "lookup"], compare_texts=False)
     assert all(r.lossless_mismatches is None for r in sampled)
 
 
@@ -206,7 +207,7 @@ def test_multi_turn_groups_get_a_row_per_turn():
                        run.total_of(turns), "length", ("a", text2), turns)
     trials = [two_turns("1", "plain", 50, 50), two_turns("1", "auto", 60, 150),
               two_turns("2", "plain", 50, 50), two_turns("2", "auto", 60, 100, text2="c")]
-    rows = {(r.group, r.turn, r.method): r for r in summary.summarize(trials, ["plain", "auto"], greedy=True)}
+    rows = {(r.group, r.turn, r.method): r for r in summary.summarize(trials, ["plain", "auto"], compare_texts=True)}
     assert rows[("mt_bench", 1, "auto")].speedup == pytest.approx(1.2)
     assert rows[("mt_bench", 2, "auto")].speedup == pytest.approx(2.5)
     assert rows[("mt_bench", 2, "auto")].lossless_mismatches == 1 == rows[("mt_bench", None, "auto")].lossless_mismatches
@@ -226,7 +227,7 @@ def test_per_prompt_spread_flags_a_difference_within_noise():
         wobble = 1 if i % 2 else -1  # per-prompt noise that averages out
         trials += [trial(str(i), "qa", "plain", 50), trial(str(i), "qa", "fast", 100 + 5 * wobble),
                    trial(str(i), "qa", "same", 50 + 10 * wobble)]
-    rows = {r.method: r for r in summary.summarize(trials, ["plain", "fast", "same"], greedy=False) if r.group == "qa"}
+    rows = {r.method: r for r in summary.summarize(trials, ["plain", "fast", "same"], compare_texts=False) if r.group == "qa"}
     fast, same = rows["fast"], rows["same"]
     assert 1.9 < fast.speedup_low < fast.speedup == 2.0 < fast.speedup_high < 2.1 and not fast.within_noise
     assert fast.median_speedup == pytest.approx(2.0, abs=0.1)
@@ -240,7 +241,7 @@ def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),
               trial("2", "qa", "plain", 100), empty]
-    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], greedy=True)}
+    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "lookup"], compare_texts=True)}
     assert rows[("qa", "lookup")].speedup == 2.0 and rows[("qa", "lookup")].tokens_per_s == 200
     assert rows[("qa", "lookup")].n_prompts == 2  # still compared for losslessness
 
@@ -300,7 +301,7 @@ def test_bench_on_fake_backend_is_lossless_and_interleaved():
     assert set(FAKE_METHODS) == set(METHODS)
     assert [t.method for t in trials[:len(FAKE_METHODS)]] == list(FAKE_METHODS)
     assert len(done) == len(prompts) * len(FAKE_METHODS)
-    rows = summary.summarize(trials, FAKE_METHODS, greedy=True)
+    rows = summary.summarize(trials, FAKE_METHODS, compare_texts=True)
     assert all(r.lossless_mismatches == 0 for r in rows)  # every method reproduces plain greedy text
     assert {r.group for r in rows} == {"mt_bench", "translation", "rag", summary.OVERALL}
     assert all(r.n_prompts == 2 for r in rows if r.group != summary.OVERALL)
@@ -308,7 +309,7 @@ def test_bench_on_fake_backend_is_lossless_and_interleaved():
 
 def test_svg_chart_has_a_bar_per_group_and_method_and_the_plain_line():
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150), trial("1", "qa", "auto", 200)]
-    svg = svg_chart(summary.summarize(trials, ["plain", "lookup", "auto"], greedy=True), "title <&>")
+    svg = svg_chart(summary.summarize(trials, ["plain", "lookup", "auto"], compare_texts=True), "title <&>")
     root = ET.fromstring(svg)  # well-formed, title escaped
     titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert "qa lookup: 1.50x" in titles and "overall auto: 2.00x" in titles and "plain = 1.0x" in titles
@@ -331,7 +332,7 @@ def test_png_chart_written(tmp_path):
     from specgen.bench.view import write_plot
 
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150)]
-    write_plot(summary.summarize(trials, ["plain", "lookup"], greedy=True), tmp_path / "c.png", "t")
+    write_plot(summary.summarize(trials, ["plain", "lookup"], compare_texts=True), tmp_path / "c.png", "t")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -27,7 +27,7 @@ def test_constrained_rows_count_forced_tokens_apart_and_show_the_ratio_over_jump
     trials = [constrained_trial("1", "plain", 100, calls=20),
               constrained_trial("1", "jump", 150, forced=8, calls=12),  # 20 tokens: 8 forced + 12 calls
               constrained_trial("1", "auto", 240, drafted=8, accepted=4, forced=8, calls=8)]
-    rows = {r.method: r for r in summary.summarize(trials, ["plain", "jump", "auto"], greedy=True)
+    rows = {r.method: r for r in summary.summarize(trials, ["plain", "jump", "auto"], compare_texts=True)
             if r.group == summary.OVERALL}
     assert (rows["jump"].mean_accepted, rows["jump"].forced_drafted, rows["jump"].forced_accepted) == (1.0, 8, 8)
     assert (rows["auto"].mean_accepted, rows["auto"].acceptance_rate) == (1.5, 0.5)  # (20 - 8) / 8; 4 of 8
@@ -41,7 +41,7 @@ def test_constrained_rows_count_forced_tokens_apart_and_show_the_ratio_over_jump
     assert cells[3][5:10] == ["", "", "8/8", "", "1/1"]  # jump: no τ, no acceptance, no ratio to itself
     assert cells[4][5:10] == ["1.50", "50%", "8/8", "1.60x", "1/1"]
     unconstrained = summary.summarize([trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 150)],
-                                      ["plain", "lookup"], greedy=True)
+                                      ["plain", "lookup"], compare_texts=True)
     assert all(r.over_jump is None and r.forced_drafted == 0 for r in unconstrained)
     assert "jump" not in _cell(unconstrained[-1], 1) and "forced" not in _cell(unconstrained[-1], 1)
 
@@ -57,7 +57,7 @@ def test_constrained_bench_on_fake_backend_runs_jump_and_counts_forced_tokens():
                for p in suites.select(suites.parse_question_file(question_lines(2), "q.jsonl"), per_group=1)
                if len(p.turns) == 1]
     trials = run.run_bench(prompts, runners, repeats=1)
-    rows = {r.method: r for r in summary.summarize(trials, methods, greedy=True) if r.group == summary.OVERALL}
+    rows = {r.method: r for r in summary.summarize(trials, methods, compare_texts=True) if r.group == summary.OVERALL}
     assert list(rows) == ["plain", "jump", "lookup", "auto"] and all(r.lossless_mismatches == 0 for r in rows.values())
     assert rows["plain"].forced_drafted == 0 and rows["jump"].forced_accepted == 4 * len(prompts)  # 12 13 14, 15
     assert rows["jump"].mean_accepted == 1.0 and rows["auto"].over_jump is not None

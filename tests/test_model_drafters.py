@@ -1,7 +1,6 @@
 """chain / tree / staged drafting with a draft model on the fake backend: lossless against plain,
 KV caches that hold exactly the committed text, and the self-draft property."""
 
-import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
@@ -120,3 +119,22 @@ def test_sampled_drafts_write_plains_text_under_the_same_seed(method):
         texts.add(tuple(plain))
     assert accepted > runs  # drafts really were accepted
     assert len(texts) > runs // 2  # and the seeds really sample
+
+
+def test_noise_keyed_by_the_step_instead_of_the_position_breaks_the_identity(monkeypatch):
+    """The identity test above has teeth: verification that keys the race by the node's depth in
+    its step (a plausible slip) instead of its absolute position writes other texts than plain."""
+    from specgen.core import engine, verify
+
+    def by_step(tree, logits, sampler, n_past, constraint=None):
+        return verify.walk(tree, logits, lambda row, depth: verify.choose(sampler, row, 1 + depth, constraint))
+
+    target = FakeModel(n_vocab=6, sharpness=1.0, script={(2,): 3})
+    draft = NoisyDraft(target, noise=1.0)
+    monkeypatch.setattr(engine, "verify", by_step)
+    differ = 0
+    for seed in range(30):
+        plain = run_plain(target, [0, 2, 3], 6, SamplingParams(1.0, seed=seed))
+        events, _, *_ = run_spec(target, draft, [0, 2, 3], 6, SamplingParams(1.0, seed=seed), METHODS["chain"])
+        differ += [e.token for e in events] != plain
+    assert differ > 10

@@ -14,7 +14,7 @@ from specgen.core.constraint import ConstraintSpec
 from specgen.core.penalties import Penalties
 from specgen.core.protocol import Model
 from specgen.core.sampling import SamplingParams
-from specgen.errors import ConstraintError
+from specgen.errors import ConfigError, ConstraintError
 
 PENALTY_MAX = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
 BIAS_MAX = 100.0  # and for a logit bias: [-100, 100] (or -inf: never this token)
@@ -88,6 +88,24 @@ BOUNDS = (
           help="Subtract X times its count from a token's logit, in [-2, 2] [0]."),
 )
 BY_NAME = {b.name: b for b in BOUNDS}
+
+# Other tools' default samplers by name (`bench --sampler`): llama-server's chain as it ships
+# (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), OpenAI's clients' (temperature 1).
+SAMPLERS = {
+    "llama-server": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+    "openai": {"temperature": 1.0},
+    "greedy": {"temperature": 0.0},
+}
+
+
+def with_sampler(name: str | None, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (sampling settings, None where not given) with a named sampler's settings filling
+    the ones not given; a ConfigError naming the samplers for an unknown name."""
+    if name is None:
+        return values
+    if name not in SAMPLERS:
+        raise ConfigError(f"--sampler expects one of {', '.join(SAMPLERS)}, found {name!r}")
+    return {**values, **{k: v for k, v in SAMPLERS[name].items() if values.get(k) is None}}
 
 
 def out_of_bounds(values: Mapping[str, Any]) -> Bound | None:

@@ -111,7 +111,7 @@ def _name(method: str, llama_cpp_draft: dict | None) -> str:
     return method
 
 
-def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy: bool,
+def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int,
            llama_cpp_draft: dict | None = None) -> list[str]:
     """A row per method. Results with forced tokens (constrained, recorded since they were counted
     apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
@@ -129,7 +129,7 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int, greedy:
         if m == "auto":
             ratio = f"**{ratio}**"
         drafted = m not in ("plain", UNSCREENED, LLAMA_CPP_PLAIN, JUMP)
-        same = "" if not greedy or m == "plain" or r.get("lossless_mismatches") is None else \
+        same = "" if m == "plain" or r.get("lossless_mismatches") is None else \
             f"{n_trials - r['lossless_mismatches']}/{n_trials}"
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
         accepted = f"{r['acceptance_rate']:.0%}" if drafted else ""
@@ -199,7 +199,6 @@ def render(data: dict, link: str) -> str:
     settings, models, run = data["settings"], data["models"], data.get("run") or {}
     methods = settings.get("methods") or list(dict.fromkeys(r["method"] for r in data["summary"]))
     rows = {r["method"]: r for r in data["summary"] if r["group"] == OVERALL and r.get("turn") is None}
-    greedy = (settings.get("temperature") or 0.0) == 0.0
     repeats = settings.get("repeats", 1) or 1
     n_trials = (rows.get("plain") or {}).get("n_prompts", settings.get("n_prompts", 0)) * repeats
     plain_turns = [len(r.get("turns") or [0]) for r in data.get("records", []) if r.get("method") == "plain"]
@@ -207,7 +206,7 @@ def render(data: dict, link: str) -> str:
     lines = [f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
-             *_table(rows, methods, n_trials, greedy, models.get("llama_cpp_draft")), ""]
+             *_table(rows, methods, n_trials, models.get("llama_cpp_draft")), ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
     lead = _lead(rows, models)

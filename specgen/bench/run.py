@@ -6,7 +6,8 @@ so drift in machine speed hits every method alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from specgen.app.prompts import Prompt
@@ -59,12 +60,22 @@ def run_turns(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None
     return "\n\n".join(answers), total_of(per_turn), reason
 
 
-def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None
+def trial_seed(base: int | None, prompt_id: str, repeat: int, turn: int) -> int:
+    """The seed of one turn of one prompt in one repeat, the same for every method: sampled, every
+    method's text must then be plain's (core/race.py), and the bench counts those that are."""
+    return ((base or 0) + zlib.crc32(f"{prompt_id}/{repeat}/{turn}".encode())) % 2**32
+
+
+def run_answers(runner: Runner, prompt: BenchPrompt, max_tokens: int | None = None, repeat: int = 0
                 ) -> tuple[list[str], list[RunStats], str]:
     """Each turn's answer and stats; and the last turn's finish reason."""
     answers, per_turn, reason = [], [], "length"
     for i in range(len(prompt.turns)):
-        done = runner.run(runner.ask(conversations(prompt, answers)[i], max_tokens))
+        ask = runner.ask(conversations(prompt, answers)[i], max_tokens)
+        if not ask.sampling.greedy:
+            ask = replace(ask, sampling=replace(ask.sampling, seed=trial_seed(ask.sampling.seed, prompt.prompt_id,
+                                                                               repeat, i)))
+        done = runner.run(ask)
         per_turn.append(done.stats)
         answers.append(done.text)
         reason = done.finish_reason
@@ -103,7 +114,7 @@ def run_bench(prompts: Sequence[BenchPrompt], runners: dict[str, Runner], repeat
             for runner in runners.values():  # (the warm-up's, or an earlier repeat's)
                 runner.session.forget_texts()
             last_repeat = repeat
-        answers, per_turn, reason = run_answers(runners[method], prompt)
+        answers, per_turn, reason = run_answers(runners[method], prompt, repeat=repeat)
         if method == "plain":
             plain_answers[prompt.prompt_id] = answers
         trial = Trial(prompt, method, repeat, "\n\n".join(answers), total_of(per_turn), reason, tuple(answers),

@@ -24,7 +24,7 @@ class SummaryRow:
     speedup: float  # tokens_per_s / plain's tokens_per_s over the same prompts
     mean_accepted: float  # τ of the drafters: tokens per target call, forced ones excluded (core/stats.py)
     acceptance_rate: float  # the drafters' (forced tokens excluded)
-    lossless_mismatches: int | None  # greedy: trials whose text differs from plain's; sampled: None
+    lossless_mismatches: int | None  # trials whose text differs from plain's (greedy, or one seed per trial); else None
     n_prompts: int
     # Per prompt (and repeat), method tok/s over plain tok/s: their median, and a 90% bootstrap
     # interval of `speedup` (prompts resampled). within_noise: the interval holds 1.0, so this
@@ -48,7 +48,7 @@ def _mean(xs: Iterable[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> list[SummaryRow]:
+def summarize(trials: Sequence[Trial], methods: Sequence[str], compare_texts: bool) -> list[SummaryRow]:
     """Rows per group (in order of appearance) and `overall`, per method, over the trials every
     method finished (an interrupted bench leaves some prompts part-done). A group whose prompts
     all have several turns also gets a row per turn, right after its own."""
@@ -60,18 +60,18 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], greedy: bool) -> 
     for group in [*groups, OVERALL]:
         keys = [k for k in complete if group == OVERALL or by_key[(*k, methods[0])].prompt.group == group]
         whole = {k: {m: (by_key[(*k, m)].stats, by_key[(*k, m)].text) for m in methods} for k in keys}
-        rows += _rows(group, None, whole, methods, greedy)
+        rows += _rows(group, None, whole, methods, compare_texts)
         n_turns = {len(by_key[(*k, m)].turn_stats) for k in keys for m in methods}
         if group != OVERALL and len(n_turns) == 1 and min(n_turns) > 1:
             for turn in range(min(n_turns)):
                 one = {k: {m: (by_key[(*k, m)].turn_stats[turn], by_key[(*k, m)].answers[turn]) for m in methods}
                        for k in keys}
-                rows += _rows(group, turn + 1, one, methods, greedy)
+                rows += _rows(group, turn + 1, one, methods, compare_texts)
     return rows
 
 
 def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunStats, str]]], methods: Sequence[str],
-          greedy: bool) -> list[SummaryRow]:
+          compare_texts: bool) -> list[SummaryRow]:
     """One row per method over `runs`: per prompt key, per method, its (stats, text)."""
     # A trial that emitted nothing (the model stopped at once) has no throughput: leave that
     # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
@@ -84,7 +84,7 @@ def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunSta
         for k in runs:
             total.add(runs[k][method][0])
         tps = _mean(runs[k][method][0].tokens_per_s for k in timed)
-        mismatches = sum(runs[k][method][1] != runs[k]["plain"][1] for k in runs) if greedy else None
+        mismatches = sum(runs[k][method][1] != runs[k]["plain"][1] for k in runs) if compare_texts else None
         spread = speedup_spread([runs[k][method][0].tokens_per_s for k in timed],
                                 [runs[k]["plain"][0].tokens_per_s for k in timed])
         rows.append(SummaryRow(

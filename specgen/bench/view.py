@@ -32,7 +32,7 @@ def _cell(row: SummaryRow, n_trials: int) -> str:
         lines.append(f"forced {row.forced_accepted}/{row.forced_drafted}")
     if row.over_jump is not None and row.method != JUMP:
         lines.append(f"{row.over_jump:.2f}x jump")
-    if row.lossless_mismatches is not None:  # greedy runs: say how many texts equal plain's, always
+    if row.lossless_mismatches is not None:  # say how many texts equal plain's, always
         same = n_trials - row.lossless_mismatches
         colour = "green" if row.lossless_mismatches == 0 else "red"
         lines.append(f"[{colour}]={same}/{n_trials}[/{colour}]")
@@ -46,7 +46,7 @@ def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: st
                   caption="speedup vs plain (~noise: its 90% bootstrap interval holds 1.0) · interval, "
                           "median per-prompt speedup · tok/s · τ (tokens per target call) and acceptance, the "
                           "drafters' · forced A/D: tokens a grammar forced, accepted/drafted · Nx jump: speed "
-                          "over jump-forward (what drafting adds) · =k/n: texts identical to plain (greedy)",
+                          "over jump-forward (what drafting adds) · =k/n: texts identical to plain (sampled: same seed)",
                   caption_justify="left")
     table.add_column("group", no_wrap=True)
     table.add_column("n", justify="right", min_width=2)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from specgen.app.ask import any_needs_exact_rows
+from specgen.app.ask import any_needs_exact_rows, with_sampler
 from specgen.app.config import merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
@@ -67,6 +67,9 @@ def bench(
     grammar: Grammar = None,
     json_object: JsonObject = False,
     json_layout: JsonLayout = None,
+    sampler: Optional[str] = typer.Option(None, "--sampler", metavar="NAME", help="Another tool's default "
+                                          "sampler: llama-server (T 0.8, top-k 40, top-p 0.95, min-p 0.05), openai "
+                                          "(T 1) or greedy; sampling options given beside it win."),
     llama_cpp: Optional[Path] = typer.Option(None, "--llama-cpp", metavar="DIR", help="A folder holding llama.cpp's "
                                              "llama-speculative-simple: run the same prompts through it too."),
     spec_type: Optional[List[str]] = typer.Option(None, "--spec-type", metavar="TYPE", help="With --llama-cpp: one "
@@ -91,8 +94,9 @@ def bench(
     """
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
+    sampling = with_sampler(sampler, sampling)
     if suite == "agent":
-        return _agent({k: v for k, v in {**locals(), **sampling}.items() if k != "sampling"})
+        return _agent({k: v for k, v in {**locals(), **sampling}.items() if k not in ("sampling", "sampler")})
     values = merged_settings(config, dict(
         **sampling,
         target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
@@ -161,7 +165,7 @@ def bench(
 
     machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
     machine["load_average_at_end"] = machine_info(n_threads, info)["load_average"]
-    rows = summarize(trials, columns, greedy=cfg.sampling.greedy)
+    rows = summarize(trials, columns, compare_texts=True)  # sampled: every method with a trial's seed (run.trial_seed)
     console = Console()
     if not console.is_terminal:
         # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).

@@ -72,8 +72,12 @@ class AcceptanceModel:
 
     LOOKUP_PRIOR, SUPPORT_PRIOR, LOOP_PRIOR = LOOKUP_PRIOR, SUPPORT_PRIOR, LOOP_PRIOR  # tuning.py
 
-    def __init__(self) -> None:
-        self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
+    def __init__(self, sampled: bool = False) -> None:
+        # A draft node's prior is its q; sampled, its race winner is the target's more often than
+        # q says (the same noise couples them): sqrt(q) fitted gemma-3-270m F32 against its Q2_K
+        # at T = 0.8 (300 positions, 2026-11-28: q bins .15/.45/.75/.95 accepted .42/.65/.75/.95).
+        centres = (np.arange(Q_BINS) + 0.5) / Q_BINS
+        self.draft = BetaBins(np.sqrt(centres) if sampled else centres)
         self.lookup = BetaBins(self._prior(self.LOOKUP_PRIOR))
         # Other texts than the current one (history.py's sources) are learned separately: a match
         # in last week's generations says less than the same match in this text.

@@ -36,6 +36,7 @@ class DraftModel(Protocol):
     """What auto asks of the draft-model drafter (model.py's ModelDrafter)."""
 
     max_depth: int
+    sampler: Sampler  # how the draft chooses (its race's seed comes with each reset)
     last_choice: str
     last_calls: int  # the last proposal's draft decodes
     last_catch_up_s: float  # and the seconds its first one (the catch-up on committed text) took
@@ -96,7 +97,7 @@ class AutoDrafter:
         self.reproducible = reproducible
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel(sampled=model is not None and not model.sampler.params.greedy)
         self.draft = DraftEstimate()
         self.guards = KindGuards()
         self.plain = PlainSpeed()  # what the guards compare with (clocks only: not when reproducible)
