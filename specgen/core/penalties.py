@@ -5,8 +5,8 @@ A penalty depends on the text before the position, so inside a draft tree each n
 adjusted with the tokens on its own path (the committed text, then the path's tokens down to that
 node); plain decoding adjusts its one row with the committed text, through the same function. So
 every row the verifier meets is the row plain decoding would meet after the same text, and
-verification stays exact (docs/losslessness.md). The draft's q is left as drafted: rejection
-sampling is exact for any q, and deterministic drafts need none.
+verification stays exact (docs/losslessness.md). The draft's rows are left as drafted: only the
+target's choices decide what is committed.
 
 The chain, the same for plain and speculative decoding (sampling.py holds the rest):
   logit_bias -> repeat/frequency/presence penalties -> top-k -> temperature -> top-p -> min-p -> draw

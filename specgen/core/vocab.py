@@ -67,8 +67,8 @@ def check_subset(target: Model, draft: Model, subset: SubsetMap, target_name: st
 
 class SubsetContext:
     """A subset draft's context seen in target ids: batches are translated to draft ids, and the
-    logits columns are the subset's target ids (`columns`): q is zero outside the subset, so
-    rejection sampling against p over the whole vocabulary stays exact. Everything else (KV edits
+    logits columns are the subset's target ids (`columns`): the draft races over those ids alone
+    (the target chooses from its whole vocabulary, so a token outside them is a bonus). Everything else (KV edits
     by sequence id) passes through: positions and sequences do not depend on the vocabulary."""
 
     def __init__(self, ctx: Context, subset: SubsetMap, n_target: int):

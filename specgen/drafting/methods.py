@@ -90,9 +90,7 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     if kit.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
         # where the lookup stage hits); the planner sets its length each step. Greedy: the draft's
-        # argmax. Sampling: draws from q under the target's temperature, top-k and top-p, verified
-        # by rejection sampling, which accepts a draw with 1 - TV(p, q) where matching plain's own
-        # draw accepted the argmax with p(x) (equal to plain only in distribution, then).
+        # argmax. Sampling: the draft's winner of the race the target will run (core/race.py).
         # The draft reads the prompt only when auto first uses it (as a catch-up the planner
         # prices): on a long prompt where lookup does the work, it never does.
         model = ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
