@@ -129,8 +129,9 @@ def race_scores(logits: np.ndarray, temperature: float, g: np.ndarray) -> np.nda
 
 def _contenders(row: np.ndarray, temperature: float, nz: Noise, k: int) -> np.ndarray:
     """Ids that can still finish among the first k: each block's bound max(logit) + T G_b against
-    the k-th best score known for sure, the block maxima's own (rounding is monotone, so the
-    bound holds in floats); in the blocks that reach it, each id's logit with its block's G_b."""
+    the k-th best score known for sure, the block maxima's own (and the likeliest token's; rounding
+    is monotone, so the bound holds in floats); in the blocks that reach it, each id's logit with
+    its block's G_b."""
     n = row.shape[0]
     n_blocks = len(nz.block_max)
     padded = row if n == n_blocks * BLOCK else np.concatenate(
@@ -138,6 +139,9 @@ def _contenders(row: np.ndarray, temperature: float, nz: Noise, k: int) -> np.nd
     upper = race_scores(padded.reshape(n_blocks, BLOCK).max(axis=1), temperature, nz.block_max)
     at = nz.block_arg < n
     sure = race_scores(row[nz.block_arg[at]], temperature, nz.block_max[at])
+    if k == 1:  # the likeliest token's own score: with a peaked row, far above a block maximum's
+        top = np.array([int(np.argmax(row))])
+        sure = np.append(sure, race_scores(row[top], temperature, nz.of(top)))
     best = np.sort(sure)[-k] if len(sure) >= k else -np.inf
     if best == -np.inf:
         best = np.nextafter(-np.inf, 0)  # some block maximum is banned: any finite score may win

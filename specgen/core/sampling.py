@@ -40,7 +40,7 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
     id order."""
     row, keep = logits, None
     if 0 < params.top_k < logits.shape[0]:
-        keep = np.argpartition(-logits, params.top_k - 1)[:params.top_k]  # T > 0 keeps the order
+        keep = top_k_ids(logits, params.top_k)  # T > 0 keeps the order
         logits = logits[keep]
     x = logits.astype(np.float64) / max(params.temperature, 1e-8)
     z = np.exp(x - x.max())
@@ -56,6 +56,19 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
     if params.min_p > 0.0:
         keep, z = _min_p(row, keep, z, params.min_p)
     return keep, z
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest logits (ties at the k-th: by argpartition's rule). The k-th largest
+    block maximum bounds the k-th largest logit from below, so the partition runs over the few ids
+    at or above it instead of a 262k vocabulary (1.5 ms down to about 0.1)."""
+    n_blocks = logits.shape[0] // 1024
+    if n_blocks >= 4 * k:
+        maxima = logits[:n_blocks * 1024].reshape(n_blocks, 1024).max(axis=1)
+        floor = np.partition(maxima, n_blocks - k)[n_blocks - k]
+        ids = np.flatnonzero(logits >= floor)
+        return ids[np.argpartition(-logits[ids], k - 1)[:k]]
+    return np.argpartition(-logits, k - 1)[:k]
 
 
 def _min_p(row: np.ndarray, keep: np.ndarray | None, z: np.ndarray,

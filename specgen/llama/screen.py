@@ -138,7 +138,9 @@ class ScreenedHead:
         nz = race.Noise.at(sampler.seed, position, row.shape[0])
         n_blocks = len(nz.block_max)
         at = nz.block_arg < row.shape[0]
-        sure = race.race_scores(row[nz.block_arg[at]].astype(np.float64) - wide, t, nz.block_max[at]).max()
+        top = np.array([int(np.argmax(row))])  # block maxima's lower bounds, and the likeliest token's
+        sure = max(race.race_scores(row[nz.block_arg[at]].astype(np.float64) - wide, t, nz.block_max[at]).max(),
+                   float(race.race_scores(row[top].astype(np.float64) - wide, t, nz.of(top))[0]))
         padded = np.full(n_blocks * race.BLOCK, -np.inf)  # float64: bounds never round inwards
         padded[:row.shape[0]] = row
         reach = race.race_scores(padded.reshape(n_blocks, race.BLOCK) + wide, t, nz.block_max[:, None]) >= sure
