@@ -79,12 +79,37 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def leaves_room(cells: int, kept: int, n_prompt: int, n_ctx: int) -> bool:
+    """Whether a prompt of `n_prompt` tokens may keep its first `kept` from a cache whose head is at
+    `cells` (cells_written). The cells must still be in position order: the head has not come round
+    (cells <= n_ctx). Then the head leads a cold start's by `cells - kept`, and the lead must be at
+    most half the cells a cold start has left after the prompt: so the prefill never comes round
+    either, and the generation only where a cold one would use more than half its room."""
+    return cells <= n_ctx and cells - kept <= (n_ctx - (n_prompt - 1)) // 2
+
+
+def holds_from_start(ctx: Context) -> bool:
+    """Sequence 0 still has position 0 (llama_memory_seq_pos_min; -1: empty). A sliding-window cache
+    reuses the cells its window has left once its head comes round, dropping those positions: a
+    prompt that keeps fewer tokens than the cache held would lack some that a cold prefill has."""
+    pos_min = getattr(ctx, "seq_pos_min", None)
+    return pos_min is None or pos_min(COMMITTED_SEQ) <= 0
+
+
 @dataclass(eq=False)
 class Saved:
     """A prefix kept in host memory: the KV of `tokens` at positions 0..len-1 (Context.seq_save)."""
 
     tokens: list[int]
     state: bytes
+
+
+@dataclass(eq=False)
+class Resume:
+    """A saved prefix to put back for a prompt, and how many of the prompt's tokens it keeps."""
+
+    saved: Saved
+    kept: int
 
 
 class PromptCache:
@@ -94,10 +119,12 @@ class PromptCache:
     Exact, as a cold prefill, on specgen's build: every prefill decode is at most INVARIANT_ROWS
     tokens, so each token's KV is the same bits whichever decode computed it (a prompt chunk, a
     verified draft); attention sums a row's cells in cell order, which is position order until the
-    cache's head wraps around (cells left empty by rejected drafts are skipped, not summed). A
-    generation that starts further along than a cold one would wrap sooner, so the cache starts
-    over (clears) once the head leads a cold start by more than half the context (`cells_written`:
-    backend.py). One per context: every generation on it goes through it.
+    cache's head wraps around (cells left empty by rejected drafts are skipped, not summed). So a
+    prefix is kept only from a cache whose head has not come round, and only where the head, which
+    then leads a cold start's, leaves the prompt at least half the room a cold start has
+    (`leaves_room`; `cells_written`: backend.py): else the cache starts over (clears). A prefix is
+    kept only while the cache still holds position 0 (`holds_from_start`: a sliding window drops
+    positions). One per context: every generation on it goes through it.
     `reuse` False: every prompt is read whole, in the decodes a cold cache reads it in (the same bits).
     A prefix shorter than `min_keep` (a chat template's header) is not kept: starting over puts the
     head back at the start, which a long conversation's later turns need more.
@@ -106,7 +133,8 @@ class PromptCache:
     dropped first). The live prefix is saved before a prompt would drop `min_keep` tokens or more of
     it, and a saved one that shares more with a prompt than the live one is put back: into an empty
     cache, from cell 0 in position order (holes closed), where a cold prefill puts the same tokens,
-    so the answers stay a cold cache's (Context.seq_load)."""
+    so the answers stay a cold cache's (Context.seq_load). Its head is then at the saved prefix's
+    end, so the same room rule applies to the tokens it keeps."""
 
     def __init__(self, reuse: bool = True, min_keep: int = 32, budget: int = 0) -> None:
         self.reuse, self.min_keep, self.budget = reuse, min_keep, budget
@@ -116,46 +144,54 @@ class PromptCache:
 
     def reusable(self, prompt: list[int], ctx: Context, take: bool = True) -> int:
         """Prompt tokens whose KV can be kept: the common prefix, less the root (never evaluated
-        by a prefill: the first step does); 0 where the head is too far along (see above). With a
-        budget, the live prefix may be saved and a saved one put in its place first. `take` False
-        (a request's cache_prompt: false): 0, the prompt read whole; the live prefix is saved first."""
+        by a prefill: the first step does); 0 where the cache cannot keep them exactly (see above).
+        With a budget, the live prefix may be saved and a saved one put in its place first. `take`
+        False (a request's cache_prompt: false): 0, the prompt read whole; the live prefix is saved first."""
         if not self.reuse:
             return 0
+        saving = self.budget > 0 and hasattr(ctx, "seq_load")
         if not take:
-            if self.budget > 0 and hasattr(ctx, "seq_load") and self.n >= self.min_keep:
+            if saving and self.n >= self.min_keep:
                 self._save(ctx)
             return 0
-        live = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
-        lead = getattr(ctx, "cells_written", 0) - live  # how far the head is ahead of a cold start's
-        keep = live if live >= self.min_keep and lead <= ctx.n_ctx // 2 else 0
-        if self.budget <= 0 or not hasattr(ctx, "seq_load"):
+        keep = self._live(prompt, ctx)
+        if not saving:
             return keep
-        best, got = self._best(prompt)
-        restore = got >= self.min_keep and got > keep
-        if self.n - (0 if restore else keep) >= self.min_keep:
+        best = self._best(prompt, ctx.n_ctx, keep)
+        if self.n - (0 if best else keep) >= self.min_keep:
             self._save(ctx)
-            # the live prefix, saved, may be the best now (a head too far along: put back compact)
-            best, got = self._best(prompt)
-            restore = got >= self.min_keep and got > keep
-        if not restore:
-            return keep
-        self.saved.remove(best)
-        self.n = 0
-        if not ctx.seq_load(COMMITTED_SEQ, best.state, len(best.tokens)):
-            return 0
-        self.tokens, self.n = best.tokens, len(best.tokens)
-        return got
+            best = self._best(prompt, ctx.n_ctx, keep)  # the live prefix, saved, may be the best now
+        return keep if best is None else self._restore(ctx, best)
 
-    def _best(self, prompt: list[int]) -> tuple[Saved | None, int]:
-        """The saved prefix that shares most with `prompt`, and how many tokens it would keep."""
-        best = max(self.saved, key=lambda s: common_prefix(s.tokens, prompt), default=None)
-        return best, 0 if best is None else min(common_prefix(best.tokens, prompt), len(prompt) - 1)
+    def _live(self, prompt: list[int], ctx: Context) -> int:
+        """What the live prefix keeps of `prompt` (0: nothing)."""
+        live = min(common_prefix(self.tokens[:self.n], prompt), len(prompt) - 1)
+        cells = getattr(ctx, "cells_written", 0)
+        fits = live >= self.min_keep and leaves_room(cells, live, len(prompt), ctx.n_ctx)
+        return live if fits and holds_from_start(ctx) else 0
+
+    def _best(self, prompt: list[int], n_ctx: int, keep: int) -> Resume | None:
+        """The saved prefix that keeps the most of `prompt`, more than `keep` and at least min_keep,
+        put back (its head at its end) with room left; None if none does."""
+        resumes = [Resume(s, min(common_prefix(s.tokens, prompt), len(prompt) - 1)) for s in self.saved]
+        fitting = [r for r in resumes if r.kept >= self.min_keep and r.kept > keep
+                   and leaves_room(len(r.saved.tokens), r.kept, len(prompt), n_ctx)]
+        return max(fitting, key=lambda r: r.kept, default=None)
+
+    def _restore(self, ctx: Context, best: Resume) -> int:
+        """Put `best` back in place of the live prefix; the tokens it keeps (0 where it failed)."""
+        self.saved.remove(best.saved)
+        self.n = 0
+        if not ctx.seq_load(COMMITTED_SEQ, best.saved.state, len(best.saved.tokens)):
+            return 0
+        self.tokens, self.n = best.saved.tokens, len(best.saved.tokens)
+        return best.kept
 
     def _save(self, ctx: Context) -> None:
         """Copy the live prefix to host memory (a prefix of a saved one is not saved again)."""
         held = self.tokens[:self.n]
-        if getattr(ctx, "cells_written", 0) > ctx.n_ctx:  # the head wrapped: cells are out of position order
-            return
+        if getattr(ctx, "cells_written", 0) > ctx.n_ctx or not holds_from_start(ctx):  # cells out of position
+            return  # order (the head came round), or positions dropped: a restore would not be a cold prefill
         longer = [s for s in self.saved if common_prefix(s.tokens, held) == len(held)]
         if longer:  # already saved, with more after it
             self.saved.remove(longer[0])
