@@ -100,7 +100,7 @@ def winner(row: np.ndarray, temperature: float, seed: int, position: int,
             return -1
         return int(ids[int(np.argmax(scores))])
     nz = Noise.at(seed, position, row.shape[0])
-    ids = _contenders(row, temperature, nz, 1)
+    ids = contenders(row, temperature, nz, 1)
     if not len(ids):
         return -1
     scores = race_scores(row[ids], temperature, nz.of(ids))
@@ -116,7 +116,7 @@ def ranking(row: np.ndarray, temperature: float, seed: int, position: int, k: in
         scores = race_scores(row[ids], temperature, noise(seed, position, ids, row.shape[0]))
     else:
         nz = Noise.at(seed, position, row.shape[0])
-        ids = _contenders(row, temperature, nz, k)
+        ids = contenders(row, temperature, nz, k)
         scores = race_scores(row[ids], temperature, nz.of(ids))
     order = np.lexsort((ids, -scores))[:k]
     return [int(ids[i]) for i in order if scores[i] > -np.inf]
@@ -127,21 +127,22 @@ def race_scores(logits: np.ndarray, temperature: float, g: np.ndarray) -> np.nda
     return logits.astype(np.float64) + float(temperature) * g
 
 
-def _contenders(row: np.ndarray, temperature: float, nz: Noise, k: int) -> np.ndarray:
+def contenders(row: np.ndarray, temperature: float, nz: Noise, k: int = 1, widen: float = 0.0) -> np.ndarray:
     """Ids that can still finish among the first k: each block's bound max(logit) + T G_b against
     the k-th best score known for sure, the block maxima's own (and the likeliest token's; rounding
     is monotone, so the bound holds in floats); in the blocks that reach it, each id's logit with
-    its block's G_b."""
+    its block's G_b. `widen`: each logit is known to within that (a screened row, llama/screen.py):
+    upper bounds add it, the sure scores subtract it."""
     n = row.shape[0]
     n_blocks = len(nz.block_max)
     padded = row if n == n_blocks * BLOCK else np.concatenate(
         [row, np.full(n_blocks * BLOCK - n, -np.inf, dtype=row.dtype)])
-    upper = race_scores(padded.reshape(n_blocks, BLOCK).max(axis=1), temperature, nz.block_max)
+    upper = race_scores(padded.reshape(n_blocks, BLOCK).max(axis=1), temperature, nz.block_max) + widen
     at = nz.block_arg < n
-    sure = race_scores(row[nz.block_arg[at]], temperature, nz.block_max[at])
+    sure = race_scores(row[nz.block_arg[at]], temperature, nz.block_max[at]) - widen
     if k == 1:  # the likeliest token's own score: with a peaked row, far above a block maximum's
         top = np.array([int(np.argmax(row))])
-        sure = np.append(sure, race_scores(row[top], temperature, nz.of(top)))
+        sure = np.append(sure, race_scores(row[top], temperature, nz.of(top)) - widen)
     best = np.sort(sure)[-k] if len(sure) >= k else -np.inf
     if best == -np.inf:
         best = np.nextafter(-np.inf, 0)  # some block maximum is banned: any finite score may win
@@ -150,6 +151,6 @@ def _contenders(row: np.ndarray, temperature: float, nz: Noise, k: int) -> np.nd
         return np.empty(0, dtype=np.int64)
     # In those blocks, the ids whose own logit with the block's largest noise reaches it.
     cells = padded.reshape(n_blocks, BLOCK)[blocks]
-    reach = race_scores(cells, temperature, nz.block_max[blocks][:, None]) >= best
+    reach = race_scores(cells, temperature, nz.block_max[blocks][:, None]) + widen >= best
     ids = (blocks[:, None] * BLOCK + np.arange(BLOCK)[None, :])[reach]
     return ids[row[ids] > -np.inf]

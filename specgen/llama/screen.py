@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.core import race
-from specgen.core.sampling import Sampler
+from specgen.core.sampling import Sampler, top_k_ids
 from specgen.errors import ModelError
 from specgen.files import replacing, write_text
 from specgen.host import specgen_home
@@ -127,7 +127,7 @@ class ScreenedHead:
             return np.arange(row.shape[0])
         if params.top_k > 0 or params.min_p > 0.0:
             k = min(params.top_k, row.shape[0]) if params.top_k > 0 else 1
-            kth = float(np.partition(row, row.shape[0] - k)[row.shape[0] - k])
+            kth = float(row[top_k_ids(row, k)].min())
             slack = 0.0 if params.top_k > 0 else float(np.log(params.min_p))
             near = np.flatnonzero(row >= kth - 2 * wide + slack)
             bound = self.bound(near, act, r)
@@ -136,19 +136,10 @@ class ScreenedHead:
             return near[row[near] + bound >= floor]
         t = params.temperature
         nz = race.Noise.at(sampler.seed, position, row.shape[0])
-        n_blocks = len(nz.block_max)
-        at = nz.block_arg < row.shape[0]
-        top = np.array([int(np.argmax(row))])  # block maxima's lower bounds, and the likeliest token's
-        sure = max(race.race_scores(row[nz.block_arg[at]].astype(np.float64) - wide, t, nz.block_max[at]).max(),
-                   float(race.race_scores(row[top].astype(np.float64) - wide, t, nz.of(top))[0]))
-        padded = np.full(n_blocks * race.BLOCK, -np.inf)  # float64: bounds never round inwards
-        padded[:row.shape[0]] = row
-        reach = race.race_scores(padded.reshape(n_blocks, race.BLOCK) + wide, t, nz.block_max[:, None]) >= sure
-        near = np.flatnonzero(reach.ravel()[:row.shape[0]])
+        near = race.contenders(row, t, nz, 1, wide)  # each logit within `wide` of its approximation
         bound = self.bound(near, act, r)
-        g = nz.of(near)
-        score = race.race_scores(row[near], t, g)
-        best = max(float(sure), float(np.max(score - bound)))
+        score = race.race_scores(row[near], t, nz.of(near))
+        best = float(np.max(score - bound))  # a sure lower bound of the winner's exact score
         return near[score + bound >= best]
 
     def activations(self, hidden: np.ndarray) -> "Activations":
