@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from specgen.core.protocol import Batch, Context
@@ -30,7 +31,7 @@ class ModelDrafter:
     With `lookup` (the staged method) a second stage drafts for the draft (the index is read here,
     kept current by its owner: Staged below, or auto): the lookup
     continuation of the best frontier node rides along in the same draft decode, and each lookup
-    token that equals the draft's own choice there (its argmax; when sampling, its draw from q)
+    token that equals the draft's own choice there (its argmax; when sampling, its race winner)
     joins the tree already evaluated, so one draft call can advance several levels. The draft
     still chooses every token: the stage only saves it decodes.
     """
