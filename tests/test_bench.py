@@ -237,6 +237,20 @@ def test_per_prompt_spread_flags_a_difference_within_noise():
     assert "~noise" in cells["same"] and "~noise" not in cells["fast"]
 
 
+def test_repeats_of_a_prompt_are_resampled_together():
+    """Three repeats of four prompts are four prompts, not twelve: the interval is the one of the
+    four prompts' speedups (each repeat the same), not one three repeats would narrow."""
+    speedups = {"1": 1.2, "2": 1.6, "3": 2.0, "4": 2.4}
+    trials = [t for r in range(3) for i, x in speedups.items()
+              for t in (replace(trial(i, "qa", "plain", 100), repeat=r), replace(trial(i, "qa", "fast", 100 * x), repeat=r))]
+    fast = next(r for r in summary.summarize(trials, ["plain", "fast"], compare_texts=False)
+                if r.group == "qa" and r.method == "fast")
+    once = next(r for r in summary.summarize([t for t in trials if t.repeat == 0], ["plain", "fast"], compare_texts=False)
+                if r.group == "qa" and r.method == "fast")
+    assert (fast.speedup_low, fast.speedup_high) == (once.speedup_low, once.speedup_high)
+    assert fast.speedup_high - fast.speedup_low > 0.5
+
+
 def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),

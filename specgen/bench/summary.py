@@ -86,7 +86,7 @@ def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunSta
         tps = _mean(runs[k][method][0].tokens_per_s for k in timed)
         mismatches = sum(runs[k][method][1] != runs[k]["plain"][1] for k in runs) if compare_texts else None
         spread = speedup_spread([runs[k][method][0].tokens_per_s for k in timed],
-                                [runs[k]["plain"][0].tokens_per_s for k in timed])
+                                [runs[k]["plain"][0].tokens_per_s for k in timed], [k[0] for k in timed])
         rows.append(SummaryRow(
             group, method, round(tps, 2), round(tps / plain_tps, 3) if plain_tps else 0.0,
             round(total.mean_accepted, 3), round(total.acceptance_rate, 4),
@@ -99,17 +99,22 @@ def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunSta
 BOOTSTRAP_SAMPLES, BOOTSTRAP_LEVEL = 2000, 0.90
 
 
-def speedup_spread(method_tps: Sequence[float], plain_tps: Sequence[float]) -> tuple[float, float, float, bool]:
+def speedup_spread(method_tps: Sequence[float], plain_tps: Sequence[float],
+                   prompts: Sequence[str] | None = None) -> tuple[float, float, float, bool]:
     """(median per-prompt speedup, low, high, within_noise) for paired per-prompt throughputs: the
-    interval is a percentile bootstrap of the ratio of means (prompts resampled with their pairs;
-    seeded, so a report is reproducible from its records)."""
+    interval is a percentile bootstrap of the ratio of means over prompts resampled whole, each
+    with all its repeats (`prompts`: the prompt of each pair; None: every pair its own), since
+    repeats of one prompt are not independent prompts; seeded, so a report is reproducible from its
+    records."""
     import numpy as np
 
     m, p = np.asarray(method_tps, dtype=float), np.asarray(plain_tps, dtype=float)
     if len(m) == 0 or not np.all(p > 0):
         return 0.0, 0.0, 0.0, False
-    idx = np.random.default_rng(0).integers(0, len(m), size=(BOOTSTRAP_SAMPLES, len(m)))
-    ratios = m[idx].mean(axis=1) / p[idx].mean(axis=1)
+    _, which = np.unique(np.asarray(prompts if prompts is not None else np.arange(len(m))), return_inverse=True)
+    m_sum, p_sum = np.bincount(which, weights=m), np.bincount(which, weights=p)
+    idx = np.random.default_rng(0).integers(0, len(m_sum), size=(BOOTSTRAP_SAMPLES, len(m_sum)))
+    ratios = m_sum[idx].sum(axis=1) / p_sum[idx].sum(axis=1)
     tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
     return round(float(np.median(m / p)), 3), round(float(low), 3), round(float(high), 3), bool(low <= 1.0 <= high)
