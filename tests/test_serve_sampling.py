@@ -126,3 +126,19 @@ def _raw(served, path, body=None) -> bytes:
     req = urllib.request.Request(served.url + path, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.read()
+
+
+def test_a_sampled_reply_names_its_seed_and_the_seed_replays_it_streamed_or_not(served):
+    """No seed given: the server draws one and says which (speculative.seed); that seed gives the
+    same text again, whole or streamed, since every method samples plain's text (core/race.py)."""
+    first = chat(served, REPEAT, max_tokens=24, temperature=1.0)
+    seed = first.model_extra["speculative"]["seed"]
+    assert isinstance(seed, int) and 0 <= seed < 2**32
+    again = chat(served, REPEAT, max_tokens=24, temperature=1.0, seed=seed)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.model_extra["speculative"]["seed"] == seed
+    streamed = chat(served, REPEAT, max_tokens=24, temperature=1.0, seed=seed, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
+        first.choices[0].message.content
+    other = chat(served, REPEAT, max_tokens=24, temperature=1.0)
+    assert other.model_extra["speculative"]["seed"] != seed  # a fresh seed per request
