@@ -43,6 +43,7 @@ class ModelDrafter:
         self.params = params
         self.sampler = Sampler(params)  # reset() takes the run's own, whose seed the target races with
         self._n_text = 0  # tokens of the whole text (the draft's cache may hold only its end)
+        self._column_of: np.ndarray | None = None  # a subset draft's column of each target id
         self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
         self.min_prob = min_prob
         self.lookup = lookup
@@ -145,8 +146,10 @@ class ModelDrafter:
             return self.sampler.ranking(logits, position, k)
         full = np.full(self.cache.ctx.n_vocab, -np.inf, dtype=logits.dtype)  # raced by token id
         full[columns] = logits
-        ids = self.sampler.ranking(full, position, k)
-        return [int(c) for c in np.searchsorted(columns, ids)]
+        if self._column_of is None:  # a subset's ids need not be sorted: map them back by table
+            self._column_of = np.full(self.cache.ctx.n_vocab, -1, dtype=np.int64)
+            self._column_of[columns] = np.arange(len(columns))
+        return [int(self._column_of[i]) for i in self.sampler.ranking(full, position, k)]
 
     def _token(self, column: int) -> int:
         columns = self.cache.ctx.columns
