@@ -155,3 +155,22 @@ def test_a_call_cut_by_max_tokens_is_not_run_and_goes_back_as_text():
     assert cut.message()["content"] == '{"name": "get_forecast", "arguments": {"city": "Ber'
     whole = Reply(calls=[{"name": "get_forecast", "arguments": '{"city": "Bergen"}'}], finish_reason="tool_calls")
     assert whole.runnable == whole.calls and whole.message()["tool_calls"][0]["function"]["name"] == "get_forecast"
+
+
+def test_tokens_new_to_each_request_leave_out_what_the_row_read_and_wrote_before():
+    """A row whose reply was the baseline's held its prompt and that reply: only the rest is new; a row
+    that wrote something else held its prompt alone (the history holds the baseline's reply)."""
+    from specgen.bench.agent_summary import new_tokens, summarize
+
+    def rec(row, conv, prompt_n, cache_n, wrote, identical=True):
+        return {"row": row, "prompt_id": conv, "prompt_n": prompt_n, "cache_n": cache_n,
+                "completion_tokens": wrote, "identical": identical}
+
+    records = [rec(BASELINE, "a", 100, 0, 20), rec("auto", "a", 100, 0, 20), rec("other", "a", 90, 10, 30, False),
+               rec(BASELINE, "a", 150, 0, 5), rec("auto", "a", 31, 119, 5), rec("other", "a", 50, 100, 5, False),
+               rec(BASELINE, "b", 80, 0, 5)]
+    assert new_tokens(records) == [100, 100, 100, 30, 30, 50, 80]
+    full = [{**r, "turn": 1, "kind": "call", "wall_s": 1.0, "ttft_s": None, "decode_s": 1.0, "prompt_s": 0.1,
+             "call_made": True, "error": None} for r in records]
+    overall = {r.row: r for r in summarize(full, [BASELINE, "auto", "other"]) if r.turn is None and r.prompt_id is None}
+    assert (overall["auto"].prompt_read, overall["auto"].prompt_new) == (131, 130)

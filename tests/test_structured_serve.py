@@ -158,6 +158,13 @@ def test_tool_loop_call_result_answer(server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_tool_choice_switch_reads_only_the_new_tokens(server):
+    """The generic format: the same loop as the hermes one (test_hermes_template.py)."""
+    from test_hermes_template import tool_choice_switches
+
+    tool_choice_switches(server)
+
+
 def test_a_tool_loop_reads_the_same_every_run(server):
     """tool_choice none after a call: the history as the generic format shows it, each result named
     by its function (not by the call's random id), so the same loop gives the same prompt each run."""

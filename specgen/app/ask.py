@@ -5,11 +5,11 @@ checks it here, and names its own flag or field when a value is out of bounds.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from specgen.app.prompts import Prompt
-from specgen.app.structured import tool_constraint, tool_format
+from specgen.app.structured import GENERIC, Tools, tool_constraint, tool_format
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.penalties import Penalties
 from specgen.core.protocol import Model
@@ -185,7 +185,20 @@ class Ask:
 
 def ask_for(target: Model, prompt: Prompt, chat: bool, layout: str, **rest: Any) -> Ask:
     """An Ask for `prompt` as `target` reads it, its constraint made whole here with `layout`."""
+    prompt = answered_in_text(prompt, tools_format(target, chat))
     return Ask(prompt, chat, constraint=constraint_for(target, prompt, chat, layout), **rest)
+
+
+def answered_in_text(prompt: Prompt, fmt: str) -> Prompt:
+    """tool_choice none (offered functions, no Tools): in the generic format, whose system message
+    asks for one JSON object, the answer is its `{"response": ...}` (Tools that allow no call: that
+    grammar, read back as content); a hermes answer is free text, as the prompt alone asks. A
+    conversation that ends with an assistant message is continued as text."""
+    if fmt != GENERIC or prompt.tools is not None or prompt.constraint is not None or not prompt.offered:
+        return prompt
+    if prompt.after and prompt.after[-1].role == "assistant":
+        return prompt
+    return replace(prompt, tools=Tools(prompt.offered, "none"))
 
 
 def constraint_for(target: Model, prompt: Prompt, chat: bool, layout: str) -> ConstraintSpec | None:

@@ -44,7 +44,12 @@ class Prompt:
     after: tuple[Message, ...] = ()
     constraint: ConstraintSpec | None = None  # the answer must match it (response_format, --json-schema)
     tools: Tools | None = None  # functions the answer may call
-    offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): runner.py
+    offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): listed still
+
+    @property
+    def listed(self) -> tuple[dict, ...]:
+        """Every function the request offers, whatever tool_choice says: the prompt lists them all."""
+        return self.tools.functions if self.tools is not None else self.offered
 
     @property
     def constrained(self) -> bool:

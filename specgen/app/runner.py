@@ -12,8 +12,8 @@ from specgen.app.ask import Ask, ask_for, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
-from specgen.app.structured import (GENERIC, NO_CALL_NOTE, ToolAnswer, call_history, generic_messages,
-                                    generic_system_prompt, parse_answer)
+from specgen.app.structured import (GENERIC, ToolAnswer, call_history, generic_messages, generic_system_prompt,
+                                    parse_answer)
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.engine import Event, FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.core.kv import PromptCache
@@ -33,23 +33,20 @@ def use_chat(cfg: RunConfig, model: Model) -> bool:
 
 def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
     """The prompt as text: through the chat template, or (base models) the turns joined by blank
-    lines. Tools go to a template that renders them, else into a system message (structured.py);
-    there, a history's calls and results are written as that format shows them, tools offered or
-    not, and tool_choice none lists the tools still and says so after the conversation (the
-    prompt reads as the loop's other turns up to there: the prompt cache keeps it). A last
-    assistant message is continued (prefill), as llama-server does."""
+    lines. Every function the request offers is listed, whatever tool_choice (or a response format)
+    says, so that the loop's requests read as one prefix (the prompt cache keeps it): given to a
+    template that renders tools, else in a system message (structured.py), where a history's calls,
+    results and answers are written as that format shows them. A last assistant message is
+    continued (prefill), as llama-server does."""
     messages = prompt.messages(system)
+    functions = prompt.listed
     tools = None
     if tools_format(model, chat) == GENERIC:
-        messages = generic_messages(messages)
-        offered = prompt.offered if prompt.constraint is None else ()  # a response_format's answer: no tools
-        functions = prompt.tools.functions if prompt.tools is not None else offered
+        messages = generic_messages(messages, tools_listed=bool(functions))
         if functions:
             messages = _with_system(messages, generic_system_prompt(functions))
-        if prompt.tools is None and offered and messages[-1]["role"] != "assistant":
-            messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{NO_CALL_NOTE}"}
-    elif prompt.tools is not None:
-        tools = prompt.tools.openai()
+    elif functions:
+        tools = [{"type": "function", "function": f} for f in functions]
     if not chat:
         return "\n\n".join(m["content"] for m in messages)
     prefill = messages.pop()["content"] if messages[-1]["role"] == "assistant" else ""

@@ -23,9 +23,6 @@ from specgen.core.constraint import ConstraintSpec
 from specgen.drafting.calls import CallHistory
 from specgen.errors import ConstraintError
 
-# tool_choice none in the generic format: the tools are listed still; this ends the last message.
-NO_CALL_NOTE = "Do not call a tool now: answer in plain text, not JSON."
-
 
 def response_format(value: object) -> ConstraintSpec | None:
     """OpenAI's `response_format` (llama-server's `{"type": "json_object", "schema": ...}` too)."""
@@ -61,9 +58,10 @@ def schema_spec(schema: object, where: str) -> ConstraintSpec:
 
 @dataclass(frozen=True)
 class Tools:
-    """The request's functions and `tool_choice`: "auto", "required", or one function's name."""
+    """The request's functions and `tool_choice`: "auto", "required", one function's name, or
+    "none" (the generic format's answer to tool_choice none: its `{"response": ...}` alone, ask.py)."""
 
-    functions: tuple[dict, ...]  # {"name", "description", "parameters"}
+    functions: tuple[dict, ...]  # {"name", "description", "parameters"}: all of them are rendered
     choice: str = "auto"
     only: str | None = None  # tool_choice named a function
     parallel: bool = True  # parallel_tool_calls: false allows at most one call
@@ -77,11 +75,10 @@ class Tools:
         return self.choice == "required" or self.only is not None
 
     def allowed(self) -> tuple[dict, ...]:
+        """The functions an answer may call (the prompt lists every one of `functions`)."""
+        if self.choice == "none":
+            return ()
         return tuple(f for f in self.functions if self.only is None or f["name"] == self.only)
-
-    def openai(self) -> list[dict]:
-        """As a chat template's `tools` variable expects them (OpenAI's shape)."""
-        return [{"type": "function", "function": f} for f in self.allowed()]
 
 
 def read_tools(tools: object, tool_choice: object, parallel: object = True) -> Tools | None:
@@ -126,7 +123,7 @@ def _functions(tools: list) -> list[dict]:
 
 def offered_tools(tools: object, tool_choice: object) -> tuple[dict, ...]:
     """The functions a `tool_choice: none` request names (read_tools has checked them; () otherwise):
-    the generic format still lists them, so the prompt reads as its other turns do up to the end
+    the prompt lists them still, in either format, so it reads as the loop's other requests do
     (the prompt cache keeps the conversation across a switch of tool_choice)."""
     return tuple(_functions(tools)) if tool_choice == "none" and isinstance(tools, list) and tools else ()
 
@@ -151,33 +148,43 @@ def _call_schema(tools: Tools) -> dict:
 def tool_constraint(tools: Tools, fmt: str) -> ConstraintSpec:
     """The grammar the answer is generated under. The hermes tags are matched as text: where a
     vocabulary makes `<tool_call>` a control token, the grammar writes it in its ordinary tokens."""
+    if fmt == GENERIC:
+        return ConstraintSpec("json_schema", json.dumps(_generic_schema(tools)))
+    # Free text that does not open with "<" and never holds the opener (a call in it would be one
+    # the schemas never checked), or calls: a call is chosen by its first character.
+    text = f"TEXT: /[^<](?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"
+    if not tools.allowed():
+        return ConstraintSpec("lark", "\n".join(["start: TEXT", text]))
     call = _call_schema(tools)
-    if fmt == GENERIC:  # one object: at most one call, whatever parallel_tool_calls says
-        defs = call.pop("$defs", None)
-        options = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
-                    "additionalProperties": False}]
-        if not tools.must_call:
-            options.append({"type": "object", "properties": {"response": {"type": "string"}},
-                            "required": ["response"], "additionalProperties": False})
-        root = options[0] if len(options) == 1 else {"anyOf": options}
-        return ConstraintSpec("json_schema", json.dumps({**root, "$defs": defs} if defs else root))
     opener, closer = json.dumps(OPEN), json.dumps(CLOSE)
     lines = ["calls: call (\"\\n\" call)*" if tools.parallel else "calls: call",
              f"call: {opener} \"\\n\" args \"\\n\" {closer}",
              "args: %json " + json.dumps(call)]
     if tools.must_call:
         return ConstraintSpec("lark", "\n".join(["start: calls", *lines]))
-    # Free text that does not open with "<" and never holds the opener (a call in it would be one
-    # the schemas never checked), or calls: a call is chosen by its first character.
-    text = f"TEXT: /[^<](?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"
     return ConstraintSpec("lark", "\n".join(["start: TEXT | calls", text, *lines]))
+
+
+def _generic_schema(tools: Tools) -> dict:
+    """One object: `{"tool_call": ...}` (at most one call, whatever parallel_tool_calls says) where a
+    call is allowed, `{"response": "text"}` unless one must be made."""
+    options, defs = [], None
+    if tools.allowed():
+        call = _call_schema(tools)
+        defs = call.pop("$defs", None)
+        options.append({"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
+                        "additionalProperties": False})
+    if not tools.must_call:
+        options.append({"type": "object", "properties": {"response": {"type": "string"}},
+                        "required": ["response"], "additionalProperties": False})
+    root = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**root, "$defs": defs} if defs else root
 
 
 def generic_system_prompt(functions: tuple[dict, ...]) -> str:
     """The system message of the generic format: every tool offered and how to answer, the same
-    whatever tool_choice says (the answer's grammar enforces `required` or a named function; `none`
-    is NO_CALL_NOTE, after the conversation), so a conversation that switches tool_choice keeps its
-    prompt cache."""
+    whatever tool_choice says (the answer's grammar enforces `required`, a named function or `none`:
+    the response alone), so a conversation that switches tool_choice keeps its prompt cache."""
     listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
                          for f in functions], ensure_ascii=False)
     how = ('Answer with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}} to call a tool, '
@@ -208,12 +215,14 @@ def _arguments(fn: dict) -> object:
     return args if parsed is None else parsed
 
 
-def generic_messages(messages: list[dict]) -> list[dict]:
+def generic_messages(messages: list[dict], tools_listed: bool = False) -> list[dict]:
     """A history as the generic format's model reads it: an assistant's tool calls as the JSON it
     would have written (one object a line), the tools' results as one user message, a line each
     naming the function called (one message: templates that want roles to alternate refuse two
     user turns in a row). Names, not call ids: ids are random, and the same conversation must read
-    the same every run."""
+    the same every run. With `tools_listed` (the system message asks for one JSON object), an
+    assistant's text answer is the `{"response": ...}` it was written as (the next request then
+    begins with all the last one read and wrote), but a last one, which the answer continues."""
     names = {c.get("id"): c.get("function", {}).get("name")
              for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or ()}
     out: list[dict] = []
@@ -224,6 +233,8 @@ def generic_messages(messages: list[dict]) -> list[dict]:
                                                 "arguments": _arguments(c.get("function", {}))}}, ensure_ascii=False)
                       for c in m["tool_calls"]]
             out.append({"role": "assistant", "content": "\n".join(lines)})
+        elif m.get("role") == "assistant" and tools_listed and i < len(messages) - 1:
+            out.append({**m, "content": json.dumps({"response": m.get("content") or ""}, ensure_ascii=False)})
         elif m.get("role") == "tool":
             name = m.get("name") or names.get(m.get("tool_call_id")) or "a tool"
             line = f"Result of {name}: {m.get('content') or ''}"

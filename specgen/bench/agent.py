@@ -68,25 +68,30 @@ class Exchange:
     replies: dict[str, Reply] = field(default_factory=dict)
 
 
-def request_body(conv: AgentConversation, messages: list[dict], kind: str, max_tokens: int) -> dict:
-    return {"messages": messages, "tools": list(conv.tools), "tool_choice": "required" if kind == CALL else "auto",
+ANSWER_CHOICES = ("auto", "none")  # the answers' tool_choice (--answer-tool-choice)
+
+
+def request_body(conv: AgentConversation, messages: list[dict], kind: str, max_tokens: int,
+                 answer_choice: str = "auto") -> dict:
+    return {"messages": messages, "tools": list(conv.tools), "tool_choice": "required" if kind == CALL else answer_choice,
             "temperature": 0, "max_tokens": max_tokens}
 
 
 def run_conversation(conv: AgentConversation, servers: dict[str, Server], max_tokens: int, turns: int | None = None,
                      on_exchange: Callable[[Exchange], None] = lambda e: None,
-                     answer_max_tokens: int | None = None) -> list[Exchange]:
+                     answer_max_tokens: int | None = None, answer_choice: str = "auto") -> list[Exchange]:
     """Every turn of `conv` (the first `turns`), each request sent to every row, the reference first;
     the conversation goes on from the reference's replies. Where the reference's call request
     ends without a call (its text cut by max_tokens, say), there is nothing to run and the turn
-    ends there, as in a framework's loop. `answer_max_tokens`: the answers' own limit [max_tokens]."""
+    ends there, as in a framework's loop. `answer_max_tokens`: the answers' own limit [max_tokens];
+    `answer_choice`: their tool_choice (auto, or none as frameworks ask for a last answer in text)."""
     messages: list[dict] = [{"role": "system", "content": conv.system}]
     out = []
     for t, user in enumerate(conv.turns[:turns], 1):
         messages.append({"role": "user", "content": user})
         for kind in (CALL, ANSWER):
             limit = max_tokens if kind == CALL or answer_max_tokens is None else answer_max_tokens
-            body = request_body(conv, messages, kind, limit)
+            body = request_body(conv, messages, kind, limit, answer_choice)
             exchange = Exchange(conv.prompt_id, t, kind, {name: chat(s.url, body) for name, s in servers.items()})
             out.append(exchange)
             on_exchange(exchange)

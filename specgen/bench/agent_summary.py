@@ -35,6 +35,9 @@ class AgentRow:
     speedup: float = 1.0
     decode_ratio: float = 1.0
     ttft_call_ratio: float = 1.0
+    # The tokens new to each request, summed (new_tokens): what a prompt cache that kept all it
+    # could would have read.
+    prompt_new: int = 0
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -43,6 +46,22 @@ def _mean(xs: Sequence[float]) -> float:
 
 def _ttft(r: dict) -> float:
     return r["ttft_s"] if r["ttft_s"] is not None else r["wall_s"]
+
+
+def new_tokens(records: Sequence[dict]) -> list[int]:
+    """Per record, the tokens new to its request: its whole prompt (read and cached) less the same
+    row's previous request of the conversation and, where the row's reply to that request was the
+    baseline's (the history then holds what the row wrote), the reply's tokens; a conversation's
+    first request, all of it."""
+    out, last = [], {}
+    for r in records:
+        whole = r["prompt_n"] + r["cache_n"]
+        before = last.get((r["row"], r["prompt_id"]))
+        held = 0 if before is None else before["prompt_n"] + before["cache_n"] + \
+            (before["completion_tokens"] if before["identical"] else 0)
+        out.append(max(0, whole - held))
+        last[(r["row"], r["prompt_id"])] = r
+    return out
 
 
 def row_of(records: Sequence[dict], row: str, turn: int | None, prompt_id: str | None) -> AgentRow | None:
@@ -58,7 +77,8 @@ def row_of(records: Sequence[dict], row: str, turn: int | None, prompt_id: str |
                     round(tokens / decode_s, 3) if decode_s > 0 else 0.0,
                     sum(r["prompt_n"] for r in mine), sum(r["cache_n"] for r in mine),
                     round(sum(r["prompt_s"] for r in mine), 4), sum(r["identical"] for r in mine),
-                    sum(r["call_made"] for r in calls), len(calls), sum(r["error"] is not None for r in mine))
+                    sum(r["call_made"] for r in calls), len(calls), sum(r["error"] is not None for r in mine),
+                    prompt_new=sum(r.get("prompt_new", 0) for r in mine))
 
 
 def _ratios(row: AgentRow, base: AgentRow) -> AgentRow:
@@ -71,6 +91,7 @@ def _ratios(row: AgentRow, base: AgentRow) -> AgentRow:
 
 def summarize(records: Sequence[dict], rows: Sequence[str]) -> list[AgentRow]:
     """Each row over everything, then per turn, then per conversation; each with its ratios."""
+    records = [{**r, "prompt_new": n} for r, n in zip(records, new_tokens(records))]
     turns = sorted({r["turn"] for r in records})
     convs = list(dict.fromkeys(r["prompt_id"] for r in records))
     out = []

@@ -17,13 +17,30 @@ def _caption(data: dict, link: str) -> str:
     n_convs = len({r["prompt_id"] for r in data["summary"] if r["prompt_id"] is not None})
     return (f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
             f"suite agent{'' if half == 'all' else f', {half} half'}: {n_convs} of {settings.get('n_prompts', '?')} conversations, "
-            f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request · "
+            f"{n_requests} requests per row, greedy, at most {settings.get('max_tokens', '?')} tokens a request"
+            f"{_answers(settings)} · "
             f"target {target.get('name', '?')}{_template(settings)}{cut} · results: [{Path(link).name}]({link})*")
 
 
 def _template(settings: dict) -> str:
     name = settings.get("llama_cpp_template")
     return f" · llama-server's chat template {name}" if name else ""
+
+
+def _answers(settings: dict) -> str:
+    choice = settings.get("answer_tool_choice") or "auto"
+    return "" if choice == "auto" else f", answers with tool_choice {choice}"
+
+
+def _new_line(names: list[str], overall: dict) -> list[str]:
+    """Prompt tokens read against the tokens new to each request (agent_summary.new_tokens), where
+    the file has them."""
+    rows = [overall[n] for n in names if n in overall and "prompt_new" in overall[n]]
+    if not rows:
+        return []
+    return ["", "Prompt tokens read / new to each request (its prompt less what the row's previous request and "
+            "reply held): " + "; ".join(f"{r['row']} {r['prompt_read']}/{r['prompt_new']} "
+                                       f"({r['prompt_read'] / max(r['prompt_new'], 1):.2f}x)" for r in rows) + "."]
 
 
 def render(data: dict, link: str) -> str:
@@ -45,6 +62,7 @@ def render(data: dict, link: str) -> str:
                      f"{r['ttft_answer_s']:.2f} | {r['tokens_per_s']:.1f} | {r['decode_ratio']:.2f}x | "
                      f"{r['prompt_read']} / {r['prompt_cached']} | {same} | {r['calls_valid']}/{r['call_requests']}"
                      f"{errors} |")
+    lines += _new_line(names, overall)
     turns = sorted({r["turn"] for r in summary if r["turn"] is not None})
     if turns:
         lines += ["", "Per turn: the turn's wall time in seconds (speedup over the baseline) · the call's time to "

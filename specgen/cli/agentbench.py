@@ -21,10 +21,11 @@ DEFAULT_SPEC_TYPES = ("ngram-mod",)  # llama-server's n-gram drafting: no draft 
 def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int | None, threads: int | None,
                     ctx: int | None, draft: str | None, json_file: Path | None, llama_cpp: Path | None,
                     spec_type: list[str] | None, llama_cpp_draft: str | None, turns: int | None = None,
-                    answer_max_tokens: int | None = None, template: Path | None = None) -> dict:
+                    answer_max_tokens: int | None = None, template: Path | None = None,
+                    answer_choice: str | None = None) -> dict:
     """Run the bench, print its table, write --json; the report (bench's JSON object) is returned.
     `turns` (the first N of each conversation) and `answer_max_tokens` (the answers' limit, else
-    -n's) keep a test's run small."""
+    -n's) keep a test's run small; `answer_choice` is the answers' tool_choice [auto]."""
     from specgen.models.manifest import describe
     from specgen.models.resolve import resolve
     from specgen.bench.drafts import gguf_facts
@@ -33,6 +34,9 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
     from specgen.host import cpu_sample, others_cores
     from specgen.llama import backend, tools
 
+    answer_choice = answer_choice or "auto"
+    if answer_choice not in agent.ANSWER_CHOICES:
+        raise ConfigError(f"--answer-tool-choice expects {' or '.join(agent.ANSWER_CHOICES)}, found {answer_choice!r}")
     if json_file is not None:
         check_writable(json_file, "--json")
     convs = load_agent_suite(split)[:limit] if limit else load_agent_suite(split)
@@ -73,7 +77,7 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
                 for conv in convs:
                     agent.run_conversation(conv, servers, n_max, turns, on_exchange=lambda e: (
                         records.extend(agent.reply_record(by_id[e.prompt_id], e, n) for n in names), advance()),
-                        answer_max_tokens=answer_max_tokens)
+                        answer_max_tokens=answer_max_tokens, answer_choice=answer_choice)
         except KeyboardInterrupt:
             interrupted = True  # report the requests every row answered, then exit 130
         finally:
@@ -87,7 +91,8 @@ def run_agent_bench(target: str, split: str, limit: int | None, max_tokens: int 
                          "llama_cpp_draft": {**describe(llama_cpp_draft, their_draft), **gguf_facts(their_draft)}
                          if their_draft else None},
               "settings": {"suite": SUITE, "split": split, "n_prompts": len(convs), "turns": turns,
-                           "max_tokens": n_max, "answer_max_tokens": answer_max_tokens or n_max, "temperature": 0.0, "threads": n_threads, "ctx": n_ctx,
+                           "max_tokens": n_max, "answer_max_tokens": answer_max_tokens or n_max,
+                           "answer_tool_choice": answer_choice, "temperature": 0.0, "threads": n_threads, "ctx": n_ctx,
                            "repeats": 1, "interrupted": interrupted,
                            "llama_cpp_template": Path(template).name if template else None,
                            "methods": names, "baseline": agent.BASELINE},

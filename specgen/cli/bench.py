@@ -83,6 +83,9 @@ def bench(
                                                       "--suite agent and --llama-cpp: the chat template llama-server "
                                                       "renders (its --chat-template-file), e.g. one that writes tools "
                                                       "for a model whose own template does not."),
+    answer_tool_choice: Optional[str] = typer.Option(None, "--answer-tool-choice", metavar="CHOICE", help="With "
+                                                     "--suite agent: the answers' tool_choice, auto or none (a "
+                                                     "framework's last answer in text) [auto]."),
 ) -> None:
     """Run every method against plain decoding on the same prompts, interleaved, and compare.
 
@@ -125,9 +128,10 @@ def bench(
     constrained = any(p.constrained for p in prompts)
     chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None, constrained), constrained)
 
-    if llama_cpp_template is not None:
-        raise ConfigError("--llama-cpp-template sets llama-server's chat template: it goes with --suite agent, "
-                          f"found --suite {values.get('suite') or 'builtin'}")
+    if llama_cpp_template is not None or answer_tool_choice is not None:
+        flag = "--llama-cpp-template sets llama-server's chat template" if llama_cpp_template is not None else \
+            "--answer-tool-choice sets the agent loops' answers"
+        raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
     if (spec_type or llama_cpp_draft) and binary is None:
         raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
@@ -193,7 +197,7 @@ def bench(
 
 # What --suite agent reads (bench/agent.py: servers, greedy); any other option given is refused.
 _AGENT_OPTIONS = {"target", "draft", "suite", "limit", "split", "max_tokens", "threads", "ctx", "json_file",
-                  "llama_cpp", "spec_type", "llama_cpp_draft", "llama_cpp_template", "config"}
+                  "llama_cpp", "spec_type", "llama_cpp_draft", "llama_cpp_template", "answer_tool_choice", "config"}
 
 
 def _agent(given: dict) -> None:
@@ -204,8 +208,8 @@ def _agent(given: dict) -> None:
     if unused or given.get("config") is not None:
         name = "config" if given.get("config") is not None else unused[0]
         raise ConfigError(f"--suite agent runs servers greedily with its own rows: it takes -m, -d, --split, --limit, "
-                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type, --llama-cpp-draft and "
-                          f"--llama-cpp-template, found --"
+                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type, --llama-cpp-draft, "
+                          f"--llama-cpp-template and --answer-tool-choice, found --"
                           f"{name.replace('_', '-')}")
     if given["limit"] is not None and given["limit"] < 1:
         raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
@@ -214,7 +218,8 @@ def _agent(given: dict) -> None:
     try:
         run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"],
                         given["threads"], given["ctx"], given["draft"], given["json_file"], given["llama_cpp"],
-                        given["spec_type"], given["llama_cpp_draft"], template=given["llama_cpp_template"])
+                        given["spec_type"], given["llama_cpp_draft"], template=given["llama_cpp_template"],
+                        answer_choice=given["answer_tool_choice"])
     except KeyboardInterrupt:  # what finished is written; the servers are stopped
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
