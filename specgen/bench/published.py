@@ -112,7 +112,7 @@ def _name(method: str, llama_cpp_draft: dict | None) -> str:
 
 
 def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int,
-           llama_cpp_draft: dict | None = None) -> list[str]:
+           llama_cpp_draft: dict | None = None, sampled: bool = False) -> list[str]:
     """A row per method. Results with forced tokens (constrained, recorded since they were counted
     apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
     `over jump` column: each method's speed over jump-forward's, what drafting adds."""
@@ -129,7 +129,9 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int,
         if m == "auto":
             ratio = f"**{ratio}**"
         drafted = m not in ("plain", UNSCREENED, LLAMA_CPP_PLAIN, JUMP)
-        same = "" if m == "plain" or r.get("lossless_mismatches") is None else \
+        # Sampled, llama.cpp's rows sample with its own sampler: their texts are not compared.
+        other_sampler = sampled and m.startswith("llama.cpp")
+        same = "" if m == "plain" or other_sampler or r.get("lossless_mismatches") is None else \
             f"{n_trials - r['lossless_mismatches']}/{n_trials}"
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
         accepted = f"{r['acceptance_rate']:.0%}" if drafted else ""
@@ -206,7 +208,8 @@ def render(data: dict, link: str) -> str:
     lines = [f"*{run_caption(run)} · {machine_caption(data.get('machine', {}))} · "
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
-             *_table(rows, methods, n_trials, models.get("llama_cpp_draft")), ""]
+             *_table(rows, methods, n_trials, models.get("llama_cpp_draft"),
+                     bool(settings.get("temperature"))), ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
     lead = _lead(rows, models)

@@ -170,6 +170,9 @@ def bench(
     machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
     machine["load_average_at_end"] = machine_info(n_threads, info)["load_average"]
     rows = summarize(trials, columns, compare_texts=True)  # sampled: every method with a trial's seed (run.trial_seed)
+    if not cfg.sampling.greedy:  # llama.cpp samples otherwise: its texts are not specgen's to match
+        rows = [dataclasses.replace(r, lossless_mismatches=None) if r.method in external and r.method != UNSCREENED
+                else r for r in rows]
     console = Console()
     if not console.is_terminal:
         # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
