@@ -106,3 +106,15 @@ def test_tool_choice_none_answers_in_text(model, tmp_path):
         assert answer.content == ANSWER and answer.calls == ()
     else:
         assert ask.constraint is None and ask.prompt.tools is None
+
+
+def test_a_history_text_that_is_no_json_holds_no_call():
+    """An answer written without the grammar (hermes' `none`, with the tools listed now, may write a
+    `<tool_call>` block as text, cut mid-string) is history the next request's call-aware drafting
+    reads: no call comes of it, and nothing raises (it was a 500: the JSON string held a newline)."""
+    from specgen.app.structured import call_history, read_tools
+
+    text = '<tool_call>\n{"name": "get_weather\n{"name": "get_time", "arguments": {"city": "Oslo\\x"}}'
+    history = call_history([*ASKED, {"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}],
+                           read_tools([WEATHER, TIME], "required"), HERMES)
+    assert history.calls == ()

@@ -17,7 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from specgen.app.callstream import CLOSE, GENERIC, HERMES, OPEN, CallStream, ToolAnswer
+from specgen.app.callstream import CLOSE, GENERIC, HERMES, OPEN, CallStream, ToolAnswer, ToolCall
 from specgen.app.schemas import closed, hoisted
 from specgen.core.constraint import ConstraintSpec
 from specgen.drafting.calls import CallHistory
@@ -262,10 +262,20 @@ def call_history(messages: list[dict], tools: Tools, fmt: str) -> CallHistory:
                     calls.append((fn["name"], args))
             if isinstance(content, str) and content:
                 named = Tools(tools.functions)  # any function this request knows, offered now or not
-                calls += [(c.name, args) for c in parse_answer(content, fmt, named).calls
+                calls += [(c.name, args) for c in _written_calls(content, fmt, named)
                           if isinstance(args := _json(c.arguments), dict)]  # a cut call's are not JSON
         elif role in ("user", "tool") and isinstance(content, str):
             texts.append(content)
             if role == "tool":
                 results.append(content)
     return CallHistory(tuple(calls), tuple(texts), tuple(results))
+
+
+def _written_calls(text: str, fmt: str, tools: Tools) -> tuple[ToolCall, ...]:
+    """The calls a history's text holds, read as an answer is read; none where the text is not
+    what the grammar writes (an answer written without it, say hermes' `none`: a string the reader
+    cannot decode as JSON)."""
+    try:
+        return parse_answer(text, fmt, tools).calls
+    except ValueError:
+        return ()
