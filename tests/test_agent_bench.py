@@ -162,15 +162,18 @@ def test_tokens_new_to_each_request_leave_out_what_the_row_read_and_wrote_before
     that wrote something else held its prompt alone (the history holds the baseline's reply)."""
     from specgen.bench.agent_summary import new_tokens, summarize
 
-    def rec(row, conv, prompt_n, cache_n, wrote, identical=True):
-        return {"row": row, "prompt_id": conv, "prompt_n": prompt_n, "cache_n": cache_n,
-                "completion_tokens": wrote, "identical": identical}
+    def rec(row, conv, prompt_n, cache_n, wrote, identical=True, cut=False):
+        return {"row": row, "prompt_id": conv, "prompt_n": prompt_n, "cache_n": cache_n, "completion_tokens": wrote,
+                "identical": identical, "calls": [{"name": "f", "arguments": "{"}], "finish_reason": "length" if cut
+                else "tool_calls"}
 
     records = [rec(BASELINE, "a", 100, 0, 20), rec("auto", "a", 100, 0, 20), rec("other", "a", 90, 10, 30, False),
-               rec(BASELINE, "a", 150, 0, 5), rec("auto", "a", 31, 119, 5), rec("other", "a", 50, 100, 5, False),
+               rec(BASELINE, "a", 150, 0, 5, cut=True), rec("auto", "a", 31, 119, 5, cut=True),
+               rec("other", "a", 50, 100, 5, False), rec("auto", "a", 40, 130, 5),
                rec(BASELINE, "b", 80, 0, 5)]
-    assert new_tokens(records) == [100, 100, 100, 30, 30, 50, 80]
+    # a call cut short goes back as other text: the next request holds its prompt alone
+    assert new_tokens(records) == [100, 100, 100, 30, 30, 50, 20, 80]
     full = [{**r, "turn": 1, "kind": "call", "wall_s": 1.0, "ttft_s": None, "decode_s": 1.0, "prompt_s": 0.1,
              "call_made": True, "error": None} for r in records]
     overall = {r.row: r for r in summarize(full, [BASELINE, "auto", "other"]) if r.turn is None and r.prompt_id is None}
-    assert (overall["auto"].prompt_read, overall["auto"].prompt_new) == (131, 130)
+    assert (overall["auto"].prompt_read, overall["auto"].prompt_new) == (171, 150)

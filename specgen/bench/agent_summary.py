@@ -48,17 +48,24 @@ def _ttft(r: dict) -> float:
     return r["ttft_s"] if r["ttft_s"] is not None else r["wall_s"]
 
 
+def _held_reply(r: dict) -> int:
+    """The tokens of a reply that the next request's history holds as written: the row's reply
+    where it was the baseline's, unless it was a call cut short (the history keeps that as other
+    text: agent_http.Reply.message)."""
+    cut_call = bool(r.get("calls")) and r.get("finish_reason") != "tool_calls"
+    return r["completion_tokens"] if r["identical"] and not cut_call else 0
+
+
 def new_tokens(records: Sequence[dict]) -> list[int]:
     """Per record, the tokens new to its request: its whole prompt (read and cached) less the same
-    row's previous request of the conversation and, where the row's reply to that request was the
-    baseline's (the history then holds what the row wrote), the reply's tokens; a conversation's
-    first request, all of it."""
+    row's previous request of the conversation and the reply the history holds as written
+    (_held_reply); a conversation's first request, all of it. Exact where each request's prompt
+    begins with the last one's and its reply's tokens, as a prompt that stays one prefix does."""
     out, last = [], {}
     for r in records:
         whole = r["prompt_n"] + r["cache_n"]
         before = last.get((r["row"], r["prompt_id"]))
-        held = 0 if before is None else before["prompt_n"] + before["cache_n"] + \
-            (before["completion_tokens"] if before["identical"] else 0)
+        held = 0 if before is None else before["prompt_n"] + before["cache_n"] + _held_reply(before)
         out.append(max(0, whole - held))
         last[(r["row"], r["prompt_id"])] = r
     return out
