@@ -60,7 +60,9 @@ def test_the_servers_ask_takes_the_requests_values_over_its_own_and_keeps_bias_p
 
 @pytest.mark.parametrize("ask,why", [
     (dict(), None),
-    (dict(sampling=SamplingParams(0.8)), "sampling"),
+    (dict(sampling=SamplingParams(0.8)), None),  # the race needs its contenders' logits only
+    (dict(sampling=SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05)), None),
+    (dict(sampling=SamplingParams(0.8, top_p=0.9)), "top-p without top-k"),  # the nucleus needs the mass
     (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 1.0),)))), "penalties and logit bias"),
     (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 0.0),)))), None),  # a zero bias moves nothing
     (dict(logprobs=0), "logprobs"),
