@@ -22,13 +22,34 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # structured.py imports this module: the type only
-    from specgen.app.structured import Tools
 
 HERMES, GENERIC = "hermes", "generic"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The request's functions and `tool_choice`: "auto", "required", one function's name, or
+    "none" (the generic format's answer to tool_choice none: its `{"response": ...}` alone, ask.py)."""
+
+    functions: tuple[dict, ...]  # {"name", "description", "parameters"}: all of them are rendered
+    choice: str = "auto"
+    only: str | None = None  # tool_choice named a function
+    parallel: bool = True  # parallel_tool_calls: false allows at most one call
+
+    def names(self) -> frozenset[str]:
+        """The functions an answer may call."""
+        return frozenset(f["name"] for f in self.allowed())
+
+    @property
+    def must_call(self) -> bool:
+        return self.choice == "required" or self.only is not None
+
+    def allowed(self) -> tuple[dict, ...]:
+        """The functions an answer may call (the prompt lists every one of `functions`)."""
+        if self.choice == "none":
+            return ()
+        return tuple(f for f in self.functions if self.only is None or f["name"] == self.only)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
-from specgen.app.callstream import CLOSE, GENERIC, HERMES, OPEN, CallStream, ToolAnswer, ToolCall
+from specgen.app.callstream import CLOSE, GENERIC, HERMES, OPEN, CallStream, ToolAnswer, ToolCall, Tools
 from specgen.app.schemas import closed, hoisted
 from specgen.core.constraint import ConstraintSpec
 from specgen.drafting.calls import CallHistory
@@ -54,31 +53,6 @@ def schema_spec(schema: object, where: str) -> ConstraintSpec:
     if not isinstance(schema, dict):
         raise ConstraintError(f"{where} expects a JSON Schema object, found {json.dumps(schema)[:60]}")
     return ConstraintSpec("json_schema", json.dumps(closed(schema)))
-
-
-@dataclass(frozen=True)
-class Tools:
-    """The request's functions and `tool_choice`: "auto", "required", one function's name, or
-    "none" (the generic format's answer to tool_choice none: its `{"response": ...}` alone, ask.py)."""
-
-    functions: tuple[dict, ...]  # {"name", "description", "parameters"}: all of them are rendered
-    choice: str = "auto"
-    only: str | None = None  # tool_choice named a function
-    parallel: bool = True  # parallel_tool_calls: false allows at most one call
-
-    def names(self) -> frozenset[str]:
-        """The functions an answer may call."""
-        return frozenset(f["name"] for f in self.allowed())
-
-    @property
-    def must_call(self) -> bool:
-        return self.choice == "required" or self.only is not None
-
-    def allowed(self) -> tuple[dict, ...]:
-        """The functions an answer may call (the prompt lists every one of `functions`)."""
-        if self.choice == "none":
-            return ()
-        return tuple(f for f in self.functions if self.only is None or f["name"] == self.only)
 
 
 def read_tools(tools: object, tool_choice: object, parallel: object = True) -> Tools | None:
