@@ -2,8 +2,8 @@
 and one streamed chat request timed as an agent framework sees it (urllib: no client library).
 
 Time to first token is measured at the client: the first chunk that carries content or a tool
-call. Both servers stream a call as they write it: its head (id, name) once the name is whole,
-then the arguments in pieces (specgen: app/callstream.py). The server's own `timings` give the tokens decoded, the decode time and the cache.
+call. Both servers stream a call as they write it: its head (id, name) once it is known to be a
+call (specgen: the name whole and offered, the arguments opened), then the arguments in pieces (specgen: app/callstream.py). The server's own `timings` give the tokens decoded, the decode time and the cache.
 """
 
 from __future__ import annotations
