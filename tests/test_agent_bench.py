@@ -160,7 +160,7 @@ def test_a_call_cut_by_max_tokens_is_not_run_and_goes_back_as_text():
 def test_tokens_new_to_each_request_leave_out_what_the_row_read_and_wrote_before():
     """A row whose reply was the baseline's held its prompt and that reply: only the rest is new; a row
     that wrote something else held its prompt alone (the history holds the baseline's reply)."""
-    from specgen.bench.agent_summary import new_tokens, summarize
+    from specgen.bench.agent_summary import new_tokens, past_the_first, summarize
 
     def rec(row, conv, prompt_n, cache_n, wrote, identical=True, cut=False):
         return {"row": row, "prompt_id": conv, "prompt_n": prompt_n, "cache_n": cache_n, "completion_tokens": wrote,
@@ -177,3 +177,4 @@ def test_tokens_new_to_each_request_leave_out_what_the_row_read_and_wrote_before
              "call_made": True, "error": None} for r in records]
     overall = {r.row: r for r in summarize(full, [BASELINE, "auto", "other"]) if r.turn is None and r.prompt_id is None}
     assert (overall["auto"].prompt_read, overall["auto"].prompt_new) == (171, 150)
+    assert str(past_the_first(full, "auto")) == "71/50 (1.42x)"  # a conversation's first may share a head

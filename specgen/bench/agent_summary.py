@@ -71,6 +71,29 @@ def new_tokens(records: Sequence[dict]) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class PromptTokens:
+    """A row's prompt tokens read and those new to its requests (new_tokens)."""
+
+    read: int
+    new: int
+
+    def __str__(self) -> str:
+        return f"{self.read}/{self.new} ({self.read / max(self.new, 1):.2f}x)"
+
+
+def past_the_first(records: Sequence[dict], row: str) -> PromptTokens:
+    """`row`'s requests but each conversation's first (which may keep the template's head, or a
+    whole system prompt and tools, from the conversation before): read, and new to each."""
+    seen, read, new = set(), 0, 0
+    for r, n in zip(records, new_tokens(records)):
+        if r["row"] == row:
+            if r["prompt_id"] in seen:
+                read, new = read + r["prompt_n"], new + n
+            seen.add(r["prompt_id"])
+    return PromptTokens(read, new)
+
+
 def row_of(records: Sequence[dict], row: str, turn: int | None, prompt_id: str | None) -> AgentRow | None:
     mine = [r for r in records if r["row"] == row and (turn is None or r["turn"] == turn)
             and (prompt_id is None or r["prompt_id"] == prompt_id)]

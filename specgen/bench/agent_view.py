@@ -32,15 +32,19 @@ def _answers(settings: dict) -> str:
     return "" if choice == "auto" else f", answers with tool_choice {choice}"
 
 
-def _new_line(names: list[str], overall: dict) -> list[str]:
+def _new_line(data: dict, names: list[str], overall: dict) -> list[str]:
     """Prompt tokens read against the tokens new to each request (agent_summary.new_tokens), where
-    the file has them."""
+    the file has them: every request, then past each conversation's first."""
+    from specgen.bench.agent_summary import PromptTokens, past_the_first
+
     rows = [overall[n] for n in names if n in overall and "prompt_new" in overall[n]]
     if not rows:
         return []
-    return ["", "Prompt tokens read / new to each request (its prompt less what the row's previous request and "
-            "reply held): " + "; ".join(f"{r['row']} {r['prompt_read']}/{r['prompt_new']} "
-                                       f"({r['prompt_read'] / max(r['prompt_new'], 1):.2f}x)" for r in rows) + "."]
+    return ["", "Prompt tokens read / new to each request (new: its prompt less the previous request's prompt and "
+            "reply, where the history holds that reply as written), over all requests, then past each "
+            "conversation's first: " +
+            "; ".join(f"{r['row']} {PromptTokens(r['prompt_read'], r['prompt_new'])}, "
+                      f"{past_the_first(data['records'], r['row'])}" for r in rows) + "."]
 
 
 def render(data: dict, link: str) -> str:
@@ -62,7 +66,7 @@ def render(data: dict, link: str) -> str:
                      f"{r['ttft_answer_s']:.2f} | {r['tokens_per_s']:.1f} | {r['decode_ratio']:.2f}x | "
                      f"{r['prompt_read']} / {r['prompt_cached']} | {same} | {r['calls_valid']}/{r['call_requests']}"
                      f"{errors} |")
-    lines += _new_line(names, overall)
+    lines += _new_line(data, names, overall)
     turns = sorted({r["turn"] for r in summary if r["turn"] is not None})
     if turns:
         lines += ["", "Per turn: the turn's wall time in seconds (speedup over the baseline) · the call's time to "
