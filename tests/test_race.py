@@ -112,9 +112,11 @@ def test_a_tiny_temperature_is_greedy_and_never_overflows():
         assert Sampler(SamplingParams(t, seed=1)).sample(logits, 3) == int(np.argmax(logits))
 
 
-def test_every_token_banned_is_a_clear_error():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_token_banned_is_a_clear_error_greedy_too(temperature):
+    """A logit_bias banning every token: one clear error, never token 0 (argmax of an all -inf row)."""
     with pytest.raises(NoToken, match="every logit is -inf"):
-        Sampler(SamplingParams(1.0, seed=1)).sample(np.full(2000, -np.inf, dtype=np.float32), 3)
+        Sampler(SamplingParams(temperature, seed=1)).sample(np.full(2000, -np.inf, dtype=np.float32), 3)
 
 
 def test_ranking_puts_the_winner_first():

@@ -145,10 +145,13 @@ class Sampler:
     def sample(self, logits: np.ndarray, position: int) -> int:
         """The token at `position` (its index in the text) chosen from the row before it."""
         if self.params.greedy:
-            return int(np.argmax(logits))
-        y = race.winner(logits, self.params.temperature, self.seed, position, eligible(logits, self.params))
-        if y < 0:
-            raise NoToken(f"no token can be sampled at position {position}: every logit is -inf "
+            y = int(np.argmax(logits))
+            if logits[y] != -np.inf:
+                return y
+        else:
+            y = race.winner(logits, self.params.temperature, self.seed, position, eligible(logits, self.params))
+        if y < 0 or logits[y] == -np.inf:
+            raise NoToken(f"no token can be chosen at position {position}: every logit is -inf "
                           "(a logit_bias that bans every token?)")
         return y
 

@@ -121,12 +121,14 @@ class GuidanceConstraint:
         self._position += 1
 
     def rollback(self, n: int) -> None:
+        """Take back the last n consume() calls; a ConstraintError (one line) where llguidance cannot."""
         self._allowed = None
-        self._position -= n
+        at, self._position = self._position, self._position - n
         idle = min(n, self._idle)
         self._idle, n = self._idle - idle, n - idle
         if n and not self.matcher.rollback(n):
-            raise RuntimeError(f"grammar could not roll back {n} tokens: {self.matcher.get_error()}")
+            raise ConstraintError(f"the grammar engine could not take back {n} tokens at output token {at}: "
+                                  f"{self._reason()}")
 
     def valid_prefix(self, tokens: list[int]) -> int:
         n = self.matcher.validate_tokens([int(t) for t in tokens]) if tokens else 0
@@ -147,9 +149,11 @@ class GuidanceConstraint:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            # Its message, without the parser state it appends (tokens, counters: a page of it).
-            reason = self.matcher.get_error().split("<state>")[0]
-            raise ConstraintError(f"the grammar engine failed at output token {self._position + 1}: {_one_line(reason)}")
+            raise ConstraintError(f"the grammar engine failed at output token {self._position + 1}: {self._reason()}")
+
+    def _reason(self) -> str:
+        """The matcher's error, one line, without the parser state it appends (tokens, counters: a page of it)."""
+        return _one_line(str(self.matcher.get_error() or "no reason given").split("<state>")[0])
 
 
 def _one_line(e: object) -> str:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
-from specgen.app.prompts import Prompt, message_from, split_turns
+from specgen.app.prompts import Message, Prompt, message_from, split_turns
 from specgen.app.structured import offered_tools, read_tools, response_format, schema_spec
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
@@ -19,6 +19,13 @@ from specgen.errors import SpecgenError
 from specgen.serve import fields
 
 MAX_TOKENS = 2**31 - 1  # a larger max_tokens is a mistake; any below is capped at the context's room
+# Levels of JSON nesting a body may hold: llguidance's JSON reader refuses a schema deeper than 128
+# anyway, and every reader after the parse (schemas, templates) then stays far from Python's recursion limit.
+MAX_DEPTH = 128
+# A temperature above 0 and below this is read as 0, greedy: logits divided by it leave float32's
+# range, and the choice it samples is the most likely token anyway (T times any noise is far below
+# the gap between two float32 logits).
+GREEDY_BELOW = 1e-30
 
 
 class RequestError(Exception):
@@ -74,16 +81,33 @@ class Body(dict):
 
 def body_json(raw: bytes, known: frozenset[str]) -> Body:
     """The body as a JSON object whose every field is one of `known` (its route's, fields.ROUTES)."""
+    deep = RequestError(400, f"expected a JSON body nested at most {MAX_DEPTH} levels deep, found deeper nesting")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, f"expected a JSON object as the request body, found invalid JSON ({e})") from None
+    except RecursionError:
+        raise deep from None
     if not isinstance(body, dict):
         raise RequestError(400, f"expected a JSON object as the request body, found {type(body).__name__}")
+    if _deeper(body, MAX_DEPTH):
+        raise deep
     unknown = [name for name in body if name not in known]
     if unknown:
         raise RequestError(400, _unrecognized(unknown, known), unknown[0], code="unknown_parameter")
     return Body(body, known)
+
+
+def _deeper(value: object, limit: int) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep (read level by level:
+    no recursion)."""
+    level, depth = [value], 0
+    while level := [v for v in level if isinstance(v, (dict, list))]:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)]
+    return False
 
 
 def _unrecognized(names: list[str], known: frozenset[str]) -> str:
@@ -134,6 +158,8 @@ def _sampling(body: dict) -> dict[str, object]:
             value = _bounded(body, field, bound)
             if value is not None:
                 given.setdefault(name, value)
+    if 0 < given.get("temperature", 0) < GREEDY_BELOW:
+        given["temperature"] = 0.0
     bias = _logit_bias(body.get("logit_bias"))
     if bias is not None:
         given["logit_bias"] = bias
@@ -151,10 +177,10 @@ def _logit_bias(given: object) -> tuple[tuple[int, float], ...] | None:
                            "logit_bias")
     out: dict[int, float] = {}
     for token, bias in pairs:
-        tid = int(token) if isinstance(token, str) and token.isdigit() else token
+        tid = _token_id(token)
         if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-            raise RequestError(400, f"logit_bias expects token ids (\"50256\") as keys, found {json.dumps(token)[:40]}",
-                               "logit_bias")
+            raise RequestError(400, f"logit_bias expects token ids (\"50256\") as keys, found "
+                                    f"{json.dumps(token, ensure_ascii=False)[:40]}", "logit_bias")
         if bias is False:
             out[tid] = -math.inf
         elif (isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias)
@@ -164,6 +190,14 @@ def _logit_bias(given: object) -> tuple[tuple[int, float], ...] | None:
         else:
             out[tid] = float(bias)
     return tuple(out.items())
+
+
+def _token_id(token: object) -> object:
+    """A key of OpenAI's logit_bias as the id it names: ASCII digits ("²" and "١" are digits to
+    str.isdigit, not to int), no more than any vocabulary's ids need; anything else as it came."""
+    if isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 12:
+        return int(token)
+    return token
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
@@ -281,12 +315,24 @@ def chat_request(body: dict, chat_template: str | None = None) -> Request:
             turns.append(message_from(m, f"messages[{i}]"))
         except SpecgenError as e:
             raise RequestError(400, str(e), f"messages[{i}]") from None
+    _check_calls(turns)
     try:
         text, history, after = split_turns(turns, "messages")
     except SpecgenError as e:
         raise RequestError(400, str(e), "messages") from None
     return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)),
                    **_common(body, chat_template, chat=True))
+
+
+def _check_calls(turns: list[Message]) -> None:
+    """Each call an assistant made (its tool_calls) names itself with a string id and its function
+    with a string name, as OpenAI's API requires (either may be left out)."""
+    for i, turn in enumerate(turns):
+        for j, call in enumerate(turn.tool_calls):
+            for key, value in (("id", call.get("id")), ("function.name", call["function"].get("name"))):
+                if value is not None and not isinstance(value, str):
+                    raise RequestError(400, f"messages[{i}].tool_calls[{j}].{key} expects a string, found "
+                                            f"{json.dumps(value)[:40]}", f"messages[{i}]")
 
 
 def completion_request(body: dict, chat_template: str | None = None) -> Request:
@@ -302,7 +348,12 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
 
 
 def check_vocabulary(request: Request, n_vocab: int) -> None:
-    """logit_bias names tokens of the served model's vocabulary."""
-    bad = [t for t, _ in request.sampling.get("logit_bias", ()) if t >= n_vocab]
+    """logit_bias names tokens of the served model's vocabulary, and leaves at least one unbanned
+    (with every token banned there is nothing to choose: the argmax of -inf everywhere is token 0)."""
+    bias = request.sampling.get("logit_bias", ())
+    bad = [t for t, _ in bias if t >= n_vocab]
     if bad:
         raise RequestError(400, f"logit_bias expects token ids in [0, {n_vocab}), found {bad[0]}", "logit_bias")
+    if sum(b == -math.inf for _, b in bias) >= n_vocab:
+        raise RequestError(400, f"logit_bias expects at least one token left unbanned, found all {n_vocab} tokens "
+                                "of the vocabulary banned (false)", "logit_bias")
