@@ -142,6 +142,14 @@ class Context(Protocol):
 
     def seq_load(self, seq_id: int, state: bytes, n_cells: int) -> bool: ...
 
+    # The smallest position a sequence still holds (-1: empty); optional: a context without it is
+    # taken to keep every position (kv.holds_from_start: a sliding window may drop the first ones).
+    def seq_pos_min(self, seq_id: int) -> int: ...
+
+    # How a screened target's rows will be chosen (llama/screen.py); optional: without it, rows are
+    # exact where the argmax needs.
+    def choose_with(self, sampler: Sampler) -> None: ...
+
 
 class Drafter(Protocol):
     """Proposes a token tree from the committed text and learns from each verification (the
