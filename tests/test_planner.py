@@ -13,8 +13,9 @@ from specgen.costs.measure import measure, measure_context
 from specgen.costs.timed import TimedContext
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.drafting.model import ModelDrafter
 from specgen.core.protocol import Batch
-from specgen.drafting.acceptance import AcceptanceModel
+from specgen.drafting.acceptance import AcceptanceModel, race_estimates
 from specgen.drafting.guards import Guard, PlainSpeed
 from specgen.drafting.value import best_chain_length, best_subtree, reach_probabilities
 from specgen.core.sampling import SamplingParams
@@ -640,8 +641,10 @@ def test_a_quoted_passage_is_drafted_as_far_as_a_flat_curve_affords_from_the_fir
 
 def test_sampled_auto_learns_how_often_the_draft_wins_the_targets_race():
     """At T > 0 the draft's race winner is accepted where it is the target's: a draft close to the
-    target is priced high and drafts chains; one far from it is priced low, and auto stops using it."""
-    target = FakeModel(n_vocab=16, sharpness=2.0)
+    target is priced high and drafts chains; one far from it is priced low, and auto stops using it.
+    64 tokens: in 16, a random draft's winner and runner-up (a leaf beside it) hit the target's
+    winner often enough to be worth a row on this flat curve."""
+    target = FakeModel(n_vocab=64, sharpness=2.0)
     prompt, params, draft_curve = [0, 9, 8, 7], SamplingParams(1.0, seed=3), CostCurve([1, 8], [0.004, 0.005])
     _, good_stats, good = auto_run(target, NoisyDraft(target, noise=0.05), prompt, 64, params, FLAT, draft_curve,
                                    reproducible=True)
@@ -651,3 +654,31 @@ def test_sampled_auto_learns_how_often_the_draft_wins_the_targets_race():
     assert bad.draft.alpha < 0.5
     share = lambda auto: auto.choices["staged"] / auto.choices.total()  # noqa: E731
     assert share(good) > 0.8 and share(bad) < 0.5
+
+def test_race_estimates_follow_the_margin_between_the_draft_finishers():
+    """A thin margin: the draft's winner is a coin flip and its runner-up often the target's
+    winner; a wide one: the winner nearly surely. Never more than certain together."""
+    thin, wide = race_estimates([1.0, 0.95, 0.2]), race_estimates([5.0, 1.0, 0.5])
+    assert thin[0] < 0.6 < 0.95 < wide[0] and thin[1] > 0.25 > 0.01 > wide[1]
+    assert thin[2] < thin[1] and sum(thin) <= 1 and sum(wide) <= 1
+    assert race_estimates([3.0]) == race_estimates([3.0, -np.inf])[:1] and race_estimates([]) == []
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_a_sampled_draft_adds_its_runner_up_as_a_leaf_it_never_expands(temperature):
+    """Sampling with leaves=1: beside each drafted node the draft's race runner-up, never
+    expanded, so the draft still decodes once per level (a chain's cost); greedy, no leaves."""
+    target = FakeModel(n_vocab=64, sharpness=1.0)
+    prompt = [0, 5, 9, 12]
+    for params, with_leaves in ((SamplingParams(temperature, seed=5), True), (SamplingParams(), False)):
+        drafter = ModelDrafter(FakeContext(NoisyDraft(target, 0.5), n_ctx=128, n_seq_max=16), params,
+                               branching=1, leaves=1, max_depth=5, max_nodes=10)
+        drafter.reset(prompt, None)
+        tree = drafter.propose(5, max_nodes=10)
+        kids = tree.children()
+        expanded = [v for v in range(len(tree)) if kids[v]]
+        assert drafter.last_calls == max(tree.depths()) == len(expanded)  # one draft decode a level
+        assert all(len(kids[v]) <= 2 and sum(bool(kids[c]) for c in kids[v]) <= 1 for v in expanded)
+        assert (len(tree) - 1 > len(expanded)) == with_leaves
+        if with_leaves:  # a runner-up is less likely than the winner beside it
+            assert all(tree.q[kids[v][0]] >= tree.q[kids[v][1]] for v in expanded if len(kids[v]) == 2)

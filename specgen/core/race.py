@@ -111,6 +111,13 @@ def ranking(row: np.ndarray, temperature: float, seed: int, position: int, k: in
             eligible: np.ndarray | None = None) -> list[int]:
     """The race's first k finishers (winner first; ties: lowest id), for a draft's siblings;
     fewer if fewer can run."""
+    return finishers(row, temperature, seed, position, k, eligible)[0]
+
+
+def finishers(row: np.ndarray, temperature: float, seed: int, position: int, k: int,
+              eligible: np.ndarray | None = None) -> tuple[list[int], list[float]]:
+    """ranking() with each finisher's score, logit + T g: the gaps between them are the race's
+    margins (how much the target's logits may differ from these before the order changes)."""
     if eligible is not None:
         ids = np.sort(np.asarray(eligible, dtype=np.int64))
         scores = race_scores(row[ids], temperature, noise(seed, position, ids, row.shape[0]))
@@ -118,8 +125,8 @@ def ranking(row: np.ndarray, temperature: float, seed: int, position: int, k: in
         nz = Noise.at(seed, position, row.shape[0])
         ids = contenders(row, temperature, nz, k)
         scores = race_scores(row[ids], temperature, nz.of(ids))
-    order = np.lexsort((ids, -scores))[:k]
-    return [int(ids[i]) for i in order if scores[i] > -np.inf]
+    order = [i for i in np.lexsort((ids, -scores))[:k] if scores[i] > -np.inf]
+    return [int(ids[i]) for i in order], [float(scores[i]) for i in order]
 
 
 def race_scores(logits: np.ndarray, temperature: float, g: np.ndarray) -> np.ndarray:

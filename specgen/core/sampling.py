@@ -158,9 +158,14 @@ class Sampler:
     def ranking(self, logits: np.ndarray, position: int, k: int) -> list[int]:
         """The first k tokens of the choice at `position`: greedy's k most likely, or the race's
         first k finishers (a draft proposing what the target will sample, and its siblings)."""
+        return self.finishers(logits, position, k)[0]
+
+    def finishers(self, logits: np.ndarray, position: int, k: int) -> tuple[list[int], list[float]]:
+        """ranking() with each token's score: its logit when greedy, logit + T g when sampling."""
         if self.params.greedy:
-            return top_ids(logits, k)
-        return race.ranking(logits, self.params.temperature, self.seed, position, k, eligible(logits, self.params))
+            ids = top_ids(logits, k)
+            return ids, [float(logits[i]) for i in ids]
+        return race.finishers(logits, self.params.temperature, self.seed, position, k, eligible(logits, self.params))
 
 
 class NoToken(ConfigError):

@@ -17,7 +17,8 @@ from specgen.core.tree import DraftTree
 from specgen.costs.curve import bounded
 from specgen.drafting.sources import DRAFT_MODEL_NODE, LOOKUP_NODE, LOOP_NODE, MAX_MATCH, SINGLE
 from specgen.drafting.tuning import (ALPHA_EMA, ALPHA_PRIOR, BIN_DECAY, BIN_WEIGHT, LOOKUP_PRIOR, LOOP_PRIOR,
-                                     MATCH_BINS, NEW_TEXT_FADE, Q_BINS, RELAX, STEP_COST_EMA, SUPPORT_PRIOR,
+                                     MATCH_BINS, NEW_TEXT_FADE, Q_BINS, RACE_FIRST, RACE_LATER, RACE_MARGIN_KNOTS,
+                                     RACE_SECOND, RELAX, STEP_COST_EMA, SUPPORT_PRIOR,
                                      EFFICIENCY_CREDIT, EFFICIENCY_EMA, EFFICIENCY_RELAX)
 
 
@@ -72,12 +73,10 @@ class AcceptanceModel:
 
     LOOKUP_PRIOR, SUPPORT_PRIOR, LOOP_PRIOR = LOOKUP_PRIOR, SUPPORT_PRIOR, LOOP_PRIOR  # tuning.py
 
-    def __init__(self, sampled: bool = False) -> None:
-        # A draft node's prior is its q; sampled, its race winner is the target's more often than
-        # q says (the same noise couples them): sqrt(q) fitted gemma-3-270m F32 against its Q2_K
-        # at T = 0.8 (300 positions, 2026-11-28: q bins .15/.45/.75/.95 accepted .42/.65/.75/.95).
-        centres = (np.arange(Q_BINS) + 0.5) / Q_BINS
-        self.draft = BetaBins(np.sqrt(centres) if sampled else centres)
+    def __init__(self) -> None:
+        # A draft node's prior is its q: greedy, the draft's probability of its token; sampling,
+        # race_estimates() below (q alone says little of a race whose noise both models share).
+        self.draft = BetaBins((np.arange(Q_BINS) + 0.5) / Q_BINS)
         self.lookup = BetaBins(self._prior(self.LOOKUP_PRIOR))
         # Other texts than the current one (history.py's sources) are learned separately: a match
         # in last week's generations says less than the same match in this text.
@@ -135,6 +134,19 @@ class AcceptanceModel:
                 continue
             bins = self.draft if e.source == DRAFT_MODEL_NODE else self.bins(e.source)
             bins.update(e.bin, v in on_path)
+
+
+def race_estimates(scores: Sequence[float]) -> list[float]:
+    """For a draft's first race finishers (their scores, best first): how likely each is the
+    target's winner. The margin between the first two is how far the target's logits may differ
+    from the draft's before the order changes: near 0 the runner-up wins a third of the time,
+    beyond 3 (logit units) the winner nearly always (tuning.py's knots)."""
+    if not scores:
+        return []
+    margin = scores[0] - scores[1] if len(scores) > 1 else np.inf
+    first = float(np.interp(margin, RACE_MARGIN_KNOTS, RACE_FIRST))
+    second = float(np.interp(margin, RACE_MARGIN_KNOTS, RACE_SECOND))
+    return [first, second, *[second * RACE_LATER] * (len(scores) - 2)][:len(scores)]
 
 
 # --- the draft model's first-token acceptance and cost per drafted token --------------------------

@@ -36,6 +36,7 @@ class DraftModel(Protocol):
     """What auto asks of the draft-model drafter (model.py's ModelDrafter)."""
 
     max_depth: int
+    leaves: int  # sampling: race runners-up added as unexpanded siblings, per drafted node
     sampler: Sampler  # how the draft chooses (its race's seed comes with each reset)
     last_choice: str
     last_calls: int  # the last proposal's draft decodes
@@ -97,7 +98,7 @@ class AutoDrafter:
         self.reproducible = reproducible
         self.lookup, self.model = lookup, model
         self.max_nodes, self.max_depth, self.lookup_matches = max_nodes, max_depth, lookup_matches
-        self.acceptance = AcceptanceModel(sampled=model is not None and not model.sampler.params.greedy)
+        self.acceptance = AcceptanceModel()
         self.draft = DraftEstimate()
         self.guards = KindGuards()
         self.plain = PlainSpeed()  # what the guards compare with (clocks only: not when reproducible)
@@ -233,7 +234,8 @@ class AutoDrafter:
     def _run_draft(self, s: Situation, plan: StepPlan) -> DraftTree:
         assert self.model is not None and self.c_draft is not None
         t0 = time.perf_counter()
-        tree = self.model.propose(plan.draft_len, max_nodes=plan.draft_len)
+        # At most draft_len draft decodes (the depth); sampling, room for a runner-up beside each.
+        tree = self.model.propose(plan.draft_len, max_nodes=plan.draft_len * (1 + self.model.leaves))
         c_draft_1 = self.c_draft(1, s.context)
         if not self.reproducible and tree.n_drafted:
             # Per drafted token, the catch-up counted as the one-token decode it is beyond the backlog.

@@ -90,7 +90,8 @@ def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
     if kit.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
         # where the lookup stage hits); the planner sets its length each step. Greedy: the draft's
-        # argmax. Sampling: the draft's winner of the race the target will run (core/race.py).
+        # argmax. Sampling: the draft's winner of the race the target will run (core/race.py),
+        # with its runner-up as a leaf beside it where the margin makes that worth a row.
         # The draft reads the prompt only when auto first uses it (as a catch-up the planner
         # prices): on a long prompt where lookup does the work, it never does.
         model = ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
@@ -104,7 +105,7 @@ _TREE = dict(branching=2, max_nodes=6, max_depth=4)
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=AUTO_LOOKUP_MATCHES,
-                       draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH)), measured=True, call_aware=True),
+                       draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH, leaves=1)), measured=True, call_aware=True),
     Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
     # jump stays forced tokens alone, without call-aware drafting: it is the jump-forward decoding
     # SGLang and vLLM ship, the baseline whose ratio to auto says what drafting adds.

@@ -12,6 +12,7 @@ from specgen.core.protocol import Batch, Context
 from specgen.core.sampling import Sampler, SamplingParams, softmax
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
+from specgen.drafting.acceptance import race_estimates
 from specgen.drafting.draft_cache import DraftCache
 from specgen.drafting.lookup import LookupDrafter
 
@@ -26,7 +27,11 @@ class ModelDrafter:
     winner is the target's. Only nodes among the best `max_nodes` so far (by cumulative q) are
     expanded, and the final tree is the best `max_nodes` nodes, ancestor-closed because a child's
     cumulative probability never exceeds its parent's. chain = branching 1 with `min_prob` (stop
-    where the draft's top token is less likely than that).
+    where the draft's top token is less likely than that). When sampling, a node's q is not the
+    draft's probability but its estimate that the node wins the target's race, from the margin of
+    the draft's own race (acceptance.race_estimates), and `leaves` more finishers join as siblings
+    the draft never expands: where the margin is thin, the runner-up is the target's winner often
+    enough to verify at the cost of one more row, without another draft decode.
 
     With `lookup` (the staged method) a second stage drafts for the draft (the index is read here,
     kept current by its owner: Staged below, or auto): the lookup
@@ -38,13 +43,14 @@ class ModelDrafter:
 
     def __init__(self, ctx: Context, params: SamplingParams, branching: int = 1, max_nodes: int = 6,
                  max_depth: int = 8, min_prob: float = 0.0, lookup: LookupDrafter | None = None,
-                 lookup_len: int = 4, lazy_prefill: bool = False):
+                 lookup_len: int = 4, lazy_prefill: bool = False, leaves: int = 0):
         self.cache = DraftCache(ctx, lazy=lazy_prefill)  # lazy: for `auto`, which may not use the draft
         self.params = params
         self.sampler = Sampler(params)  # reset() takes the run's own, whose seed the target races with
         self._n_text = 0  # tokens of the whole text (the draft's cache may hold only its end)
         self._column_of: np.ndarray | None = None  # a subset draft's column of each target id
         self.branching, self.max_nodes, self.max_depth = branching, max_nodes, max_depth
+        self.leaves = leaves  # extra finishers as unexpanded siblings, when sampling
         self.min_prob = min_prob
         self.lookup = lookup
         self.lookup_len = lookup_len
@@ -110,7 +116,7 @@ class ModelDrafter:
     def _to_expand(self, g: "_Growth", frontier: list[int], limit: int) -> list[int]:
         """Frontier nodes worth a draft evaluation, best cumulative probability first: those among
         the best `max_nodes` so far (the final tree is pruned to those)."""
-        open_ = sorted((v for v in frontier if g.depth[v] < limit), key=lambda v: (-g.cum[v], v))
+        open_ = sorted((v for v in frontier if g.depth[v] < limit and v not in g.leaf), key=lambda v: (-g.cum[v], v))
         best = set(g.best(g.budget))
         chosen = [v for v in open_ if v in best]
         return chosen[:max(0, self.cache.ctx.n_seq_max - g.next_seq)]  # sequence ids left
@@ -130,26 +136,38 @@ class ModelDrafter:
         """Nothing to keep: the draft model drafts from the current text alone."""
 
     def _add_children(self, g: "_Growth", node: int, logits: np.ndarray) -> list[int]:
-        # q over the draft's columns, tempered (not truncated: it only ranks and stops branches)
-        t = self.sampler.params.temperature
-        q = softmax(logits) if t <= 0 else softmax(logits * np.float32(1.0 / t))
-        confidence = g.confidence[node] = float(q.max())
-        if confidence < self.min_prob:
-            return []  # the draft is unsure here: stop this branch
-        picks = self._choices(logits, g.pos(node) + g.offset + 1, self.branching)
-        return [g.add(self._token(c), node, float(q[c])) for c in picks]
+        sampled = not self.sampler.params.greedy
+        if sampled and self.min_prob <= 0:  # q from the race's margins: no softmax of the row needed
+            picks, scores = self._choices(logits, g.pos(node) + g.offset + 1, self.branching + self.leaves)
+            qs = race_estimates(scores)
+            g.confidence[node] = qs[0] if qs else 0.0
+        else:
+            # q over the draft's columns, tempered (not truncated: it only ranks and stops branches)
+            t = self.sampler.params.temperature
+            q = softmax(logits) if t <= 0 else softmax(logits * np.float32(1.0 / t))
+            confidence = g.confidence[node] = float(q.max())
+            if confidence < self.min_prob:
+                return []  # the draft is unsure here: stop this branch
+            picks, scores = self._choices(logits, g.pos(node) + g.offset + 1,
+                                          self.branching + (self.leaves if sampled else 0))
+            qs = race_estimates(scores) if sampled else [float(q[c]) for c in picks]
+        kids = [g.add(self._token(c), node, p) for c, p in zip(picks, qs)]
+        g.leaf.update(kids[self.branching:])
+        return kids[:self.branching]
 
-    def _choices(self, logits: np.ndarray, position: int, k: int) -> list[int]:
-        """The draft's first k choices (columns) for the token at `position` of the text."""
+    def _choices(self, logits: np.ndarray, position: int, k: int) -> tuple[list[int], list[float]]:
+        """The draft's first k choices (columns) for the token at `position` of the text, and
+        their scores (Sampler.finishers)."""
         columns = self.cache.ctx.columns
         if columns is None:
-            return self.sampler.ranking(logits, position, k)
+            return self.sampler.finishers(logits, position, k)
         full = np.full(self.cache.ctx.n_vocab, -np.inf, dtype=logits.dtype)  # raced by token id
         full[columns] = logits
         if self._column_of is None:  # a subset's ids need not be sorted: map them back by table
             self._column_of = np.full(self.cache.ctx.n_vocab, -1, dtype=np.int64)
             self._column_of[columns] = np.arange(len(columns))
-        return [int(self._column_of[i]) for i in self.sampler.ranking(full, position, k)]
+        ids, scores = self.sampler.finishers(full, position, k)
+        return [int(self._column_of[i]) for i in ids], scores
 
     def _token(self, column: int) -> int:
         columns = self.cache.ctx.columns
@@ -186,7 +204,7 @@ class ModelDrafter:
         for j, tok in enumerate(run):
             row = out[b + j]
             child = next((c for c in g.tree.children()[node] if g.tree.tokens[c] == tok), None)
-            if child is None or tok != self._token(self._choices(row, g.pos(node) + g.offset + 1, 1)[0]):
+            if child is None or tok != self._token(self._choices(row, g.pos(node) + g.offset + 1, 1)[0][0]):
                 self.cache.ctx.seq_rm(seq, g.pos(node) + 1, -1)
                 break
             g.claim(node, child, seq)
@@ -214,6 +232,7 @@ class _Growth:
     depth: list[int] = field(default_factory=lambda: [0])
     seq_of: dict[int, int] = field(default_factory=lambda: {0: 0})
     handed_down: set[int] = field(default_factory=set)
+    leaf: set[int] = field(default_factory=set)  # siblings the draft does not expand
     next_seq: int = 1
 
     def add(self, token: int, parent: int, q: float) -> int:
@@ -249,6 +268,7 @@ class _Growth:
         depth = {new: self.depth[old] for old, new in new_index.items()}
         self.seq_of = {new_index[v]: s for v, s in self.seq_of.items() if v in new_index}
         self.confidence = {new_index[v]: c for v, c in self.confidence.items() if v in new_index}
+        self.leaf = {new_index[v] for v in self.leaf if v in new_index}
         self.depth = [depth[i] for i in range(len(depth))]
 
 

@@ -40,7 +40,16 @@ SUPPORT_PRIOR = {UNANIMOUS: (0.6, 0.8, 0.88, 0.88, 0.92, 0.94),
                  MAJORITY: (0.5, 0.5, 0.5, 0.55, 0.6, 0.75, 0.87, 0.92, 0.95, 0.97),
                  MINORITY: (0.15, 0.25, 0.15, 0.3, 0.3, 0.5, 0.7, 0.8, 0.85, 0.9)}
 LOOP_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.7, 0.99, 0.99, 0.99, 0.995, 0.995)  # below 7 tokens: never a loop
-Q_BINS = 10  # draft-model nodes (greedy): bins of the draft's q, prior = q
+Q_BINS = 10  # draft-model nodes: bins of the draft's q (sampling: its race estimate below), prior = q
+# Sampling: how likely a draft's first and second race finishers are the target's winner, by the
+# margin between them (logit units: logit + T g, so the same at every temperature). Knots of a
+# piecewise-linear estimate; gemma-3-270m F32 against its -d self draft, T = 0.8, 1,560 positions
+# of Spec-Bench's tune half (2026-11-28, docs/auto.md): margins 0-0.1 / 0.25-0.5 / 1-1.5 / 2-3 /
+# over 3 had the first finisher win .48/.82/.86/.97/1.00 and the second .36/.08/.05/.01/.00.
+RACE_MARGIN_KNOTS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+RACE_FIRST = (0.45, 0.6, 0.8, 0.82, 0.85, 0.94, 0.98)
+RACE_SECOND = (0.33, 0.2, 0.07, 0.05, 0.03, 0.01, 0.0)
+RACE_LATER = 0.25  # a third or later finisher: this share of the second's estimate
 BIN_WEIGHT, BIN_DECAY = 3.0, 0.97  # a prior's weight in observations; fading of old evidence per update
 NEW_TEXT_FADE = 0.5  # what a new text keeps of the old evidence
 
