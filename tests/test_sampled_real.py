@@ -4,9 +4,11 @@ p says (reference(), from its logits; chi-square goodness of fit, tests/chisquar
 with a draft writes, seed by seed, plain's very tokens: with a draft model, and with a
 vocabulary-subset draft that cannot propose the target's second choice.
 
-Power: RUNS = 240 seeds over the first token's four choices (about .5, .22, .17, .12): a sampler
-whose first-token probabilities are off by 0.06 on two of them fails at ALPHA = 0.001 with
-probability about 0.75 (noncentrality 240 * sum dp^2 / p ~ 20 with 3 df)."""
+Power: RUNS = 240 seeds over the first token's four choices (.50, .22, .17, .12): a sampler whose
+probabilities of the two likeliest are off by 0.12 fails the first-token fit at ALPHA = 0.001 with
+probability about 0.83 (noncentrality 240 * sum dp^2 / p ~ 23 with 3 df); off by 0.06, about 0.09
+(~ 5.7): errors that small need more seeds than a test can spend. (Until 2026-11-28 this said 0.75
+for 0.06, a noncentrality misreckoned; the last test below measures it.)"""
 
 from collections import Counter
 
@@ -119,3 +121,34 @@ def test_a_subset_draft_that_cannot_propose_a_token_still_writes_plains_tokens(t
     counts, choices, accepted = compare_with_plain(target, dctx, COLOURS)
     assert first[(second,)] > 0.1 and sum(n for k, n in counts.items() if k[:1] == (second,)) > RUNS // 20
     assert choices["staged"] > RUNS * 0.9 and accepted > RUNS // 2, (choices, accepted)
+
+
+def test_the_fit_has_the_power_the_docstring_states_and_fails_a_wrong_sampler(smollm2_f32):
+    """The power stated above, measured: on the target's own first-token distribution, draws from a
+    sampler off by 0.12 on its two likeliest tokens fail the first-token fit in about 83 of 100
+    experiments of RUNS draws (at least 290 of 400 here), draws from p itself in about 1 of 1,000
+    (at most 4 of 400); and the real sampler with a defect (top_k not applied) fails the fit."""
+    from specgen.core.engine import GenerationRequest, TokenEvent, generate
+    from specgen.core.sampling import SamplingParams
+    from specgen.core.stats import RunStats
+
+    prompt = smollm2_f32.tokenize(COLOURS)
+    expected = reference(smollm2_f32, prompt, 1.0)
+    first = Counter()
+    for key, p in expected.items():
+        first[key[:1]] += p
+    p = np.array(sorted(first.values(), reverse=True))
+    off = p + np.array([-0.12, 0.12, 0.0, 0.0])
+    rng = np.random.default_rng(7)
+    fails = lambda q: sum(not chisquare.one_sample(rng.multinomial(RUNS, q), p)[0]  # noqa: E731
+                          for _ in range(400))
+    assert fails(off) >= 290 and fails(p) <= 4
+
+    ctx = smollm2_f32.new_context(256)
+    counts = Counter()
+    for seed in range(RUNS):
+        params = SamplingParams(1.0, seed=10_000 + seed)  # the defect: top_k = 4 forgotten
+        events = generate(smollm2_f32, ctx, GenerationRequest(prompt, 2, params), RunStats())
+        counts[tuple(e.token for e in events if isinstance(e, TokenEvent))] += 1
+    with pytest.raises(AssertionError):
+        goodness_of_fit(counts, expected)
