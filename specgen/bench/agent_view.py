@@ -47,22 +47,47 @@ def _new_line(data: dict, names: list[str], overall: dict) -> list[str]:
                       f"{past_the_first(data['records'], r['row'])}" for r in rows) + "."]
 
 
+def _per_token_ms(r: dict) -> float:
+    """The loop's wall time per token the row decoded: rows that wrote more (a model cut by the
+    token limit more often, say) are not faster for it."""
+    return 1000 * r["wall_s"] / max(r["decode_tokens"], 1)
+
+
+def _lead(names: list[str], overall: dict) -> list[str]:
+    """First, what a user compares: specgen's `auto` with its cache against llama-server as it runs
+    (its cache on), and against specgen's own cached plain: the whole loop's time and, since the
+    rows need not write the same tokens, its time per decoded token."""
+    auto = overall.get("auto")
+    rivals = [n for n in names if n in overall and (n.startswith("llama-server") or n == "plain")]
+    if auto is None or not rivals:
+        return []
+    parts = [f"{n} {overall[n]['wall_s'] / auto['wall_s']:.2f}x and "
+             f"{_per_token_ms(overall[n]) / _per_token_ms(auto):.2f}x ({overall[n]['decode_tokens']} "
+             f"tokens decoded against auto's {auto['decode_tokens']}"
+             + (f"; its histories are the baseline's replies, and {overall[n]['identical']} of its "
+                f"{overall[n]['n_requests']} replies were the same" if n.startswith("llama-server") else "") + ")"
+             for n in rivals]
+    return ["`auto` (prompt cache on) ran, over the whole loop and per decoded token, this many times as fast "
+            "as " + "; as ".join(parts) + ".", ""]
+
+
 def render(data: dict, link: str) -> str:
     summary = data["summary"]
     names = data["settings"].get("methods") or list(dict.fromkeys(r["row"] for r in summary))
     overall = {r["row"]: r for r in summary if r["turn"] is None and r["prompt_id"] is None}
     base = data["settings"].get("baseline")
-    lines = [_caption(data, link), "",
-             "| row | loop s | speedup | TTFT call s | TTFT answer s | decode tok/s | decode ratio | prompt read / "
-             "cached | identical | calls valid |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [_caption(data, link), "", *_lead(names, overall),
+             "| row | loop s | speedup | decoded tokens | loop ms / decoded token | TTFT call s | TTFT answer s "
+             "| decode tok/s | decode ratio | prompt read / cached | identical | calls valid |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = overall.get(name)
         if r is None:
             continue
         same = "" if name == base else f"{r['identical']}/{r['n_requests']}"
         errors = f" ({r['errors']} errors)" if r.get("errors") else ""
-        lines.append(f"| {name} | {r['wall_s']:.1f} | {r['speedup']:.2f}x | {r['ttft_call_s']:.2f} | "
+        lines.append(f"| {name} | {r['wall_s']:.1f} | {r['speedup']:.2f}x | {r['decode_tokens']} | "
+                     f"{_per_token_ms(r):.1f} | {r['ttft_call_s']:.2f} | "
                      f"{r['ttft_answer_s']:.2f} | {r['tokens_per_s']:.1f} | {r['decode_ratio']:.2f}x | "
                      f"{r['prompt_read']} / {r['prompt_cached']} | {same} | {r['calls_valid']}/{r['call_requests']}"
                      f"{errors} |")
