@@ -2,6 +2,7 @@
 store (bounded, safe with several writers), a corpus; auto learns each source apart and stays lossless."""
 
 import multiprocessing
+import sys
 
 import numpy as np
 import pytest
@@ -59,27 +60,40 @@ def test_the_store_keeps_its_newest_whole_texts_when_it_grows_too_big(tmp_path):
     assert all(len(set(t.split())) == 1 and len(t.split()) == 5 for t in texts)  # no text cut in half
 
 
-def _writer(path, i):
-    store = Store(path, max_tokens=400, keep_tokens=200)
-    for j in range(40):
+TEXTS = 120
+
+
+def _writer(path, i, barrier):
+    """Appends TEXTS texts in lockstep with the other writers; after each, its own text must be in
+    the store (at most 3 others came after it, and a cut keeps the newest 5): exit 1 where not."""
+    store = Store(path, max_tokens=64, keep_tokens=40)  # a cut every few texts: cuts meet appends
+    for j in range(TEXTS):
+        barrier.wait()  # every writer's j-th text between the others' j-1-th and j+1-th: they interleave
         store.append([i * 1000 + j] * 7)
+        if i * 1000 + j not in Store(path).read():
+            barrier.abort()  # the others stop at their next wait (BrokenBarrierError) instead of waiting for this one
+            sys.exit(1)  # lost: another writer's cut replaced the file over this append
 
 
 def test_several_processes_can_write_at_once(tmp_path):
+    """Four processes append in lockstep (a barrier before each text), so writes and the cuts that
+    keep the store under its size meet; every text survives whole and unmixed, the newest kept."""
     path = tmp_path / "h.u32"
-    procs = [multiprocessing.Process(target=_writer, args=(path, i)) for i in range(4)]
+    barrier = multiprocessing.Barrier(4)
+    procs = [multiprocessing.Process(target=_writer, args=(path, i, barrier)) for i in range(4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
+    assert [p.exitcode for p in procs] == [0] * 4, "a writer's text was lost (exit 1) or a writer failed"
     data = Store(path).read()
     chunks = np.split(data, np.nonzero(data == SEPARATOR)[0] + 1)
     texts = [c[:-1] for c in chunks if len(c)]
     assert texts and all(len(t) == 7 and len(set(t.tolist())) == 1 for t in texts)  # whole, unmixed
-    assert 200 - 8 <= len(data) <= 400  # a cut keeps the newest whole texts that fit in 200 tokens
+    assert 40 - 8 <= len(data) <= 64  # a cut keeps the newest whole texts that fit in 40 tokens
     for i in range(4):  # cuts drop the oldest: what is left of each writer is its newest, none lost between
         mine = [int(t[0]) - i * 1000 for t in texts if t[0] // 1000 == i]
-        assert mine == list(range(40 - len(mine), 40)), f"writer {i}: {mine}"
+        assert mine and mine == list(range(TEXTS - len(mine), TEXTS)), f"writer {i}: {mine}"  # all four wrote last
 
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
