@@ -17,6 +17,7 @@ from specgen.app.runner import Runner
 from specgen.core.sampling import SamplingParams
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
+from specgen.app.stops import StopText
 from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.core.stats import RunStats
@@ -26,31 +27,6 @@ from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
 log = logging.getLogger("specgen.serve")
-
-
-class StopText:
-    """Text as it may be shown: never a stop string, and a piece that may begin one held back until
-    the next pieces decide."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops, self.text, self.sent, self.hit = stops, "", 0, False
-        self.word = ""  # the stop string that ended the text
-
-    def feed(self, piece: str) -> str:
-        self.text += piece
-        start = max(0, self.sent - max((len(s) for s in self.stops), default=0))
-        found = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stops) if i >= 0]
-        if found:
-            at, self.word = min(found, key=lambda f: f[0])
-            self.text, self.hit = self.text[:at], True
-            return self.flush()
-        held = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-        out, self.sent = self.text[self.sent:len(self.text) - held], max(self.sent, len(self.text) - held)
-        return out
-
-    def flush(self) -> str:
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out
 
 
 @dataclass(frozen=True)
