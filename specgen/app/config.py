@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import yaml
 
 from specgen.app.ask import BIAS_MAX, BOUNDS, out_of_bounds, sampling_params
+from specgen.app.stops import stops_of
 from specgen.core.constraint import LAYOUTS
 from specgen.core.sampling import SamplingParams
 from specgen.drafting import methods
@@ -38,6 +39,7 @@ class RunConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: str | None = None  # llama.cpp's syntax, comma-separated: "15043+1.5,50256-inf"
+    stop: str | list | None = None  # stop strings: one, or a list (--stop, repeated; app/stops.py)
     chat: bool | None = None  # None: on when the target has a chat template (instruct models)
     system: str | None = None  # system message for chat prompts
     threads: int | None = None  # None: all cores this process may use
@@ -56,6 +58,10 @@ class RunConfig:
     @property
     def corpus_files(self) -> list[Path]:
         return [Path(p.strip()).expanduser() for p in self.corpus.split(",") if p.strip()] if self.corpus else []
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return stops_of(self.stop)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -163,6 +169,7 @@ def check_ranges(cfg: RunConfig) -> None:
     if cfg.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
     check_sampling(cfg)
+    stops_of(cfg.stop)
     check_threads(cfg.threads)
     if cfg.rpc is not None and not (cfg.rpc_servers and all(map(_is_endpoint, cfg.rpc_servers))):
         raise ConfigError(f"--rpc expects HOST:PORT[,HOST:PORT...], found {cfg.rpc!r}")

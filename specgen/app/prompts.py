@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 
+from specgen.app.stops import stops_of
 from specgen.app.structured import Tools, offered_tools, read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
-from specgen.errors import ConstraintError, PromptError
+from specgen.errors import ConfigError, ConstraintError, PromptError
 
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -45,6 +46,7 @@ class Prompt:
     constraint: ConstraintSpec | None = None  # the answer must match it (response_format, --json-schema)
     tools: Tools | None = None  # functions the answer may call
     offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): listed still
+    stop: tuple[str, ...] | None = None  # a record's own stop strings (None: the command's; app/stops.py)
 
     @property
     def listed(self) -> tuple[dict, ...]:
@@ -65,10 +67,10 @@ class Prompt:
 
     def followed_by(self, answer: str, question: str) -> "Prompt":
         """The next turn: this prompt, the model's answer, then a new question, asked under the same
-        constraint and tools (a multi-turn suite under --json-schema constrains every turn)."""
+        constraint, tools and stop strings (a multi-turn suite under --json-schema constrains every turn)."""
         return Prompt(self.index, question, self.history + (Message("user", self.text), *self.after,
                                                             Message("assistant", answer)),
-                      constraint=self.constraint, tools=self.tools, offered=self.offered)
+                      constraint=self.constraint, tools=self.tools, offered=self.offered, stop=self.stop)
 
 
 def decode_utf8(data: bytes, origin: str) -> str:
@@ -128,14 +130,15 @@ def _conversation(messages: object, where: str) -> tuple[str, tuple[Message, ...
 
 
 def _structured(record: dict, where: str) -> dict:
-    """A record's response_format, tools, tool_choice and parallel_tool_calls (OpenAI's fields), as
-    Prompt fields."""
+    """A record's response_format, tools, tool_choice, parallel_tool_calls and stop (OpenAI's
+    fields), as Prompt fields."""
     try:
         return dict(constraint=response_format(record.get("response_format")),
                     tools=read_tools(record.get("tools"), record.get("tool_choice"),
                                      record.get("parallel_tool_calls", True)),
-                    offered=offered_tools(record.get("tools"), record.get("tool_choice")))
-    except ConstraintError as e:
+                    offered=offered_tools(record.get("tools"), record.get("tool_choice")),
+                    stop=None if record.get("stop") is None else stops_of(record["stop"], '"stop"'))
+    except (ConstraintError, ConfigError) as e:
         raise PromptError(f"{where}: {e}") from None
 
 

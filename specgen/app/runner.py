@@ -12,6 +12,7 @@ from specgen.app.ask import Ask, ask_for, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
+from specgen.app.stops import StopText
 from specgen.app.structured import (GENERIC, ToolAnswer, call_history, generic_messages, generic_system_prompt,
                                     parse_answer)
 from specgen.core.constraint import ConstraintSpec
@@ -82,32 +83,48 @@ class Completion:
     text: str
     stats: RunStats
     finish_reason: str  # length | stop | interrupted
+    stopping_word: str = ""  # the stop string that ended the text, if one did
 
 
 class Transcript:
     """A prompt's events gathered into its Completion as they come (an interrupted run keeps what
-    was committed)."""
+    was shown), under the Ask's stop strings (app/stops.py: the text ends before the first one)."""
 
-    def __init__(self, prompt_index: int):
+    def __init__(self, prompt_index: int, stops: tuple[str, ...] = ()):
         self.prompt_index, self.stats = prompt_index, RunStats()
-        self.pieces: list[str] = []
+        self.pieces: list[str] = []  # every piece as the engine gave it
+        self.stop = StopText(stops)
         self.reason = "interrupted"
 
     def add(self, event: Event) -> None:
-        if isinstance(event, TokenEvent):
-            self.pieces.append(event.text)
-        else:
-            self.pieces.append(event.tail)
+        piece = event.text if isinstance(event, TokenEvent) else event.tail
+        self.pieces.append(piece)
+        self.stop.feed(piece)
+        if isinstance(event, FinishEvent):
+            self.stop.flush()
             self.reason = event.reason
+        if self.stop.hit:
+            self.reason = "stop"
 
     def completion(self) -> Completion:
-        return Completion(self.prompt_index, "".join(self.pieces), self.stats, self.reason)
+        done = self.reason != "interrupted"  # else what was shown: held-back text never was
+        return Completion(self.prompt_index, self.stop.text if done else self.stop.text[:self.stop.sent],
+                          self.stats, self.reason, self.stop.word)
 
-    def follow(self, events: Iterator[Event]) -> Iterator[Event]:
-        """`events`, each added as it passes."""
-        for event in events:
-            self.add(event)
-            yield event
+    def follow(self, events: Iterator[Event]) -> Iterator[tuple[Event, str]]:
+        """`events`, each added as it passes, with the text it lets be shown (held back while a
+        stop string may be forming); a stop string ends them (the stream closed: the engine stops)."""
+        try:
+            for event in events:
+                sent = self.stop.sent
+                self.add(event)
+                yield event, self.stop.text[sent:self.stop.sent]
+                if self.stop.hit:
+                    break
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[Transcript]:
@@ -179,7 +196,8 @@ class Runner:
     def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None) -> Ask:
         """`prompt` as an Ask under this runner's settings (the command line's, a config file's)."""
         return ask_for(self.session.target, prompt, self.chat, self.cfg.json_layout, sampling=self.cfg.sampling,
-                       max_tokens=max_tokens or self.cfg.max_tokens, logprobs=logprobs)
+                       max_tokens=max_tokens or self.cfg.max_tokens, logprobs=logprobs,
+                       stop=self.cfg.stops if prompt.stop is None else prompt.stop)
 
     def _learning(self, ask: Ask) -> Learned:
         key = (ask.chat, replace(ask.sampling, seed=None))  # what is learned holds for any seed
@@ -242,8 +260,8 @@ class Runner:
         return parse_answer(text, tools_format(self.session.target, ask.chat), ask.prompt.tools)
 
     def run(self, ask: Ask) -> Completion:
-        """Run an Ask to the end. Ctrl-C raises Interrupted carrying the partial completion."""
-        with Transcript(ask.prompt.index).interruptible() as transcript:
+        """Run an Ask to the end (or its stop string). Ctrl-C raises Interrupted carrying the partial completion."""
+        with Transcript(ask.prompt.index, ask.stop).interruptible() as transcript:
             for _ in transcript.follow(self.stream(ask, transcript.stats)):
                 pass
         return transcript.completion()
@@ -259,4 +277,5 @@ class Runner:
             "temperature": self.cfg.temperature,
             **result.stats.record_fields(),
             "finish_reason": result.finish_reason,
+            **({"stopping_word": result.stopping_word} if result.stopping_word else {}),
         }

@@ -11,7 +11,7 @@ from specgen.app.config import build_config
 from specgen.app.conversation import Conversation
 from specgen.app.runner import Interrupted, Runner
 from specgen.app.session import load_session
-from specgen.cli.generate import shown
+from specgen.cli.generate import shown, stats_of
 from specgen.cli.options import (Config, Ctx, Draft, EXIT_INTERRUPTED, EXIT_SOME_FAILED, Method, Store, System,
                                  Target, Threads, with_sampling)
 from specgen.cli.render import TextSink, error, stats_line
@@ -95,7 +95,7 @@ def chat(
             failed += 1
             continue
         sink.end()
-        stats_line(result.stats.line())
+        stats_line(stats_of(result))
         conversation.answered(prompt, result)
         if result.finish_reason == "interrupted" and not interactive:
             raise typer.Exit(EXIT_INTERRUPTED)  # piped: Ctrl-C ends the run, as in generate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -17,19 +18,27 @@ from specgen.app.session import load_session
 from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
                                  EXIT_SOME_FAILED, GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, Method,
                                  Rpc, Store, System, Target, Threads, constraint_option, with_sampling)
-from specgen.cli.render import TextSink, note, show, stats_line, write_json_record
+from specgen.cli.render import TextSink, note, stats_line, write_json_record
+from specgen.core.engine import TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.errors import SpecgenError
 
 
 def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
-    """Run `ask`, its text streamed to `sink` as it is committed (None: not shown). Ctrl-C
-    raises Interrupted with what was committed."""
-    with Transcript(ask.prompt.index).interruptible() as transcript:
-        for event in transcript.follow(runner.stream(ask, transcript.stats)):
+    """Run `ask`, its text streamed to `sink` as it is committed (None: not shown), up to its first
+    stop string (text that may begin one is held back until it is known not to). Ctrl-C raises
+    Interrupted with what was shown."""
+    with Transcript(ask.prompt.index, ask.stop).interruptible() as transcript:
+        for event, text in transcript.follow(runner.stream(ask, transcript.stats)):
             if sink is not None:
-                show(event, sink)
+                sink.write(text, isinstance(event, TokenEvent) and event.from_draft)
     return transcript.completion()
+
+
+def stats_of(result: Completion) -> str:
+    """The stats line, and the stop string that ended the text, if one did."""
+    stopped = f" · stopped at {json.dumps(result.stopping_word, ensure_ascii=False)}" if result.stopping_word else ""
+    return result.stats.line() + stopped
 
 
 @with_sampling
@@ -119,7 +128,7 @@ def generate(
             write_json_record(record)
         else:
             sink.end()
-        stats_line(result.stats.line())
+        stats_line(stats_of(result))
         if result.finish_reason == "interrupted":
             raise typer.Exit(EXIT_INTERRUPTED)
     if failed:

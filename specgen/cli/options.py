@@ -70,6 +70,8 @@ MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar=
                                                   help="Tokens to generate per answer [256].")]
 LogitBias = Annotated[Optional[List[str]], typer.Option("--logit-bias", metavar="TOKEN_ID(+/-)BIAS", help="Add BIAS "
                                                         "to a token's logit (e.g. 15043+1, 50256-inf); repeatable.")]
+Stop = Annotated[Optional[List[str]], typer.Option("--stop", metavar="TEXT", help="End the text just before TEXT "
+                                                   "(not shown; finish reason stop); repeatable.")]
 
 
 
@@ -81,7 +83,8 @@ def _sampling_option(b: Bound):
 
 
 # The sampling options, declared once: every command that generates takes them all (with_sampling).
-SAMPLING = {"max_tokens": MaxTokens, **{b.name: _sampling_option(b) for b in BOUNDS}, "logit_bias": LogitBias}
+SAMPLING = {"max_tokens": MaxTokens, **{b.name: _sampling_option(b) for b in BOUNDS}, "logit_bias": LogitBias,
+            "stop": Stop}
 
 
 def with_sampling(command: Callable) -> Callable:
@@ -100,6 +103,7 @@ def with_sampling(command: Callable) -> Callable:
         given = {name: kwargs.pop(name, None) for name in SAMPLING}
         if given["logit_bias"]:
             given["logit_bias"] = ",".join(given["logit_bias"])
+        given["stop"] = list(given["stop"]) if given["stop"] else None  # as a config file lists them
         return command(sampling=given, **kwargs)
 
     del wrapper.__wrapped__  # typer reads the signature below, not the command's

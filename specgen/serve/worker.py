@@ -63,12 +63,13 @@ class Runners:
         self.runner = Runner(cfg, session, self.cache)
 
     def ask(self, request: Request, max_tokens: int) -> Ask:
-        """The request as an Ask: its own sampling values over the server's; a chat through the
-        template where the model has one, a completion as raw text."""
+        """The request as an Ask: its own sampling values and stop strings over the server's; a chat
+        through the template where the model has one, a completion as raw text."""
         target = self.session.target
         return ask_for(target, request.prompt, request.chat and bool(target.chat_template), self.cfg.json_layout,
-                       sampling=sampling_of(self.cfg, request), max_tokens=max_tokens, stop=request.stop,
-                       logprobs=request.logprobs, cache_prompt=request.cache_prompt)
+                       sampling=sampling_of(self.cfg, request), max_tokens=max_tokens,
+                       stop=request.stop or self.cfg.stops, logprobs=request.logprobs,
+                       cache_prompt=request.cache_prompt)
 
 
 def sampling_of(cfg: RunConfig, request: Request) -> SamplingParams:
