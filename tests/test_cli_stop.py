@@ -183,3 +183,14 @@ def test_a_real_run_piped_is_cut():
     proc = specgen("generate", "-m", SMOLLM2, "--no-store", "--seed", "7", "-n", N, "--stop", STOP, QUESTION)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == CUT + "\n" and f'stopped at "{STOP}"' in proc.stderr
+
+
+def test_serve_stop_gives_the_stop_strings_of_a_request_naming_none(session):
+    from specgen.app.config import build_config
+    from specgen.serve.requests import chat_request
+    from specgen.serve.worker import Runners
+
+    runners = Runners(build_config(None, dict(target=SMOLLM2, method="auto", store=False, stop=[STOP])), session)
+    messages = [{"role": "user", "content": QUESTION}]
+    assert runners.ask(chat_request({"messages": messages}), 8).stop == (STOP,)
+    assert runners.ask(chat_request({"messages": messages, "stop": "3,"}), 8).stop == ("3,",)
