@@ -8,6 +8,8 @@ alone).
 
 from __future__ import annotations
 
+import contextlib
+
 import ctypes
 import math
 import time
@@ -198,7 +200,8 @@ class LlamaModel:
             self._model = None
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(TypeError):  # at interpreter exit the bindings may be gone first
+            self.close()
 
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's limit on n_seq_max (llama-cparams.h)
@@ -386,6 +389,7 @@ class LlamaContext:
             self._ctx = None
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(TypeError):  # at interpreter exit the bindings may be gone first
+            self.close()
 
 
