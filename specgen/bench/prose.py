@@ -1,63 +1,153 @@
-"""Prose that repeats published figures: each figure it quotes must be one its results files render.
+"""Prose that quotes measured figures: each figure bound to the value it quotes, by name.
 
-A page marks such prose between two markers naming the files (relative to the page), as for tables:
+A page binds the figures of a passage in the marker that opens it: the files (relative to the
+page, each with a short name where there are several), then one line per figure of the passage,
+in the order the passage quotes them: the figure as the prose writes it, and the key path (or a
+small expression over key paths, see keys.py) whose value it is; a range or a fraction gives one
+path per number, joined by ` | `:
 
-    <!-- figures: results/2026-11-27-json-greedy.json -->
-    ...sentences quoting 1.47x, 8/8, 78%...
+    <!-- figures: g=results/2026-11-27-json-greedy.json t=results/2026-11-27-json-t07.json
+    1.47x        g:summary[method=auto,group=overall].speedup
+    1.36x        t:summary[method=auto,group=overall].speedup
+    78%          100 * g:summary[method=auto,group=overall].acceptance_rate
+    1.37-1.59x   g:summary[method=auto,group=overall].speedup_low | g:summary[method=auto,group=overall].speedup_high
+    -->
+    ...the passage, quoting 1.47x, 1.36x, 78% and 1.37-1.59x...
     <!-- figures:end -->
 
-`specgen bench-report --check PAGE` fails where a figure there (a ratio like 1.47x, a share like 78%,
-a count like 8/8, a decimal like 2.13, a range like 1.37-1.59x) is not in the text published.render() makes of the files, so a
-sentence cannot go on quoting a run that was re-rendered, or one that no file holds.
+`specgen bench-report --check PAGE` reads each named value, writes it the way the prose writes
+the figure (its decimals, thousands separators, sign, unit; numbers.format_like) and compares the
+two as text; it fails where they differ, where the passage's figures are not the lines' figures
+in order, and where a figure anywhere on the page outside such a passage is neither exempt (see
+numbers.py: code, dates, names, rendered tables...) nor under a heading that says History.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
-from specgen.bench import published
+from specgen.bench import keys, numbers
+from specgen.bench.published import unfenced
 from specgen.errors import ConfigError
 
-_BLOCK = re.compile(r"^<!-- figures: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-- figures:end -->", re.S | re.M)
-# Decimals (and ranges of them) with an optional unit, percentages and counts; dates (2026-11-27) and plain integers are words.
-_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+-\d+\.\d+x?|\d+\.\d+x?|\d+%|\d+/\d+)(?![\w.]*\d)")
+_BLOCK = re.compile(r"^<!-- figures:(?P<head>[^\n]*?)(?P<closed>-->)?\n(?(closed)|(?P<binds>.*?)^-->\n)"
+                    r"(?P<body>.*?)^<!-- figures:end -->", re.S | re.M)
+_BIND = re.compile(r"^[ \t]*(?P<figure>\S+)[ \t]+(?P<exprs>\S.*?)[ \t]*$")
+
+
+@dataclass(frozen=True)
+class Binding:
+    figure: str        # as the binding line writes it
+    exprs: tuple[str, ...]
+    line: int          # the binding line's number on the page (from 1)
+    at: int            # the figure's offset in the page's text
+
+
+@dataclass(frozen=True)
+class Quote:
+    figure: str        # as the prose writes it
+    line: int
+    at: int
+
+
+@lru_cache(maxsize=256)
+def _read(path: str, mtime: float):
+    return keys.read(Path(path))
+
+
+def _data(path: Path):
+    try:
+        return _read(str(path.resolve()), path.stat().st_mtime)
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _line(text: str, at: int) -> int:
+    return text.count("\n", 0, at) + 1
 
 
 def figures(text: str) -> list[str]:
-    """The figures a text quotes, in order."""
-    return _FIGURE.findall(text)
+    """The figures a text quotes, in order, less the exempt ones (numbers.mask)."""
+    return [m.group(0) for m in numbers.find(numbers.mask(text))]
 
 
-def source_text(path: Path, base: Path) -> str:
-    """The text a figure may be quoted from: a bench --json file as published.render() renders it
-    (linked from the folder `base`), any other file as it stands."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    return published.render_files([path], base) if published.is_results(data) else text
-
-
-def unbacked(page: Path) -> list[str]:
-    """'FIGURE (files)' for each figure in a figures block of `page` that its files do not render."""
-    text = published.unfenced(Path(page).read_text(encoding="utf-8"))  # markers shown as examples are not read
-    if re.search("^<!-- figures:", text, re.M) and not _BLOCK.search(text):
-        raise ConfigError(f"{page}: a figures block without its end marker (<!-- figures:end -->)")
-    out = []
-    for m in _BLOCK.finditer(text):
-        files = [Path(page).parent / f for f in m.group("files").split()]
+def passages(page: Path, text: str) -> list[tuple[dict[str, Path], list[Binding], list[Quote], tuple[int, int]]]:
+    """Each figures passage of a page: its files by name, its bindings, the figures its prose
+    quotes (exempt ones left out), and its body's span."""
+    plain = unfenced(text)  # markers shown as examples in code are not read
+    masked = numbers.mask(text)
+    if re.search(r"^<!-- figures:(?!end)", plain, re.M) and \
+            len(re.findall(r"^<!-- figures:(?!end)", plain, re.M)) != len(_BLOCK.findall(plain)):
+        raise ConfigError(f"{page}: a figures marker without its end (<!-- figures:end -->) or its closing -->")
+    found = []
+    for m in _BLOCK.finditer(plain):
+        files = {}
+        for word in m.group("head").split():
+            name, _, path = word.rpartition("=")
+            files[name] = Path(page).parent / path
         if not files:
-            raise ConfigError(f"{page}: a figures marker names no results file")
-        texts = [source_text(f, Path(page).parent) for f in files]
-        together = [f for f in files if f.suffix == ".json" and published.is_results(json.loads(f.read_text()))]
-        if len(together) > 1:  # several runs rendered as one block add what they say together (their spread)
-            texts.append(published.render_files(together, Path(page).parent))
-        rendered = set(figures("\n".join(texts)))
-        out += [f"{f} ({m.group('files')})" for f in figures(m.group("body")) if f not in rendered]
+            raise ConfigError(f"{page}:{_line(text, m.start())}: a figures marker names no file")
+        if len(files) > 1 and "" in files:
+            raise ConfigError(f"{page}:{_line(text, m.start())}: a marker naming several files names each "
+                              "(name=path), for its paths to say which they read")
+        binds = []
+        if m.group("binds"):
+            start = m.start("binds")
+            for i, raw in enumerate(m.group("binds").split("\n")):
+                at = start + sum(len(x) + 1 for x in m.group("binds").split("\n")[:i])
+                b = _BIND.match(raw)
+                if raw.strip() and not raw.strip().startswith("#"):
+                    if not b:
+                        raise ConfigError(f"{page}:{_line(text, at)}: a binding reads FIGURE PATH, found {raw.strip()!r}")
+                    binds.append(Binding(b.group("figure"), tuple(e.strip() for e in b.group("exprs").split(" | ")),
+                                         _line(text, at), at + b.start("figure")))
+        quotes = [Quote(q.group(0), _line(text, m.start("body") + q.start()), m.start("body") + q.start())
+                  for q in numbers.find(masked[m.start("body"):m.end("body")])]
+        found.append((files, binds, quotes, (m.start("body"), m.end("body"))))
+    return found
+
+
+def problems(page: Path, text: str | None = None) -> list[str]:
+    """'PAGE:LINE: what is wrong' for each figure of the page that does not check (see the module's
+    note); `text`: the page's text, if not the file's."""
+    if text is None:
+        try:
+            text = Path(page).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read {page}: {e.strerror or e}") from None
+    out, spans = [], []
+    for files, binds, quotes, span in passages(page, text):
+        spans.append(span)
+        data = {name: _data(path) for name, path in files.items()}
+        for i in range(max(len(binds), len(quotes))):
+            q, b = quotes[i] if i < len(quotes) else None, binds[i] if i < len(binds) else None
+            if q is None or b is None or q.figure != b.figure:
+                where = q.line if q else b.line
+                out.append(f"{page}:{where}: the passage's figure {i + 1} is {q.figure if q else 'missing'}, its "
+                           f"binding's {b.figure + f' (line {b.line})' if b else 'missing'}: bind each figure, in order")
+                break
+        for b in binds:
+            try:
+                values = [keys.evaluate(e, data) for e in b.exprs]
+                shown = numbers.format_like(b.figure, values)
+            except (ConfigError, ValueError) as e:
+                out.append(f"{page}:{b.line}: {b.figure}: {e}")
+                continue
+            if shown != b.figure:
+                out.append(f"{page}:{b.line}: the prose quotes {b.figure}, its files give {shown} "
+                           f"({' | '.join(b.exprs)})")
+    masked = numbers.mask(text)
+    for m in numbers.find(masked):
+        if not any(s <= m.start() < e for s, e in spans):
+            out.append(f"{page}:{_line(text, m.start())}: {m.group(0)} is bound to no file: bind it in a figures "
+                       "passage, or move it under a History heading")
     return out
+
+
+def checked(page: Path, text: str | None = None) -> list[tuple[Quote, Binding]]:
+    """Each figure the check reads and the binding it is compared by (for tests that alter them)."""
+    text = Path(page).read_text(encoding="utf-8") if text is None else text
+    return [pair for _, binds, quotes, _ in passages(page, text) for pair in zip(quotes, binds)]

@@ -242,7 +242,8 @@ def bench_report(
     update: Optional[List[Path]] = typer.Option(None, "--update", metavar="PAGE.md", help="Rewrite each bench-table "
                                                 "block of this markdown page from the results files its marker names."),
     check: Optional[List[Path]] = typer.Option(None, "--check", metavar="PAGE.md", help="Exit 1 where a bench-table "
-                                               "block of this page differs from what its files render, or its figures prose quotes a figure they do not."),
+                                               "block of this page differs from what its files render, or a figure of its prose is not the value "
+                                               "its binding names (or is bound to none)."),
     publish: Optional[Path] = typer.Option(None, "--publish", metavar="OUT.json", help="Write the one FILE given as a "
                                            "results file to check in: each generated text replaced by its sha256."),
 ) -> None:
@@ -251,7 +252,9 @@ def bench_report(
     \b
     A page shows a table between <!-- bench-table: results/FILE.json --> and <!-- bench-table:end -->
     (paths relative to the page); --update rewrites it, --check fails where it is out of date, and
-    where prose between <!-- figures: FILES --> and <!-- figures:end --> quotes a figure they do not render.
+    where a figure of the page's prose is not what its binding names: a passage between
+    <!-- figures: NAME=FILE ... (a line per figure: FIGURE KEY.PATH) --> and <!-- figures:end -->
+    (docs/benchmarking.md), or where a figure is bound to nothing (outside History sections).
 
     \b
     Examples:
@@ -278,8 +281,7 @@ def bench_report(
             raise typer.Exit(EXIT_WRITE_FAILED)
     out_of_date = [f"{page}: the table from {files} differs from what they render (run: specgen bench-report "
                    f"--update {page})" for page in check or [] for files in published.stale(page)]
-    out_of_date += [f"{page}: the prose quotes {figure}, which those files do not render"
-                    for page in check or [] for figure in prose.unbacked(page)]
+    out_of_date += [line for page in check or [] for line in prose.problems(page)]
     for line in out_of_date:
         error(line)
     if out_of_date:

@@ -1,0 +1,200 @@
+"""Named values in results files: the key paths and small expressions prose bindings use.
+
+A key path names one value of a JSON file, from its top:
+
+    summary[method=auto,group=overall].speedup     the one summary row with those fields; its speedup
+    drafts[name="gemma-3-270m-q2_k"].agreed        a quoted value (spaces, commas, brackets inside)
+    summary.4.wall_s   rows[0].name   records[*].n_tokens   summary[row=auto,turn=null]
+
+`[k=v,...]` keeps the elements whose fields equal those values (null, true, numbers, or text);
+`[*]` keeps all; `[N]` is the Nth (from 0); `["key"]` a key that is not a plain name. Where one
+value is needed, a path must name exactly one: a selection matching none or several is an error,
+never a guess. A binding may combine paths: + - * / and parentheses, numbers, and sum, min, max,
+mean, len (of a selection), abs, round. With several files, each path starts with its file's
+name from the marker: `a:summary[...]`. A file that is not JSON reads as {"lines": its lines,
+each split at white space}: `log:lines[3][2]` is the third word of the fourth line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from specgen.errors import ConfigError
+
+_TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.\[])|(?P<func>sum|min|max|mean|len|abs|round)(?=\s*\()"
+                    r"|(?P<path>(?:\w+:)?[A-Za-z_]\w*(?:\.\w+|\[(?:\"[^\"]*\"|[^\]])*\])*)|(?P<op>[-+*/(),]))")
+_STEP = re.compile(r"\.(?P<key>\w+)|\[(?P<sel>(?:\"[^\"]*\"|[^\]])*)\]")
+_COND = re.compile(r"\s*(?P<key>\w+)\s*=\s*(?P<value>\"[^\"]*\"|[^,\"]*?)\s*(?:,|$)")
+_FUNCS = {"sum": sum, "min": min, "max": max, "mean": statistics.fmean, "len": len, "abs": abs, "round": round}
+
+
+class Many(list):
+    """Several values a selection kept (navigation goes on in each)."""
+
+
+def read(path: Path) -> object:
+    """A file's data: JSON as parsed, any other text as {"lines": [[words...], ...]}."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"lines": [line.split() for line in text.splitlines()]}
+
+
+def _literal(text: str):
+    text = text.strip()
+    if text.startswith('"'):
+        return text[1:-1]
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _step(node, m: re.Match, where: str):
+    if isinstance(node, Many):
+        out = Many()
+        for n in node:
+            got = _step(n, m, where)
+            out += got if isinstance(got, Many) else [got]
+        return out
+    key, sel = m.group("key"), m.group("sel")
+    if key is not None or (sel is not None and sel.startswith('"') and sel.endswith('"') and "=" not in sel):
+        name = key if key is not None else sel[1:-1]
+        if isinstance(node, dict) and name in node:
+            return node[name]
+        if isinstance(node, list) and name.isdigit() and int(name) < len(node):
+            return node[int(name)]
+        raise ConfigError(f"{where}: no key {name!r} there")
+    sel = sel.strip()
+    if not isinstance(node, list):
+        raise ConfigError(f"{where}: [{sel}] selects from a list, found {type(node).__name__}")
+    if sel == "*":
+        return Many(node)
+    if re.fullmatch(r"-?\d+", sel):
+        if not -len(node) <= int(sel) < len(node):
+            raise ConfigError(f"{where}: [{sel}] is past the list's {len(node)} elements")
+        return node[int(sel)]
+    conds = [(c.group("key"), _literal(c.group("value"))) for c in _COND.finditer(sel)]
+    if not conds:
+        raise ConfigError(f"{where}: cannot read the selection [{sel}]")
+    return Many(e for e in node if isinstance(e, dict) and all(k in e and e[k] == v for k, v in conds))
+
+
+def lookup(data, path: str, where: str = ""):
+    """The value (or Many values) `path` names in `data`."""
+    where = where or path
+    first = re.match(r"\w+", path)
+    node = _step(data, re.match(r"\.(?P<key>\w+)|(?P<sel>)", "." + first.group(0)), where)
+    at = first.end()
+    for m in _STEP.finditer(path, at):
+        if m.start() != at:
+            break
+        node, at = _step(node, m, where), m.end()
+    if at != len(path):
+        raise ConfigError(f"{where}: cannot read the path from {path[at:]!r}")
+    return node
+
+
+def one(value, where: str):
+    """A single number from what a path named."""
+    if isinstance(value, Many):
+        if len(value) != 1:
+            raise ConfigError(f"{where} names {len(value)} values, not one: narrow its selection")
+        value = value[0]
+    if isinstance(value, str):
+        try:
+            return float(value.replace(",", "").rstrip("x%"))
+        except ValueError:
+            raise ConfigError(f"{where} is {value!r}, not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where} is {json.dumps(value)[:60]}, not a number")
+    return value
+
+
+def evaluate(expr: str, files: dict[str, object]) -> float:
+    """The number an expression over key paths gives; `files`: name -> data ("" for a lone file)."""
+    tokens, at = [], 0
+    while at < len(expr.rstrip()):
+        m = _TOKEN.match(expr, at)
+        if not m or m.end() == at:
+            raise ConfigError(f"{expr}: cannot read it from {expr[at:].strip()!r}")
+        tokens.append((m.lastgroup, m.group(m.lastgroup)))
+        at = m.end()
+    pos = 0
+
+    def peek():
+        return tokens[pos][1] if pos < len(tokens) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def value(kind, text, many=False):
+        if kind == "num":
+            return float(text)
+        name, _, path = text.rpartition(":") if re.match(r"\w+:", text) else ("", "", text)
+        if name not in files:
+            raise ConfigError(f"{expr}: no file is named {name or 'without a name'!r} in the marker "
+                              f"(names: {', '.join(n or '(none)' for n in files)})")
+        got = lookup(files[name], path, text)
+        return got if many else one(got, text)
+
+    def atom():
+        kind, text = take() if pos < len(tokens) else (None, None)
+        if text == "-":
+            return -atom()
+        if text == "(":
+            v = sum_()
+            if take()[1] != ")":
+                raise ConfigError(f"{expr}: a bracket is not closed")
+            return v
+        if kind == "func":
+            take()
+            args = []
+            while True:
+                k, t = tokens[pos] if pos < len(tokens) else (None, None)
+                args.append(value(*take(), many=True) if k == "path" and peek_after() in (",", ")") else sum_())
+                if take()[1] == ")":
+                    break
+            if text == "len" and len(args) == 1 and isinstance(args[0], list):
+                return len(args[0])
+            if len(args) == 1 and isinstance(args[0], (list, Many)):
+                items = [one(x, expr) if not isinstance(x, bool) else x for x in args[0]]
+                return _FUNCS[text](items)
+            return _FUNCS[text](*[one(a, expr) if isinstance(a, Many) else a for a in args])
+        if kind in ("num", "path"):
+            return value(kind, text)
+        raise ConfigError(f"{expr}: expected a number, a path or a bracket, found {text!r}")
+
+    def peek_after():
+        return tokens[pos + 1][1] if pos + 1 < len(tokens) else None
+
+    def product():
+        v = atom()
+        while peek() in ("*", "/"):
+            op = take()[1]
+            w = atom()
+            if op == "/" and w == 0:
+                raise ConfigError(f"{expr}: divides by zero")
+            v = v * w if op == "*" else v / w
+        return v
+
+    def sum_():
+        v = product()
+        while peek() in ("+", "-"):
+            op = take()[1]
+            v = v + product() if op == "+" else v - product()
+        return v
+
+    result = sum_()
+    if pos != len(tokens):
+        raise ConfigError(f"{expr}: cannot read it from {' '.join(t for _, t in tokens[pos:])!r}")
+    return result
