@@ -60,7 +60,9 @@ def _literal(text: str):
 def _step(node, m: re.Match, where: str):
     if isinstance(node, Many):
         out = Many()
-        for n in node:
+        for n in node:  # an element without the key adds nothing (a count absent where it is 0)
+            if m.group("key") is not None and isinstance(n, dict) and m.group("key") not in n:
+                continue
             got = _step(n, m, where)
             out += got if isinstance(got, Many) else [got]
         return out

@@ -11,7 +11,7 @@ What is not a figure (exempt, by rule, wherever it stands; see mask()):
 - blocks rendered from files, between `<!-- NAME-table: FILES -->` and `<!-- NAME-table:end -->`
   (bench-table blocks are compared with what their files render; the scripts' tables by the tests);
 - dates and times (2026-11-27, 18:29), versions (0.3.36), numbers that are part of a name
-  (gemma-3-270m, Q4_K_M, smollm2, 8B, H100), settings written NAME=VALUE (T=0.7), the level of an
+  (gemma-3-270m, Q4_K_M, smollm2, 8B, H100, a 2-core machine), settings written NAME=VALUE (T=0.7), the level of an
   interval (90% interval), issue references (issue 67) and ordered-list markers ("1. " at a line's start);
 - everything under a heading that says History (and its subsections): dated, not re-measured.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 FIGURE = re.compile(
     rf"(?:(?<![^\s(\[])[+\-−](?=\d)|(?<![\w.,/=#@:$&+\-−])){_NUM}(?:(?:-|–){_NUM}|/{_NUM})?[x×%]?"
-    r"(?![\w.,:/\-–]\d|\w)")
+    r"(?![\w.,:/\-–]\d|\w|-[A-Za-z])")
 _PART = re.compile(_NUM)
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
 _TABLE = re.compile(r"^<!-- ([\w-]*table): .*?^<!-- \1:end -->", re.S | re.M)
