@@ -276,3 +276,9 @@ def test_a_logit_bias_that_bans_every_token_is_refused(server):
     status, r = chat(server, logit_bias=every[1:])  # one token left: the answer is made of it
     assert status == 200, r
     still_answers(server)
+
+
+def test_an_unknown_field_named_with_a_newline_is_named_on_one_line(server):
+    """The fuzzer's find: a field named "\\n" went into the message as it was, two lines."""
+    refused(chat(server, **{"\n": 1}), "\n", "Unrecognized request argument", '"\\n"')
+    still_answers(server)

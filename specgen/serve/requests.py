@@ -113,7 +113,8 @@ def _deeper(value: object, limit: int) -> bool:
 def _unrecognized(names: list[str], known: frozenset[str]) -> str:
     """OpenAI's words for a field it does not know, with the likeliest field meant."""
     meant = [(n, difflib.get_close_matches(n, sorted(known), n=1, cutoff=0.75)) for n in names]
-    hints = [f"{n} (did you mean {close[0]}?)" if close else n for n, close in meant]
+    shown = [n if n.isprintable() else json.dumps(n) for n in names]  # a name with a newline stays one line
+    hints = [f"{s} (did you mean {close[0]}?)" if close else s for s, (_, close) in zip(shown, meant)]
     many = "s" if len(names) > 1 else ""
     return f"Unrecognized request argument{many} supplied: {', '.join(hints)}"[:300]
 
