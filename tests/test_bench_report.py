@@ -29,8 +29,8 @@ def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
 # The pages whose every figure is bound (or exempt, or under History): `--check` passes on each.
 CHECKED = ["README.md", "docs/measurements.md"]
 # Pages with passages whose figures outside them are not all bound yet: their passages must check.
-PASSAGES: list = []  # ["docs/agent-bench.md", "docs/structured-output.md", "docs/screening-and-kernels.md", "docs/gpu.md",
-            #  "docs/losslessness.md"]
+# (docs/agent-bench.md's passages quote five prompt-token fractions no key names yet: not listed.)
+PASSAGES = ["docs/structured-output.md", "docs/screening-and-kernels.md", "docs/gpu.md", "docs/losslessness.md"]
 
 
 @pytest.mark.parametrize("page", CHECKED)
