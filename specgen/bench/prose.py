@@ -20,16 +20,19 @@ the figure (its decimals, thousands separators, sign, unit; numbers.format_like)
 two as text; it fails where they differ, where the passage's figures are not the lines' figures
 in order, and where a figure anywhere on the page outside such a passage is neither exempt (see
 numbers.py: code, dates, names, rendered tables...) nor under a heading that says History.
+A passage whose marker binds nothing (pages not converted yet) gets the older, weaker check: each
+of its figures must be one its files give, whichever value that is.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from specgen.bench import keys, numbers
+from specgen.bench import keys, numbers, published
 from specgen.bench.published import unfenced
 from specgen.errors import ConfigError
 
@@ -84,13 +87,16 @@ def passages(page: Path, text: str) -> list[tuple[dict[str, Path], list[Binding]
         raise ConfigError(f"{page}: a figures marker without its end (<!-- figures:end -->) or its closing -->")
     found = []
     for m in _BLOCK.finditer(plain):
-        files = {}
+        files, unnamed = {}, 0
         for word in m.group("head").split():
             name, _, path = word.rpartition("=")
-            files[name] = Path(page).parent / path
+            unnamed += not name
+            files[name or f"#{len(files)}"] = Path(page).parent / path
         if not files:
             raise ConfigError(f"{page}:{_line(text, m.start())}: a figures marker names no file")
-        if len(files) > 1 and "" in files:
+        if len(files) == 1 and unnamed:
+            files = {"": next(iter(files.values()))}  # one file: its paths need no name
+        elif unnamed and m.group("binds"):
             raise ConfigError(f"{page}:{_line(text, m.start())}: a marker naming several files names each "
                               "(name=path), for its paths to say which they read")
         binds = []
@@ -121,6 +127,9 @@ def problems(page: Path, text: str | None = None) -> list[str]:
     out, spans = [], []
     for files, binds, quotes, span in passages(page, text):
         spans.append(span)
+        if not binds:  # a passage not bound yet: each figure must at least be one its files give
+            out += _loose(page, files, quotes)
+            continue
         data = {name: _data(path) for name, path in files.items()}
         for i in range(max(len(binds), len(quotes))):
             q, b = quotes[i] if i < len(quotes) else None, binds[i] if i < len(binds) else None
@@ -145,6 +154,31 @@ def problems(page: Path, text: str | None = None) -> list[str]:
             out.append(f"{page}:{_line(text, m.start())}: {m.group(0)} is bound to no file: bind it in a figures "
                        "passage, or move it under a History heading")
     return out
+
+
+def _loose(page: Path, files: dict[str, Path], quotes: list[Quote]) -> list[str]:
+    """The check an unbound passage gets (the one every passage had before bindings): each figure
+    must appear in what its files give, rendered for a bench results file, as written otherwise.
+    Weaker than a binding (any cell of the right value passes), and said so in its message."""
+    given, together = [], []
+    for path in files.values():
+        raw = path.read_text(encoding="utf-8") if path.is_file() else ""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        results = data is not None and published.is_results(data)
+        given.append(published.render_files([path], Path(page).parent) if results else raw)
+        together += [path] if results else []
+    if len(together) > 1:  # several runs rendered as one block add what they say together (their spread)
+        given.append(published.render_files(together, Path(page).parent))
+    known = set(_LOOSE.findall("\n".join(given)))  # unmasked: the files' tables are the values
+    return [f"{page}:{q.line}: {q.figure} is in no value its files give (a passage not yet bound to keys: "
+            "checked by value alone)" for q in quotes if _LOOSE.fullmatch(q.figure) and q.figure not in known]
+
+
+# What the value-alone check reads (as before bindings): decimals and their ranges, percentages, counts.
+_LOOSE = re.compile(r"(?<![\w.-])(\d+\.\d+-\d+\.\d+x?|\d+\.\d+x?|\d+%|\d+/\d+)(?![\w.]*\d)")
 
 
 def checked(page: Path, text: str | None = None) -> list[tuple[Quote, Binding]]:
