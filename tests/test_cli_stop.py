@@ -77,6 +77,14 @@ def test_bad_stop_strings_are_one_line(tmp_path, args, words):
         assert_one_line_error(proc, words)
 
 
+def test_bench_refuses_stop_beside_llama_cpps_rows(tmp_path):
+    """llama.cpp's rows cannot stop at a string: their texts would be compared with cut ones."""
+    (tmp_path / "llama-speculative-simple").write_text("#!/bin/sh\nexit 1\n")  # found, never run
+    (tmp_path / "llama-speculative-simple").chmod(0o755)
+    proc = specgen("bench", "-m", SMOLLM2, "--limit", "1", "--stop", "4, 5", "--llama-cpp", str(tmp_path))
+    assert_one_line_error(proc, "--stop cuts specgen's texts only: llama.cpp's rows (--llama-cpp) do not stop")
+
+
 # --- real runs: the CLI's text is the server's --------------------------------------------------------
 
 

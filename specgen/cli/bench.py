@@ -133,6 +133,9 @@ def bench(
             "--answer-tool-choice sets the agent loops' answers"
         raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
     binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
+    if binary is not None and cfg.stops:  # its rows would write past the stop string and be compared as cut
+        raise ConfigError(f"--stop cuts specgen's texts only: llama.cpp's rows (--llama-cpp) do not stop at a "
+                          f"string, found --stop {cfg.stops[0]!r}; leave out one of the two")
     if (spec_type or llama_cpp_draft) and binary is None:
         raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
                           "decoding: give --llama-cpp DIR too")
