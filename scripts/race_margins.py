@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from specgen.core import race
 from specgen.core.kv import evaluate
 from specgen.core.sampling import Sampler, SamplingParams
 from specgen.core.vocab import SubsetContext
