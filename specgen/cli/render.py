@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
-from specgen.core.engine import Event, TokenEvent
 from specgen.reporter import Reporter
 
 _stderr = Console(stderr=True, highlight=False)
@@ -133,14 +132,6 @@ class TextSink:
         """End the line of text in progress, if any (before an error message on stderr)."""
         if self.line_open:
             self.end()
-
-
-def show(event: Event, sink: TextSink) -> None:
-    """One event of a run as text (a drafted token dimmed on a terminal)."""
-    if isinstance(event, TokenEvent):
-        sink.write(event.text, event.from_draft)
-    else:
-        sink.write(event.tail)
 
 
 def write_json_record(record: dict[str, Any], stream=None) -> None:
