@@ -47,6 +47,9 @@ class Prompt:
     tools: Tools | None = None  # functions the answer may call
     offered: tuple[dict, ...] = ()  # functions named but not callable (tool_choice none): listed still
     stop: tuple[str, ...] | None = None  # a record's own stop strings (None: the command's; app/stops.py)
+    # Variables for the chat template beside the messages (llama-server's chat_template_kwargs, e.g.
+    # enable_thinking), as (name, JSON text) pairs.
+    template_vars: tuple[tuple[str, str], ...] = ()
 
     @property
     def listed(self) -> tuple[dict, ...]:

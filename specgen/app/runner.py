@@ -4,6 +4,7 @@ its events streamed to the caller, gathered into a Completion, and its --json re
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
@@ -54,6 +55,9 @@ def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None =
     if prefill and (prompt.constraint is not None or prompt.tools is not None):
         raise ConstraintError("a conversation that ends with an assistant message (continued as a prefill) cannot "
                               "also ask for response_format or tools: expected one or the other")
+    if prompt.template_vars:  # chat_template_kwargs: the template's own variables, as llama-server passes them
+        variables = {name: json.loads(value) for name, value in prompt.template_vars}
+        return model.format_chat(messages, tools, **variables) + prefill
     return model.format_chat(messages, tools) + prefill
 
 

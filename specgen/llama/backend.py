@@ -157,9 +157,10 @@ class LlamaModel:
         samples = tuple((i, self.token_text(i)) for i in sample_ids if 0 <= i < self.n_vocab)
         return VocabInfo(L.llama_vocab_type(self._vocab), self.n_vocab, self.bos, self.eos, samples)
 
-    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None, **variables) -> str:
         """Render messages with the GGUF's own Jinja chat template (llama-cpp-python's formatter);
-        `tools` (OpenAI's shape) as the template's `tools` variable."""
+        `tools` (OpenAI's shape) as the template's `tools` variable; `variables`: more of the
+        template's own (a request's chat_template_kwargs, e.g. enable_thinking)."""
         if not self.chat_template:
             raise ModelError(f"--chat needs a chat template, but {Path(self.path).name} has none "
                              "(use --no-chat)")
@@ -168,7 +169,7 @@ class LlamaModel:
         fmt = Jinja2ChatFormatter(self.chat_template, eos_token=self.token_text(self.eos).decode(errors="replace"),
                                   bos_token=self.token_text(self.bos).decode(errors="replace"))
         try:
-            return fmt(messages=messages, tools=tools).prompt
+            return fmt(messages=messages, tools=tools, **variables).prompt
         except Exception as e:  # templates raise their own errors (e.g. role order)
             raise ModelError(f"the chat template of {Path(self.path).name} rejected the messages: {e}") from None
 

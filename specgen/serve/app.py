@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from specgen.app.callstream import CallHead
-from specgen.serve import fields, routes
+from specgen.serve import ecosystem, fields, routes
 from specgen.serve.embeddings import Embeddings
 from specgen.serve.logprob_shapes import Shown, chat_content, completion_logprobs
 from specgen.serve.marks import Piece
@@ -91,11 +91,18 @@ class Server:
         return route
 
     def _posted(self, handler: Callable, path: str) -> Callable:
-        """The handler with its body read, every field checked against the route's (fields.ROUTES)."""
+        """The handler with its body read, every field checked against the route's (fields.ROUTES):
+        OpenAI's routes refuse a field they do not know, llama-server's ignore it (ecosystem.py);
+        the answer's headers and the log name what was ignored or could not act."""
+        native = path in ecosystem.NATIVE
         known = fields.ROUTES[path]
 
         async def route(request: HttpRequest) -> Response:
-            return await handler(request, body_json(await _body(request), known))
+            body = body_json(await _body(request), known, native)
+            response = await handler(request, body)
+            said = ecosystem.say(request.method, path, body.ignored or [], body.notes)
+            response.headers.update(said)
+            return response
         return route
 
     def _authorized(self, request: HttpRequest) -> None:

@@ -16,7 +16,7 @@ from specgen.app.structured import offered_tools, read_tools, response_format, s
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
 from specgen.errors import SpecgenError
-from specgen.serve import fields
+from specgen.serve import ecosystem, fields
 
 MAX_TOKENS = 2**31 - 1  # a larger max_tokens is a mistake; any below is capped at the context's room
 # Levels of JSON nesting a body may hold: llguidance's JSON reader refuses a schema deeper than 128
@@ -55,6 +55,7 @@ class Request:
     # top_logprobs, the completions API's logprobs, llama-server's n_probs); None: not asked.
     logprobs: int | None = None
     cache_prompt: bool = True  # llama-server's: false reads the whole prompt, whatever the cache holds
+    notes: tuple[str, ...] = ()  # what the request asked for and its model cannot act on (ecosystem.py)
 
 
 class Body(dict):
@@ -62,9 +63,13 @@ class Body(dict):
     declare is specgen's bug (that field, sent, would be refused as unknown), so it raises: every
     request a test sends walks the readers, so an undeclared read fails the tests."""
 
-    def __init__(self, given: dict, known: frozenset[str]):
+    def __init__(self, given: dict, known: frozenset[str], ignored: list[str] | None = None):
         super().__init__(given)
         self.known = known
+        # llama-server's routes: the keys dropped unread, as llama-server ignores them (ecosystem.py);
+        # None on OpenAI's routes, which refuse them.
+        self.ignored = ignored
+        self.notes: list[str] = []  # what the reader found asked for and not acted on (ecosystem.py)
 
     def _declared(self, name: str) -> str:
         if name not in self.known:
@@ -79,8 +84,10 @@ class Body(dict):
         return super().__getitem__(self._declared(name))
 
 
-def body_json(raw: bytes, known: frozenset[str]) -> Body:
-    """The body as a JSON object whose every field is one of `known` (its route's, fields.ROUTES)."""
+def body_json(raw: bytes, known: frozenset[str], native: bool = False) -> Body:
+    """The body as a JSON object whose every field is one of `known` (its route's, fields.ROUTES):
+    another is a 400 naming it, as OpenAI answers; on llama-server's own routes (`native`) it is
+    dropped and named in Body.ignored, as llama-server ignores it."""
     deep = RequestError(400, f"expected a JSON body nested at most {MAX_DEPTH} levels deep, found deeper nesting")
     try:
         body = json.loads(raw)
@@ -92,7 +99,10 @@ def body_json(raw: bytes, known: frozenset[str]) -> Body:
         raise RequestError(400, f"expected a JSON object as the request body, found {type(body).__name__}")
     if _deeper(body, MAX_DEPTH):
         raise deep
+    known = known | ecosystem.known_beside(known)
     unknown = [name for name in body if name not in known]
+    if native:
+        return Body({k: v for k, v in body.items() if k in known}, known, unknown)
     if unknown:
         raise RequestError(400, _unrecognized(unknown, known), unknown[0], code="unknown_parameter")
     return Body(body, known)
@@ -119,12 +129,36 @@ def _unrecognized(names: list[str], known: frozenset[str]) -> str:
     return f"Unrecognized request argument{many} supplied: {', '.join(hints)}"[:300]
 
 
-def _refuse_unsupported(body: dict, chat_template: str | None) -> None:
-    """Fields specgen does not act on are refused by name unless their value changes nothing."""
+def _refuse_unsupported(body: dict, chat_template: str | None) -> list[str]:
+    """Fields specgen does not act on are refused by name unless their value changes nothing. A
+    request for reasoning where the template writes none asks for nothing: answered, with a note
+    (returned); on llama-server's routes a `samplers` order specgen cannot follow is ignored, named."""
+    reasons = ecosystem.writes_reasoning(chat_template)
+    for name, kind in _REASONING_TYPES.items():
+        value = body.get(name)
+        if value is not None and (not isinstance(value, kind) or kind is int and isinstance(value, bool)):
+            raise RequestError(400, f"{name} expects {_KIND_NAMES[kind]}, found {json.dumps(value)[:40]}", name)
+    budget = body.get("thinking_budget_tokens")
+    if reasons and ecosystem.asks_reasoning("thinking_budget_tokens", budget):
+        raise RequestError(400, f"thinking_budget_tokens is not supported at {budget}: reasoning is not cut short "
+                                "(send -1)", "thinking_budget_tokens")
+    handled = {"chat_template_kwargs", "reasoning_control", "thinking_budget_tokens",
+               *(() if reasons else ("reasoning_format", "reasoning_effort"))}
+    checked = {k: v for k, v in body.items() if k not in handled}
     try:
-        fields.check(body, chat_template)
+        fields.check(checked, chat_template)
     except fields.Refusal as e:
-        raise RequestError(400, e.message, e.name) from None
+        ignored = getattr(body, "ignored", None)
+        if e.name != "samplers" or ignored is None:
+            raise RequestError(400, e.message, e.name) from None
+        ignored.append("samplers")
+        return [f"samplers: {e.message.split(': ', 1)[-1]}"]
+    return []
+
+
+_REASONING_TYPES = {"reasoning_format": str, "reasoning_control": bool, "reasoning_effort": str,
+                    "thinking_budget_tokens": int}
+_KIND_NAMES = {str: "a string", bool: "true or false", int: "a whole number"}
 
 
 def _number(body: dict, name: str, low: float, high: float, whole: bool = False, low_open: bool = False):
@@ -241,8 +275,10 @@ def _max_tokens(body: dict) -> int | None:
     return None
 
 
-def _common(body: dict, chat_template: str | None, chat: bool) -> dict:
-    _refuse_unsupported(body, chat_template)
+def _common(body: dict, chat_template: str | None, chat: bool, kwargs: tuple = ()) -> dict:
+    notes = [*_refuse_unsupported(body, chat_template), *ecosystem.reasoning_notes(body, chat_template, kwargs)]
+    if isinstance(body, Body):
+        body.notes.extend(notes)
     max_tokens = _max_tokens(body)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -257,7 +293,7 @@ def _common(body: dict, chat_template: str | None, chat: bool) -> dict:
                            "cache_prompt")
     return dict(cache_prompt=cache_prompt, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body), stream=stream,
                 include_usage=bool(options.get("include_usage")), model=model if isinstance(model, str) else None,
-                logprobs=_logprobs(body, chat))
+                logprobs=_logprobs(body, chat), notes=tuple(notes))
 
 
 def _constraint(body: dict) -> ConstraintSpec | None:
@@ -321,8 +357,12 @@ def chat_request(body: dict, chat_template: str | None = None) -> Request:
         text, history, after = split_turns(turns, "messages")
     except SpecgenError as e:
         raise RequestError(400, str(e), "messages") from None
-    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True)),
-                   **_common(body, chat_template, chat=True))
+    try:
+        kwargs = ecosystem.template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as e:
+        raise RequestError(400, str(e), "chat_template_kwargs") from None
+    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True), template_vars=kwargs),
+                   **_common(body, chat_template, chat=True, kwargs=kwargs))
 
 
 def _check_calls(turns: list[Message]) -> None:

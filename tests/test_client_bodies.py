@@ -1,0 +1,205 @@
+"""Real clients' request bodies, recorded from their sources into tests/data/client-bodies/ (each
+file's "source" says which files and which settings), replayed against a real `specgen serve`:
+each ecosystem's body read as its ecosystem reads it (docs/serve.md, "Whose rules a body follows").
+OpenAI's routes still refuse a misspelt field by name; llama-server's own routes ignore a key they
+do not know and name it in the X-Specgen-Ignored-Fields header and the server's log; a request for
+reasoning on a model that writes none is answered, and says so; chat_template_kwargs reach the
+chat template."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import SMOLLM2
+from specgen.serve import fields
+from test_serve import free_port
+
+pytestmark = pytest.mark.real
+
+BODIES = Path(__file__).parent / "data" / "client-bodies"
+CLIENTS = {p.stem: json.loads(p.read_text()) for p in sorted(BODIES.glob("*.json"))}
+CASES = [(name, i) for name, d in CLIENTS.items() for i in range(len(d["requests"]))]
+LIMIT = 8  # the recorded token limits (300, 4096) cut to this; bodies without one get the server's -n
+IGNORED, NOTES = "X-Specgen-Ignored-Fields", "X-Specgen-Notes"
+
+
+class Server:
+    """`specgen serve` in a subprocess, its log (stderr) in a file the tests read."""
+
+    def __init__(self, log: Path):
+        self.port, self.log = free_port(), log
+        self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", SMOLLM2, "--no-store",
+                                      "--method", "plain", "-n", str(LIMIT), "--port", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while True:  # ready when /health answers: a poll with a deadline, not a guessed delay
+            assert self.proc.poll() is None, f"the server exited: {log.read_text()}"
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer /health within 120 s"
+                time.sleep(0.1)
+
+    def post(self, path: str, body: dict):
+        """(status, headers, raw bytes)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    served = Server(tmp_path_factory.mktemp("serve") / "stderr.log")
+    yield served
+    served.proc.send_signal(signal.SIGTERM)
+    served.proc.wait(timeout=30)
+
+
+def _capped(body: dict) -> dict:
+    return {**body, **{k: LIMIT for k in ("max_tokens", "n_predict", "max_completion_tokens")
+                       if isinstance(body.get(k), int) and body[k] > LIMIT}}
+
+
+def _events(raw: bytes) -> list[str]:
+    return [line[len("data: "):] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
+
+
+def _text(route: str, body: dict, raw: bytes) -> str:
+    """The answer's text, each shape checked whole (a stream's end included)."""
+    if route == "/tokenize":
+        tokens = json.loads(raw)["tokens"]
+        assert tokens and all(isinstance(t, int) for t in tokens)
+        return str(tokens)
+    if not body.get("stream"):
+        r = json.loads(raw)
+        return r["content"] if route == "/completion" else r["choices"][0]["message"]["content"]
+    events = _events(raw)
+    if route == "/completion":  # llama-server's stream: pieces, then the whole object with stop true, no [DONE]
+        chunks = [json.loads(e) for e in events]
+        assert chunks[-1]["stop"] is True and chunks[-1]["stop_type"] in ("eos", "limit", "word")
+        return "".join(c["content"] for c in chunks)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    if body.get("stream_options", {}).get("include_usage"):
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize("client,index", CASES, ids=[f"{c}-{i}" for c, i in CASES])
+def test_every_recorded_body_is_answered(server, client, index):
+    request = CLIENTS[client]["requests"][index]
+    route, body = request["route"], _capped(request["body"])
+    status, headers, raw = server.post(route, body)
+    assert status == 200, (client, raw[:300])
+    text = _text(route, body, raw)
+    if "<|im_start|>" not in body.get("prompt", ""):  # special tokens as text: see the xfail below
+        assert text.strip(), (client, raw[:300])
+    unknown = sorted(set(body) - fields.ROUTES[route] - {"thinking_budget_tokens"})
+    named = [n for n in (headers.get(IGNORED) or "").split(", ") if n]
+    if route.startswith("/v1/"):
+        assert not unknown and not named  # OpenAI's routes: every key known (or the 400 above)
+    else:
+        assert set(unknown) <= set(named), (named, unknown)  # each key llama-server would ignore, named
+
+
+def test_sillytavern_keys_of_other_backends_are_ignored_and_named(server):
+    """SillyTavern's llama.cpp mode posts every backend's settings to /completion; llama-server
+    ignores those it does not know, and so does specgen, naming them (and llama.cpp's default
+    sampler order, which specgen's chain cannot follow) in the header and the log."""
+    body = _capped(CLIENTS["sillytavern"]["requests"][0]["body"])
+    status, headers, _ = server.post("/completion", body)
+    named = headers[IGNORED].split(", ")
+    assert status == 200 and {"truncation_length", "top_a", "api_server", "typical", "samplers"} <= set(named)
+    assert "temperature" not in named and "n_predict" not in named
+    logged = [line for line in server.log.read_text().splitlines() if "POST /completion" in line]
+    assert any("truncation_length" in line and "api_server" in line for line in logged), logged
+
+
+def test_tokenize_ignores_a_model_key(server):
+    status, headers, raw = server.post("/tokenize", {"content": "hi there", "model": "llama"})
+    assert status == 200 and json.loads(raw)["tokens"] and headers[IGNORED] == "model"
+    assert any("POST /tokenize: ignored model" in line for line in server.log.read_text().splitlines())
+    status, headers, _ = server.post("/detokenize", {"tokens": [1, 2], "with_pieces": True})
+    assert status == 200 and headers[IGNORED] == "with_pieces"
+
+
+def test_a_misspelt_field_is_still_refused_on_openai_routes(server):
+    """OpenAI's routes answer an unknown field as OpenAI does; llama-server's routes ignore it."""
+    webui = CLIENTS["llamacpp-webui"]["requests"][0]["body"]
+    for route, body in (("/v1/chat/completions", {**webui, "stream": False}),
+                        ("/chat/completions", {"messages": webui["messages"]}),
+                        ("/v1/completions", {"prompt": "1, 2,"})):
+        status, _, raw = server.post(route, {**body, "max_tokens": 2, "temprature": 0.5})
+        e = json.loads(raw)["error"]
+        assert status == 400 and e["param"] == "temprature" and e["code"] == "unknown_parameter", (route, e)
+        assert e["message"].startswith("Unrecognized request argument supplied: temprature"), e
+    status, headers, _ = server.post("/completion", {"prompt": "1, 2,", "n_predict": 2, "temprature": 0.5})
+    assert status == 200 and headers[IGNORED] == "temprature"
+
+
+def test_reasoning_asked_of_a_model_without_it_is_answered_and_said(server):
+    """smollm2's template writes no reasoning: each way of asking for it asks for nothing here."""
+    ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+    status, _, raw = server.post("/v1/chat/completions", ask)
+    plain = json.loads(raw)["choices"][0]["message"]["content"]
+    asking = {"reasoning_format": "deepseek", "reasoning_control": True, "reasoning_effort": "high",
+              "thinking_budget_tokens": 256, "chat_template_kwargs": {"enable_thinking": True}}
+    for name, value in asking.items():
+        status, headers, raw = server.post("/v1/chat/completions", {**ask, name: value})
+        assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == plain, (name, raw)
+        assert "writes no reasoning" in headers[NOTES] and name in headers[NOTES], (name, headers[NOTES])
+    for name, value in (("reasoning_control", "yes"), ("thinking_budget_tokens", 1.5),
+                        ("chat_template_kwargs", ["enable_thinking"]),
+                        ("chat_template_kwargs", {"messages": []})):
+        status, _, raw = server.post("/v1/chat/completions", {**ask, name: value})
+        assert status == 400 and json.loads(raw)["error"]["param"] == name, (name, raw)
+
+
+def test_apply_template_takes_chat_template_kwargs(server):
+    messages = [{"role": "user", "content": "Hi"}]
+    status, headers, raw = server.post("/apply-template", {"messages": messages,
+                                                           "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200 and json.loads(raw)["prompt"].endswith("<|im_start|>assistant\n")
+    assert "the chat template reads no enable_thinking" in headers[NOTES]
+
+
+def test_chat_template_kwargs_reach_the_template(smollm2, monkeypatch):
+    """The request's chat_template_kwargs are variables of the model's own template, as llama-server
+    passes them (a template that reads enable_thinking, as Qwen 3's does)."""
+    from specgen.app.runner import render_prompt
+    from specgen.serve.requests import body_json, chat_request
+
+    monkeypatch.setattr(smollm2, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
+    raw = {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"enable_thinking": False}}
+    request = chat_request(body_json(json.dumps(raw).encode(), fields.ROUTES["/v1/chat/completions"]),
+                           smollm2.chat_template)
+    assert render_prompt(smollm2, request.prompt, True) == "Hi<think></think>"
+    del raw["chat_template_kwargs"]
+    request = chat_request(body_json(json.dumps(raw).encode(), fields.ROUTES["/v1/chat/completions"]),
+                           smollm2.chat_template)
+    assert render_prompt(smollm2, request.prompt, True) == "Hi"
+
+
+@pytest.mark.xfail(strict=True, reason="specgen reads a /completion prompt's special-token text as plain text "
+                                       "(parse_special false); llama-server parses it (Continue's llama.cpp "
+                                       "provider sends a ChatML-rendered prompt): not yet changed")
+def test_special_tokens_in_a_native_completion_prompt_are_parsed(server):
+    body = CLIENTS["continue"]["requests"][0]["body"]
+    status, _, raw = server.post("/completion", {**body, "stream": False, "n_predict": 1})
+    parsed = json.loads(server.post("/tokenize", {"content": body["prompt"]})[2])["tokens"]  # parse_special true
+    assert status == 200 and json.loads(raw)["tokens_evaluated"] == len(parsed)
