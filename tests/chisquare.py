@@ -9,6 +9,8 @@ first; the degrees of freedom are the categories left, less one."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from scipy.stats import chi2
 
@@ -70,3 +72,18 @@ def one_sample(counts: np.ndarray, p: np.ndarray, alpha: float = ALPHA) -> tuple
     stat = float(((observed - expected) ** 2 / expected).sum())
     limit = critical_value(df, alpha)
     return stat < limit, f"chi2 {stat:.1f} with {df} df (critical {limit:.1f} at alpha {alpha:g})"
+
+
+def goodness_of_fit(counts: Counter, expected: Counter) -> None:
+    """Counts of sampled sequences (tuples of one or two tokens) against their exact distribution
+    `expected`, by the first token and by the first two (one_sample each); a sequence `expected`
+    rules out fails outright."""
+    keys = sorted(set(expected) | set(counts))
+    p = np.array([expected[k] for k in keys])
+    n = np.array([counts[k] for k in keys], dtype=np.float64)
+    firsts = sorted({k[:1] for k in keys})
+    by_first = np.array([[k[:1] == x for k in keys] for x in firsts], dtype=np.float64)
+    ok, why = one_sample(by_first @ n, by_first @ p)
+    assert ok, f"first token: {why}"
+    ok, why = one_sample(n, p)
+    assert ok, f"first two tokens: {why}"

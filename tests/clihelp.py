@@ -4,12 +4,12 @@ import os
 import subprocess
 import sys
 
-from conftest import SMOLLM2
+from harness import SMOLLM2
 
 
-def specgen(*args, input=None, cwd=None, env=None):
+def specgen(*args, input=None, cwd=None, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "specgen", *args], input=input, capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300)
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def gen(*args, input=None):

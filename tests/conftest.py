@@ -1,15 +1,19 @@
-import contextlib
-import http.server
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-SMOLLM2 = "smollm2-135m-instruct-q4_1"
-GEMMA = "gemma-3-270m-q4_k_m"
+import harness  # noqa: E402 (after the path it is found on)
+from harness import GEMMA, SMOLLM2, serve_directory  # noqa: E402,F401 (names test modules once took from here)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_servers():
+    """harness.server()'s processes, each stopped (and checked to exit cleanly) when the run ends."""
+    yield
+    harness.stop_servers()
 
 
 @pytest.fixture(scope="session")
@@ -28,32 +32,22 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path):
-    from specgen.llama.backend import LlamaModel
-
-    return LlamaModel(smollm2_path)
+    return harness.model(SMOLLM2)
 
 
 @pytest.fixture(scope="session")
 def gemma(gemma_path):
-    from specgen.llama.backend import LlamaModel
-
-    return LlamaModel(gemma_path)
+    return harness.model(GEMMA)
 
 
 @pytest.fixture(scope="session")
 def smollm2_f32():
-    from specgen.models import resolve as models
-    from specgen.llama.backend import LlamaModel
-
-    return LlamaModel(models.resolve("smollm2-135m-instruct-f32"))
+    return harness.model(harness.SMOLLM2_F32)
 
 
 @pytest.fixture(scope="session")
 def gemma_f32():
-    from specgen.models import resolve as models
-    from specgen.llama.backend import LlamaModel
-
-    return LlamaModel(models.resolve("gemma-3-270m-f32"))
+    return harness.model(harness.GEMMA_F32)
 
 
 @pytest.fixture
@@ -80,22 +74,3 @@ def isolated_home(tmp_path, monkeypatch):
     """A SPECGEN_HOME of its own, for tests that write to the model cache."""
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-@contextlib.contextmanager
-def serve_directory(directory: Path):
-    """A quiet local HTTP server for `directory`; yields its base URL (URL pulls without internet)."""
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=str(directory), **kw)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()

@@ -228,3 +228,61 @@ class FakeConstraint:
 
     def position(self) -> int:
         return len(self.consumed)
+
+
+# --- bench on the fake backend (test_bench.py, test_bench_constrained.py) ------------------------------
+
+def question_lines(n_per_category):
+    """A synthetic question file in Spec-Bench's format (ids numbered like Spec-Bench's)."""
+    import json
+
+    lines, qid = [], 81
+    for cat in ["writing", "roleplay", "translation", "rag"]:
+        for _ in range(n_per_category):
+            turns = ["first turn", "second turn"] if cat in ("writing", "roleplay") else ["only turn"]
+            lines.append(json.dumps({"question_id": qid, "category": cat, "turns": turns}))
+            qid += 1
+    return "\n".join(lines)
+
+
+def trial(pid, group, method, tps, text="same", repeat=0, calls=10, committed=20):
+    """One bench trial of `tps` tokens in one second."""
+    from specgen.bench import run, suites
+    from specgen.core.stats import RunStats
+
+    s = RunStats(n_tokens=int(tps), decode_s=1.0, target_calls=calls, n_committed=committed, drafted=8, accepted=4)
+    return run.Trial(suites.BenchPrompt(group, pid, ("x",)), method, repeat, text, s, "length")
+
+
+def _flat():
+    from specgen.costs.curve import CostCurve
+
+    return CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
+
+
+FLAT = _flat()
+
+
+def _fake_methods():
+    from specgen.drafting.methods import NAMES
+
+    return ("plain", *(m for m in NAMES if m != "plain"))  # every method in the table
+
+
+FAKE_METHODS = _fake_methods()
+
+
+def fake_session(with_draft: bool, n_ctx: int = 512):
+    """A session on the fake backend as the loader builds it, with fixed synthetic cost curves."""
+    from dataclasses import replace
+
+    from specgen.app.config import RunConfig
+    from specgen.app.session import open_session
+    from specgen.drafting.methods import METHODS
+
+    target = FakeModel(n_vocab=24, sharpness=4.0)
+    draft = NoisyDraft(target, noise=0.5) if with_draft else None
+    cfg = RunConfig(target="fake", draft="fake-draft" if draft else None, chat=False, ctx=n_ctx)
+    curves = lambda model, ctx: replace(FLAT, seconds=[s / 4 for s in FLAT.seconds]) if model is draft else replace(FLAT)  # noqa: E731
+    methods = [METHODS[m] for m in FAKE_METHODS if with_draft or m not in ("chain", "tree", "staged")]
+    return open_session(cfg, methods, target, draft, curves), cfg

@@ -1,7 +1,6 @@
 """specgen bench: suites, selection, interleaving, speedup arithmetic, JSON schema and the plot."""
 
 import json
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
@@ -9,31 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from fakes import FakeModel, NoisyDraft
+from clihelp import specgen
+from fakes import FAKE_METHODS, fake_session, question_lines, trial
 from specgen.app.ask import Ask
 from specgen.bench import results, run, suites, summary
 from specgen.bench.view import check_plot_path, summary_table, svg_chart
-from specgen.app.config import RunConfig
-from specgen.costs.curve import CostCurve
 from specgen.errors import ConfigError, PromptError
 from specgen.app.prompts import Prompt
-from specgen.drafting.methods import METHODS, NAMES
+from specgen.drafting.methods import METHODS
 from specgen.app.runner import Completion, Runner
-from specgen.app.session import open_session
 from specgen.core.stats import RunStats
 
 SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared/bench/spec-bench/question.jsonl"
-
-
-def question_lines(n_per_category):
-    """A synthetic question file in Spec-Bench's format (ids numbered like Spec-Bench's)."""
-    lines, qid = [], 81
-    for cat in ["writing", "roleplay", "translation", "rag"]:
-        for _ in range(n_per_category):
-            turns = ["first turn", "second turn"] if cat in ("writing", "roleplay") else ["only turn"]
-            lines.append(json.dumps({"question_id": qid, "category": cat, "turns": turns}))
-            qid += 1
-    return "\n".join(lines)
 
 
 def test_spec_bench_categories_group_into_six():
@@ -153,11 +139,6 @@ def test_second_turn_follows_the_models_own_answer():
     assert (stats.n_tokens, stats.decode_s) == (20, 1.0)  # both turns count
 
 
-def trial(pid, group, method, tps, text="same", repeat=0, calls=10, committed=20):
-    s = RunStats(n_tokens=int(tps), decode_s=1.0, target_calls=calls, n_committed=committed, drafted=8, accepted=4)
-    return run.Trial(suites.BenchPrompt(group, pid, ("x",)), method, repeat, text, s, "length")
-
-
 def test_speedup_is_ratio_of_mean_throughputs_and_mismatches_are_counted():
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 300),
               trial("2", "qa", "plain", 300), trial("2", "qa", "lookup", 300, text="other"),
@@ -260,20 +241,6 @@ def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     assert rows[("qa", "lookup")].n_prompts == 2  # still compared for losslessness
 
 
-FLAT = CostCurve([1, 2, 4, 8, 16, 32], [0.010, 0.0105, 0.011, 0.012, 0.014, 0.018], "test")
-FAKE_METHODS = ("plain", *(m for m in NAMES if m != "plain"))  # every method in the table
-
-
-def fake_session(with_draft: bool, n_ctx: int = 512):
-    """A session on the fake backend as the loader builds it, with fixed synthetic cost curves."""
-    target = FakeModel(n_vocab=24, sharpness=4.0)
-    draft = NoisyDraft(target, noise=0.5) if with_draft else None
-    cfg = RunConfig(target="fake", draft="fake-draft" if draft else None, chat=False, ctx=n_ctx)
-    curves = lambda model, ctx: replace(FLAT, seconds=[s / 4 for s in FLAT.seconds]) if model is draft else replace(FLAT)
-    methods = [METHODS[m] for m in FAKE_METHODS if with_draft or m not in ("chain", "tree", "staged")]
-    return open_session(cfg, methods, target, draft, curves), cfg
-
-
 def test_auto_times_the_context_term_after_a_long_prompt_with_the_draft_holding_that_prompt():
     """auto's draft reads prompts lazily, yet its context term must be timed after the prompt's
     context (the fake context refuses a decode whose earlier positions hold no KV), and the lazy
@@ -350,17 +317,13 @@ def test_png_chart_written(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "specgen", *args], capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.real
 def test_bench_cli_small_real_run(tmp_path):
     """smollm2, 2 prompts, 16 tokens: table on stdout, JSON with the stable keys (the calibration
     auto planned with, how busy the machine was), an SVG chart."""
     out, plot = tmp_path / "bench.json", tmp_path / "bench.svg"
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup,auto", "-n", "16", "--limit", "2",
-                "--split", "report", "--json", str(out), "--plot", str(plot))
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "lookup,auto", "-n", "16", "--limit", "2",
+                "--split", "report", "--json", str(out), "--plot", str(plot), timeout=600)
     assert r.returncode == 0, r.stderr
     assert "overall" in r.stdout and "lookup" in r.stdout and "Traceback" not in r.stderr
     report = json.loads(out.read_text())
@@ -393,9 +356,9 @@ def test_bench_cli_small_real_run(tmp_path):
 
 
 def test_bench_cli_errors_are_one_line():
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "chain", "--limit", "1")
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--methods", "chain", "--limit", "1")
     assert r.returncode != 0 and "needs a draft model" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--per-group", "0")
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--per-group", "0")
     assert r.returncode == 2 and "--per-group must be at least 1, found 0" in r.stderr  # a usage error
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--split", "both")
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--split", "both")
     assert r.returncode == 2 and "--split expects all, tune, report, found 'both'" in r.stderr

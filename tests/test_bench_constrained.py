@@ -11,7 +11,8 @@ from specgen.app.runner import Runner
 from specgen.bench import run, suites, summary
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.stats import RunStats
-from test_bench import fake_session, question_lines, run_cli, trial
+from clihelp import specgen
+from fakes import fake_session, question_lines, trial
 
 
 def constrained_trial(pid, method, tps, drafted=0, accepted=0, forced=0, calls=10, committed=20):
@@ -70,8 +71,8 @@ def test_constrained_bench_cli_has_a_jump_row(tmp_path):
     """`--suite json` on two prompts: jump-forward runs after plain without being asked, its texts
     are plain's, drafting's gain over it is in the summary, and forced tokens are counted apart."""
     out = tmp_path / "bench.json"
-    r = run_cli("bench", "-m", "smollm2-135m-instruct-q4_1", "--suite", "json", "--methods", "lookup", "-n", "32",
-                "--limit", "2", "--json", str(out))
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--suite", "json", "--methods", "lookup", "-n", "32",
+                "--limit", "2", "--json", str(out), timeout=600)
     assert r.returncode == 0, r.stderr
     assert "jump" in r.stdout and "x jump" in r.stdout and "forced" in r.stdout
     report = json.loads(out.read_text())

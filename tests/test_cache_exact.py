@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from fakes import FakeModel
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from harness import generated
+from specgen.core.engine import TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.core.logprobs import TokenLogprob
 from specgen.core.protocol import Batch
@@ -127,10 +128,9 @@ class Run:
 
 def run(model, ctx, prompt, max_tokens, cache, cache_prompt=True) -> Run:
     """A greedy generation with lookup drafting (its rejected drafts leave cells empty)."""
-    stats = RunStats()
-    request = GenerationRequest(prompt, max_tokens, SamplingParams(), cache_prompt=cache_prompt)
-    events = generate(model, ctx, request, stats, LookupDrafter(), cache)
-    return Run([e.token for e in events if isinstance(e, TokenEvent)], stats)
+    done = generated(model, ctx, prompt, max_tokens, SamplingParams(), LookupDrafter(), cache=cache,
+                     cache_prompt=cache_prompt)
+    return Run(done.tokens, done.stats)
 
 
 def room(ctx, prompt: list[int]) -> int:

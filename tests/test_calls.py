@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+import harness
+from harness import SMOLLM2
+
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Message, Prompt
 from specgen.app.structured import GENERIC, call_history, read_tools
@@ -97,14 +100,9 @@ def test_the_history_reads_structured_calls_and_calls_written_as_text():
 
 # -- on smollm2 -----------------------------------------------------------------------------------
 
-SMOLLM2 = "smollm2-135m-instruct-q4_1"
-
-
 @pytest.fixture(scope="module")
 def session():
-    from specgen.app.session import load_session
-
-    return load_session(RunConfig(target=SMOLLM2, draft=None, store=False), ["plain", "auto", "jump"], screen=False)
+    return harness.session(SMOLLM2, None)
 
 
 @pytest.mark.real

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from conftest import GEMMA, SMOLLM2
+from harness import GEMMA, SMOLLM2
 
 pytestmark = pytest.mark.real
 

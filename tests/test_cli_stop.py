@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from clihelp import assert_one_line_error, specgen
-from conftest import SMOLLM2
+import harness
+from harness import SMOLLM2
 
 QUESTION = "Count from 1 to 20, comma separated."
 STOP = "4, 5"  # three tokens ("4", ",", " 5"): it forms across pieces
@@ -90,11 +91,7 @@ def test_bench_refuses_stop_beside_llama_cpps_rows(tmp_path):
 
 @pytest.fixture(scope="module")
 def session():
-    from specgen.app.config import build_config
-    from specgen.app.session import load_session
-
-    cfg = build_config(None, dict(target=SMOLLM2, method="auto", store=False))
-    return load_session(cfg, ["plain", "auto"], screen=False)
+    return harness.session(SMOLLM2, None)  # as generate and serve load it (no screening: a server may sample)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
+from harness import generated
 from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.penalties import Penalties
@@ -48,9 +49,8 @@ def run(model, prompt, sampling, method=None, max_tokens=30, forced=True):
         if forced:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=40, max_leaves=16)
     ctx = FakeContext(model, n_ctx=512, n_seq_max=32)
-    stats = RunStats()
-    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling, constraint), stats, drafter))
-    return [e.token for e in events if isinstance(e, TokenEvent)], events[-1].reason, stats, ctx
+    done = generated(model, ctx, prompt, max_tokens, sampling, drafter, constraint=constraint)
+    return done.tokens, done.reason, done.stats, ctx
 
 
 def matches(tokens):
@@ -302,10 +302,9 @@ class Once:
 def constrained_run(model, spec, inner, prompt=(0, 2), sampling=SamplingParams(), max_tokens=30):
     constraint = model.constrain(spec)
     drafter = None if inner is None else ConstrainedDrafter(inner, constraint, max_nodes=40, max_leaves=16)
-    stats = RunStats()
-    events = list(generate(model, FakeContext(model, n_ctx=512, n_seq_max=32),
-                           GenerationRequest(list(prompt), max_tokens, sampling, constraint), stats, drafter))
-    return [e for e in events if isinstance(e, TokenEvent)], events[-1].reason, stats
+    done = generated(model, FakeContext(model, n_ctx=512, n_seq_max=32), list(prompt), max_tokens, sampling, drafter,
+                     constraint=constraint)
+    return done.token_events, done.reason, done.stats
 
 
 def test_forced_tokens_are_counted_apart_from_the_drafters():

@@ -13,22 +13,15 @@ On specgen's CPU build (no offload) the tree's logits must be the same bits as e
 on a GPU llama.cpp's kernels depend on the batch (docs/gpu.md), so there they must agree to a
 tolerance and in their argmax."""
 
-import functools
 import os
 
 import numpy as np
 import pytest
 
-import test_backend as tb
-from specgen.app.config import RunConfig
-from specgen.app.prompts import Prompt
-from specgen.app.runner import Runner
-from specgen.app.session import load_session
-from specgen.core.engine import TokenEvent
+import harness
+from harness import run_of, session
 from specgen.core.kv import evaluate
 from specgen.core.protocol import Batch
-from specgen.core.stats import RunStats
-from specgen.drafting.methods import NAMES
 from specgen.llama import tools
 from specgen.llama.backend import LlamaModel
 
@@ -54,18 +47,10 @@ def bit_exact() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
-def session(target, draft):
-    cfg = RunConfig(target=target, draft=draft, gpu_layers=GPU_LAYERS, draft_gpu_layers=GPU_LAYERS)
-    return load_session(cfg, NAMES, store_default=False, screen=False)
-
-
 def generate(target, draft, method, prompt, n=24):
-    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False,
-                    gpu_layers=GPU_LAYERS, draft_gpu_layers=GPU_LAYERS)
-    stats = RunStats()
-    runner = Runner(cfg, session(target, draft))
-    return [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), stats) if isinstance(e, TokenEvent)], stats
+    run = run_of(method, prompt, target=target, draft=draft, n=n, gpu_layers=GPU_LAYERS, draft_gpu_layers=GPU_LAYERS,
+                 on=session(target, draft, gpu_layers=GPU_LAYERS))
+    return run.tokens, run.stats
 
 
 @pytest.mark.parametrize("target,draft", PAIRS)
@@ -111,7 +96,7 @@ def test_rows_of_a_batch_against_one_token_decodes(target, record_property):
         ctx = model.new_context(128, n_outputs=size)
         evaluate(ctx, committed, last_logits=False)
         rows = ctx.decode(Batch(tokens[:size], [n + k for k in range(size)], [(0,)] * size, [True] * size))
-        errs = [tb.rel_err(rows[k], alone[k]) for k in range(size)]
+        errs = [harness.rel_err(rows[k], alone[k]) for k in range(size)]
         same = sum(bool(np.array_equal(rows[k], alone[k])) for k in range(size))
         flips = sum(int(np.argmax(rows[k])) != int(np.argmax(alone[k])) for k in range(size))
         record_property(f"B{size}", f"max_rel_err={max(errs):.3g} bit_identical={same}/{size} argmax_changed={flips}")
@@ -124,23 +109,23 @@ def test_rows_of_a_batch_against_one_token_decodes(target, record_property):
 def test_a_tree_batch_gives_each_node_its_paths_logits_and_keeps_a_branch(target, record_property):
     model, tol = load(target)
     exact = bit_exact()
-    committed, tree = tb.tree_tokens(model)
+    committed, tree = harness.tree_tokens(model)
     n_past = len(committed)
-    depth = [len(tb.path_to(i)) - 1 for i in range(len(tb.PARENTS))]
+    depth = [len(harness.path_to(i)) - 1 for i in range(len(harness.PARENTS))]
 
     ctx = model.new_context(256, n_seq_max=4)
     evaluate(ctx, committed, last_logits=False)
-    for seq in tb.LEAF_SEQ.values():
+    for seq in harness.LEAF_SEQ.values():
         ctx.seq_cp(0, seq, -1, -1)
     batch = Batch()
     for i, tok in enumerate(tree):
-        batch.add(tok, n_past + depth[i], tb.node_seqs(i), True)
+        batch.add(tok, n_past + depth[i], harness.node_seqs(i), True)
     logits = ctx.decode(batch).copy()
     errs = []
     for i in range(len(tree)):
-        ref = tb.fresh_logits(model, committed, [tree[j] for j in tb.path_to(i)], len(tree))
-        errs.append(tb.rel_err(logits[i], ref))
-        assert tb.rel_err(logits[i], ref) < tol, f"node {i}: {tb.rel_err(logits[i], ref):.2e} from its path alone"
+        ref = harness.fresh_logits(model, committed, [tree[j] for j in harness.path_to(i)], len(tree))
+        errs.append(harness.rel_err(logits[i], ref))
+        assert harness.rel_err(logits[i], ref) < tol, f"node {i}: {harness.rel_err(logits[i], ref):.2e} from its path alone"
         if exact:
             assert np.array_equal(logits[i], ref), f"node {i}: not bit-identical on specgen's CPU build"
         assert int(np.argmax(logits[i])) == int(np.argmax(ref)), f"node {i}: another argmax than its path alone"
@@ -150,12 +135,12 @@ def test_a_tree_batch_gives_each_node_its_paths_logits_and_keeps_a_branch(target
     ctx.seq_keep(keep_seq)
     ctx.seq_cp(keep_seq, 0, -1, -1)
     ctx.seq_keep(0)
-    path = [tree[j] for j in tb.path_to(v)]
+    path = [tree[j] for j in harness.path_to(v)]
     nxt = model.tokenize(" every", add_special=False)[0]
     after = ctx.decode(Batch([nxt], [n_past + len(path)], [(0,)], [True]))[0]
-    ref = tb.fresh_logits(model, committed, path, len(tree), then=nxt)
-    record_property("tree", f"max_rel_err={max(errs):.3g} after_keep={tb.rel_err(after, ref):.3g}")
-    assert tb.rel_err(after, ref) < tol
+    ref = harness.fresh_logits(model, committed, path, len(tree), then=nxt)
+    record_property("tree", f"max_rel_err={max(errs):.3g} after_keep={harness.rel_err(after, ref):.3g}")
+    assert harness.rel_err(after, ref) < tol
     if exact:
         assert np.array_equal(after, ref), "after seq_keep: not bit-identical on specgen's CPU build"
     assert int(np.argmax(after)) == int(np.argmax(ref))

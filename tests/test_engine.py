@@ -1,6 +1,7 @@
 import numpy as np
 
 from fakes import FakeContext, FakeModel
+from harness import generated
 from specgen.core.engine import FinishEvent, GenerationRequest, TokenEvent, generate
 from specgen.errors import PromptError
 from specgen.core.sampling import SamplingParams
@@ -10,12 +11,9 @@ import pytest
 
 
 def run(model, ctx, prompt, max_tokens=10, sampling=SamplingParams()):
-    stats = RunStats()
-    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats))
-    tokens = [e.token for e in events if isinstance(e, TokenEvent)]
-    finish = events[-1]
-    assert isinstance(finish, FinishEvent)
-    return tokens, finish.reason, stats
+    done = generated(model, ctx, prompt, max_tokens, sampling)
+    assert isinstance(done.finish, FinishEvent)
+    return done.tokens, done.reason, done.stats
 
 
 def test_plain_greedy_follows_argmax_of_full_history():

@@ -9,6 +9,9 @@ import jsonschema
 import numpy as np
 import pytest
 
+import harness
+from harness import streamed_calls, tool_choice_switches
+
 from specgen.models import manifest, resolve as models
 from specgen.errors import ModelError
 from specgen.host import TEMPLATES
@@ -114,12 +117,8 @@ def valid_call(name: str, arguments: str, tools=TOOLS) -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    from test_serve import Served
-
     models.resolve(HERMES_MODEL)  # derived here (pinned sha256 checked), not inside the server's start
-    served = Served(model=HERMES_MODEL)
-    yield served
-    served.stop()
+    return harness.server(model=HERMES_MODEL)
 
 
 @pytest.mark.real
@@ -148,8 +147,6 @@ def test_required_gives_a_valid_call_streamed_and_not(server, required):
         valid_call(call.function.name, call.function.arguments)
     stream = server.client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                                    temperature=0, max_tokens=CALLS, stream=True)
-    from test_structured_serve import streamed_calls
-
     calls, reason = streamed_calls(stream)
     assert reason == "tool_calls"
     for got in calls.values():
@@ -199,42 +196,7 @@ def test_a_whole_tool_loop_renders_through_the_template_and_answers(server, requ
 
 
 
-def kept_and_read(reply, before) -> tuple[bool, int, int]:
-    """Whether the reply's request kept the whole previous prompt from the cache, the prompt tokens
-    it read, and the tokens new to it: its prompt less the previous prompt and reply."""
-    t = reply.model_extra["timings"]
-    held = before["prompt_n"] + before["cache_n"]
-    return t["cache_n"] >= held, t["prompt_n"], t["prompt_n"] + t["cache_n"] - held - before["predicted_n"]
-
-
-def tool_choice_switches(server) -> None:
-    """One tool loop whose requests switch tool_choice (required, none, a named function), streaming,
-    stop strings and sampling: each keeps the whole previous prompt and reads what is new to it, and
-    of the previous reply at most what its text reads as in other tokens (a grammar may have written
-    `"}` `}` where the text reads `"` `}}`); after a text answer, at most its last token (issue 67:
-    `none` dropped the tools block and the whole conversation was read again)."""
-    ask = dict(model="m", tools=TOOLS, max_tokens=48, parallel_tool_calls=False, temperature=0)
-    r = server.client.chat.completions.create(messages=ASK, tool_choice="required", **ask)
-    call = r.choices[0].message
-    assert call.tool_calls, call
-    messages = [*ASK, call.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "18 C and sunny"}]
-    before = r.model_extra["timings"]
-    r = server.client.chat.completions.create(messages=messages, tool_choice="none", stop=["\n\n"],
-                                              **{**ask, "max_tokens": 12})
-    kept, read, new = kept_and_read(r, before)
-    assert kept and read <= new + before["predicted_n"], (kept, read, new)
-    messages += [{"role": "assistant", "content": r.choices[0].message.content},
-                 {"role": "user", "content": "And the time there?"}]
-    before = r.model_extra["timings"]
-    stream = server.client.chat.completions.create(
-        messages=messages, stream=True, tool_choice={"type": "function", "function": {"name": "get_time"}},
-        **{**ask, "temperature": 0.7, "seed": 3})
-    last = [c for c in stream if c.model_extra.get("timings")][-1]
-    kept, read, new = kept_and_read(last, before)
-    assert kept and read <= new + 1, (kept, read, new)
-
-
 @pytest.mark.real
 def test_a_tool_choice_switch_reads_only_the_new_tokens(server):
-    tool_choice_switches(server)
+
+    tool_choice_switches(server, TOOLS, ASK)

@@ -5,16 +5,14 @@ import multiprocessing
 import sys
 
 import numpy as np
-import pytest
 
 from fakes import FakeContext, FakeModel
+from harness import generated
 from specgen.costs.curve import CostCurve
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join, store_path
 from specgen.drafting.store import FILE_HEADER, encode, parse
 from specgen.drafting.methods import METHODS, DraftingKit
 from specgen.core.sampling import SamplingParams
-from specgen.core.stats import RunStats
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])
 
@@ -100,9 +98,7 @@ LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 
 
 def run_auto(auto, target, prompt, n):
-    ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
-    events = generate(target, ctx, GenerationRequest(prompt, n, SamplingParams()), RunStats(), auto)
-    tokens = [e.token for e in events if isinstance(e, TokenEvent)]
+    tokens = generated(target, FakeContext(target, n_ctx=512, n_seq_max=32), prompt, n, SamplingParams(), auto).tokens
     auto.finish_text()
     return tokens
 
@@ -116,8 +112,7 @@ def test_a_later_prompt_drafts_from_an_earlier_output_and_stays_lossless():
     first = run_auto(auto, target, [0, 9, 8], 24)
     before = auto.choices["history"]
     second = run_auto(auto, target, [0, 2, 9, 8], 24)
-    plain = lambda prompt: [e.token for e in generate(target, FakeContext(target, n_ctx=512), GenerationRequest(
-        prompt, 24, SamplingParams()), RunStats()) if isinstance(e, TokenEvent)]
+    plain = lambda prompt: generated(target, FakeContext(target, n_ctx=512), prompt, 24).tokens  # noqa: E731
     assert first == plain([0, 9, 8]) and second == plain([0, 2, 9, 8])
     assert before == 0 and auto.choices["history"] > 0
     assert "history" in auto.acceptance.sources

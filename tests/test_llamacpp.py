@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from conftest import SMOLLM2
+from harness import SMOLLM2
 from specgen.bench import llamacpp
 from specgen.errors import ConfigError, SpecgenError
 from specgen.core.sampling import SamplingParams

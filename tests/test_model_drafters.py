@@ -4,11 +4,10 @@ KV caches that hold exactly the committed text, and the self-draft property."""
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
+from harness import generated
 from specgen.drafting.lookup import LookupDrafter
 from specgen.drafting.model import ModelDrafter, Staged
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.sampling import SamplingParams
-from specgen.core.stats import RunStats
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 METHODS = {
@@ -27,17 +26,14 @@ def drafter(model, sampling, kw, n_seq_max=64):
 
 
 def run_plain(target, prompt, n, sampling):
-    ctx = FakeContext(target, n_ctx=512, n_seq_max=1)
-    events = generate(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
-    return [e.token for e in events if isinstance(e, TokenEvent)]
+    return generated(target, FakeContext(target, n_ctx=512, n_seq_max=1), prompt, n, sampling).tokens
 
 
 def run_spec(target, draft_model, prompt, n, sampling, kw):
     d, dctx = drafter(draft_model, sampling, kw)
     ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
-    stats = RunStats()
-    events = list(generate(target, ctx, GenerationRequest(prompt, n, sampling), stats, d))
-    return [e for e in events if isinstance(e, TokenEvent)], stats, ctx, dctx, d
+    done = generated(target, ctx, prompt, n, sampling, d)
+    return done.token_events, done.stats, ctx, dctx, d
 
 
 def committed_kv(ctx):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import serve_directory
+from harness import serve_directory
 from specgen.models import manifest, resolve as models
 from specgen.errors import ModelError
 

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
+from harness import generated
 from specgen.core.logprobs import token_logprob
 from specgen.core.penalties import Penalties, PathRows, Scoring, adjusted
 from specgen.core.sampling import SamplingParams, distribution
-from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
 from specgen.drafting.lookup import LookupDrafter
 from specgen.drafting.model import ModelDrafter, Staged
@@ -38,8 +37,7 @@ PENALTIES = [
 def run(model, prompt, max_tokens, sampling, method=None, logprobs=None):
     drafter = None if method is None else DRAFTERS[method](model, sampling)
     ctx = FakeContext(model, n_ctx=512, n_seq_max=16)
-    request = GenerationRequest(prompt, max_tokens, sampling, logprobs=logprobs)
-    return [e for e in generate(model, ctx, request, RunStats(), drafter) if isinstance(e, TokenEvent)]
+    return generated(model, ctx, prompt, max_tokens, sampling, drafter, logprobs=logprobs).token_events
 
 
 def test_adjusted_matches_a_hand_computation():

@@ -4,41 +4,30 @@ verified on its own path), a penalty visibly changes a repetitive output, `auto`
 penalties is distributed as plain sampling's (chi-square against the exact distribution), and logprobs
 are the log-softmax of the target's own rows."""
 
-import functools
 import math
 from collections import Counter
 
 import numpy as np
 import pytest
 
+from chisquare import goodness_of_fit
+from harness import SMOLLM2, SMOLLM2_F32, generated, run_of, session
 from specgen.app.config import RunConfig
-from specgen.app.prompts import Prompt
-from specgen.app.runner import Runner
-from specgen.app.session import load_session
-from specgen.core.engine import TokenEvent
-from specgen.core.stats import RunStats
-from specgen.drafting.methods import NAMES
 
 pytestmark = pytest.mark.real
 
-TARGET, DRAFT = "smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1"
+TARGET, DRAFT = SMOLLM2_F32, SMOLLM2
 REPETITIVE = "Repeat after me: the cat sat, the cat sat, the cat sat, the cat sat,"
 RUNS = 160
+# test_sampled_real.py's prompt (its first token spread over four choices) and top-k
+COLOURS, TOP_K = "The three primary colors are", 4
 PENALTIES = [dict(repeat_penalty=1.3), dict(frequency_penalty=0.8, presence_penalty=0.4, repeat_last_n=-1),
              dict(repeat_penalty=1.2, repeat_last_n=16, logit_bias="2644-inf,28+2")]
 
 
-@functools.lru_cache(maxsize=None)
-def session(target=TARGET, draft=DRAFT):
-    # Not screened: a screened copy's rows are exact at their argmax only, and penalties move it.
-    return load_session(RunConfig(target=target, draft=draft), NAMES, screen=False)
-
-
 def generate(method, settings, prompt=REPETITIVE, n=32, logprobs=None, target=TARGET, draft=DRAFT):
-    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False, store=False, **settings)
-    runner = Runner(cfg, session(target, draft))
-    events = runner.stream(runner.ask(Prompt(0, prompt), logprobs=logprobs), RunStats())
-    return [e for e in events if isinstance(e, TokenEvent)]
+    # harness.session: not screened, as a screened copy's rows are exact at their argmax only, and penalties move it
+    return run_of(method, prompt, target=target, draft=draft, n=n, logprobs=logprobs, **settings).token_events
 
 
 def text(events):
@@ -79,7 +68,7 @@ def test_logprobs_are_the_target_rows_log_softmax():
 
     settings = dict(repeat_penalty=1.3, repeat_last_n=16, logit_bias="28+2")
     events = generate("auto", settings, n=16, logprobs=3)
-    target = session().target
+    target = session(TARGET, DRAFT).target
     pen = RunConfig(**settings).sampling.penalties
     ctx = target.new_context(256)
     tokens = target.tokenize(REPETITIVE)
@@ -96,13 +85,11 @@ def test_logprobs_are_the_target_rows_log_softmax():
 def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smollm2):
     """Penalties over the prompt and the first token, and a bias against the likeliest first token:
     auto's first two tokens against plain sampling's exact distribution of them (test_sampled_real)."""
-    from specgen.core.engine import GenerationRequest, generate as run
     from specgen.core.kv import evaluate
     from specgen.core.penalties import Penalties, adjusted
     from specgen.core.sampling import SamplingParams, distribution
     from specgen.costs.curve import CostCurve
     from specgen.drafting.methods import METHODS, DraftingKit
-    from test_sampled_real import COLOURS, TOP_K, goodness_of_fit
 
     target = smollm2_f32
     prompt = target.tokenize(COLOURS)
@@ -132,9 +119,8 @@ def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smoll
         p = SamplingParams(1.0, top_k=TOP_K, seed=10_000 + seed, penalties=pen)
         kit = DraftingKit(p, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
                           reproducible=True)
-        stats = RunStats()
-        events = run(target, ctx, GenerationRequest(prompt, 2, p), stats, METHODS["auto"].drafter(kit))
-        counts[tuple(e.token for e in events if isinstance(e, TokenEvent))] += 1
-        accepted += stats.accepted
+        run = generated(target, ctx, prompt, 2, p, METHODS["auto"].drafter(kit))
+        counts[tuple(run.tokens)] += 1
+        accepted += run.stats.accepted
     goodness_of_fit(counts, expected)
     assert accepted > RUNS // 4, accepted

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from fakes import FakeContext, FakeModel
+from harness import generated
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.kv import PromptCache, common_prefix
 from specgen.core.sampling import SamplingParams
@@ -21,17 +22,9 @@ LOOPY = {(3, 4): 5, (4, 5): 3, (5, 3): 4}  # a text that repeats: lookup drafts 
 
 def run(model, ctx, prompt, max_tokens, cache=None, stop_after=None, cache_prompt=True):
     """The greedy tokens (a caller may stop after `stop_after` of them, closing the generator)."""
-    stats = RunStats()
-    events = generate(model, ctx, GenerationRequest(prompt, max_tokens, SamplingParams(), cache_prompt=cache_prompt),
-                      stats, LookupDrafter(), cache)
-    tokens = []
-    for event in events:
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token)
-            if len(tokens) == stop_after:
-                events.close()
-                break
-    return tokens, stats
+    done = generated(model, ctx, prompt, max_tokens, SamplingParams(), LookupDrafter(), cache=cache,
+                     stop_after=stop_after, cache_prompt=cache_prompt)
+    return done.tokens, done.stats
 
 
 def test_warm_answers_equal_cold_ones_and_only_the_rest_is_read():
@@ -281,12 +274,10 @@ def conversations() -> list[tuple[str, list[dict], dict]]:
 
 @pytest.fixture(scope="module")
 def servers():
-    from test_serve import Served
+    """auto with its prompt cache, and without (shared with other modules: harness.server)."""
+    from harness import server
 
-    warm, cold = Served("--method", "auto"), Served("--method", "auto", "--no-prompt-cache")
-    yield warm, cold
-    warm.stop()
-    cold.stop()
+    return server(), server("--no-prompt-cache")
 
 
 def ask(server, messages, extra):
@@ -312,6 +303,13 @@ def prompt_tokens(server, messages, extra) -> list[int]:
     return tokens[1:] if len(tokens) >= 2 and tokens[0] == tokens[1] else tokens
 
 
+def cached_total(server) -> float:
+    """The prompt tokens the server has taken from its cache since it started (/metrics)."""
+    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("llamacpp:prompt_tokens_cached_total"))
+
+
 def common(a, b) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -326,6 +324,7 @@ def test_warm_server_answers_equal_a_cold_servers_in_random_order(servers):
     random.Random(11).shuffle(asks)
     asks = [a for i, a in enumerate(asks) if i == 0 or a[0] != asks[i - 1][0]] + [asks[-1]]  # and one repeat
     cold_answers = {}
+    cached_before = cached_total(warm)  # the server is shared: what earlier requests had from its cache
     cached_all, shared_with_none, reused = 0, 0, 0
     previous: list[int] = []
     earlier: list[list[int]] = []  # every prompt before: a saved prefix may come back (--prompt-cache-mb)
@@ -350,10 +349,7 @@ def test_warm_server_answers_equal_a_cold_servers_in_random_order(servers):
         previous = tokens
         earlier.append(tokens)
     assert reused >= 5 and shared_with_none > 0
-    text = urllib.request.urlopen(warm.url + "/metrics").read().decode()
-    cached_total = next(float(line.split()[-1]) for line in text.splitlines()
-                        if line.startswith("llamacpp:prompt_tokens_cached_total"))
-    assert cached_total == cached_all
+    assert cached_total(warm) - cached_before == cached_all
 
 
 @pytest.mark.real

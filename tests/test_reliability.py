@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from conftest import SMOLLM2
+from harness import SMOLLM2
 from specgen import reporter
 from specgen.errors import ConfigError
 
@@ -238,7 +238,7 @@ def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, mon
     from specgen.models.manifest import known_sha256, models_dir
     from specgen.app.session import load_session
     from specgen.llama import screen
-    from test_screen import plain_tokens
+    from harness import tokens_of
 
     cfg = RunConfig(target="smollm2-135m-instruct-f32", draft=None, method="plain", chat=False)
     load_session(cfg, ["plain"])  # the real cache holds its screened copy
@@ -263,4 +263,6 @@ def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, mon
     assert screened.target.screen is not None
     monkeypatch.setenv("SPECGEN_SCREEN", "0")
     own = load_session(cfg, ["plain"])
-    assert plain_tokens(screened, cfg, "The three primary colours are") == plain_tokens(own, cfg, "The three primary colours are")
+    prompt = "The three primary colours are"
+    assert tokens_of("plain", prompt, target=cfg.target, draft=None, n=48, on=screened) == \
+        tokens_of("plain", prompt, target=cfg.target, draft=None, n=48, on=own)

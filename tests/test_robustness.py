@@ -13,7 +13,7 @@ import time
 import pytest
 
 from clihelp import assert_one_line_error, gen, specgen
-from conftest import SMOLLM2, serve_directory
+from harness import SMOLLM2, serve_directory
 
 pytestmark = pytest.mark.real
 

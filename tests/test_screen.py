@@ -132,34 +132,29 @@ def test_only_cpu_runs_whose_choices_need_no_whole_row_are_screened(monkeypatch)
 REAL_F32 = ["smollm2-135m-instruct-f32", "gemma-3-270m-f32"]
 
 
-def plain_tokens(session, cfg, prompt: str, n: int = 48) -> list[int]:
-    from specgen.core.engine import TokenEvent
-    from specgen.app.prompts import Prompt
-    from specgen.app.runner import Runner
-    from specgen.core.stats import RunStats
-
-    runner = Runner(dataclasses.replace(cfg, max_tokens=n), session)
-    return [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), RunStats()) if isinstance(e, TokenEvent)]
-
-
 @pytest.mark.real
 @pytest.mark.parametrize("target", REAL_F32)
 def test_screened_greedy_and_sampled_decoding_equal_the_targets_own(target, monkeypatch):
+    from harness import tokens_of
     from specgen.app.session import load_session
 
     cfg = RunConfig(target=target, draft=None, method="plain", chat=False)
+
+    def plain(on, prompt, n=48, **sampling):
+        return tokens_of("plain", prompt, target=target, draft=None, n=n, on=on, **sampling)
+
     screened = load_session(cfg, ["plain"])
     assert screened.target.screen is not None  # else this compares the target with itself
     monkeypatch.setenv("SPECGEN_SCREEN", "0")
     own = load_session(cfg, ["plain"])
     assert own.target.screen is None
     for prompt in ["The three primary colours are", "def fibonacci(n):", "Once upon a time, in a valley"]:
-        assert plain_tokens(screened, cfg, prompt) == plain_tokens(own, cfg, prompt), prompt
+        assert plain(screened, prompt) == plain(own, prompt), prompt
     # Sampled: the race's winner (and the top-k, top-p and min-p sets it runs over) from exact logits.
     for prompt, seed, extra in [("The three primary colours are", 1, {}), ("Once upon a time, in a valley", 2, {}),
                                 ("def fibonacci(n):", 3, dict(top_k=40, top_p=0.95, min_p=0.05))]:
-        run = dataclasses.replace(cfg, temperature=0.8, seed=seed, **extra)
-        assert plain_tokens(screened, run, prompt, 32) == plain_tokens(own, run, prompt, 32), (prompt, extra)
+        sampling = dict(temperature=0.8, seed=seed, **extra)
+        assert plain(screened, prompt, 32, **sampling) == plain(own, prompt, 32, **sampling), (prompt, extra)
     assert screened.target.screen.candidates < 0.01 * screened.target.screen.rows * screened.target.n_vocab
 
 

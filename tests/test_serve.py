@@ -2,18 +2,15 @@
 by OpenAI's own Python client (and raw HTTP where the client hides what is checked)."""
 
 import json
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from conftest import SMOLLM2
+from clihelp import assert_one_line_error, specgen
+from harness import SMOLLM2, Server, free_port, server  # noqa: F401 (free_port, Served: names other modules import)
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.real
@@ -21,61 +18,19 @@ pytestmark = pytest.mark.real
 QUESTION = "Name three colours."
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    def __init__(self, *args, api_key=None, model=SMOLLM2):
-        self.port = free_port()
-        key = ["--api-key", api_key] if api_key else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", model, "--no-store",
-                                      "--port", str(self.port), *key, *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while True:  # ready when /health answers; a poll with a deadline, not a guessed delay
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited: {self.proc.stderr.read()}")
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise AssertionError(f"the server did not answer {self.url}/health within 120 s") from None
-                time.sleep(0.1)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0)
-
-    def post(self, path, body: bytes, headers=None):
-        """(status, parsed JSON, headers) of a raw POST."""
-        req = urllib.request.Request(self.url + path, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, json.loads(r.read()), r.headers
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read()), e.headers
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+# The names test_serve_routes.py, test_fuzz_bodies.py and test_client_bodies.py import: harness.Server, free_port.
+Served = Server
 
 
 @pytest.fixture(scope="module")
 def auto():
-    served = Served(api_key="sesame")
-    yield served
-    served.stop()
+    """auto as a client starts it, behind an API key (shared with other modules: harness.server)."""
+    return server(api_key="sesame")
 
 
 @pytest.fixture(scope="module")
 def plain():
-    served = Served("--method", "plain")
-    yield served
-    served.stop()
+    return server("--method", "plain")
 
 
 def generate(*args):
@@ -178,7 +133,7 @@ def test_bad_requests_get_a_4xx_that_says_why(auto, path, body, headers, status,
 
 
 def test_a_full_queue_answers_503_and_sigterm_ends_the_server(tmp_path):
-    served = Served("--method", "plain", "--max-queue", "0", "--host", "0.0.0.0")
+    served = Server("--method", "plain", "--max-queue", "0", "--host", "0.0.0.0")  # its own: it is stopped here
     long = iter(served.client.completions.create(model="x", prompt="Write a long story.", max_tokens=400,
                                                  temperature=0, stream=True))
     next(chunk for chunk in long if chunk.choices and chunk.choices[0].text)  # its first text: it is decoding now
@@ -192,8 +147,6 @@ def test_a_full_queue_answers_503_and_sigterm_ends_the_server(tmp_path):
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads():
-    from clihelp import assert_one_line_error, specgen
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from test_serve import Served
-from test_serve_routes import call
+from harness import call, server as shared
 
 pytestmark = pytest.mark.real
 
@@ -21,9 +20,7 @@ OTHER = "Quarterly revenue rose by four percent."
 
 @pytest.fixture(scope="module")
 def server():
-    served = Served("--ctx", str(CTX), "--alias", ALIAS)
-    yield served
-    served.stop()
+    return shared("--ctx", str(CTX), "--alias", ALIAS)
 
 
 def post(server, path, body):

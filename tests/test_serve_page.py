@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specgen.serve.marks import Mark, Sources
-from test_serve import Served
+from harness import server as shared
 
 SHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "serve-page.png"
 # Text the model is asked to repeat: its second and third copies are drafted by lookup.
@@ -40,9 +40,7 @@ def test_sources_split_a_stretch_of_text_by_the_tokens_that_wrote_it():  # and g
 
 @pytest.fixture(scope="module")
 def server():
-    served = Served(api_key="sesame")
-    yield served
-    served.stop()
+    return shared(api_key="sesame")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from test_serve import Served
+from harness import server
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.real
@@ -20,9 +20,7 @@ REPEAT = [{"role": "user", "content": "Write the word cat twenty times, separate
 
 @pytest.fixture(scope="module")
 def served():
-    s = Served("--repeat-last-n", "32", "--min-p", "0.01")
-    yield s
-    s.stop()
+    return server("--repeat-last-n", "32", "--min-p", "0.01")
 
 
 def chat(served, messages=ASK, **kw):

@@ -7,10 +7,9 @@ import pytest
 
 import chisquare
 from fakes import FakeContext, FakeModel
+from harness import generated
 from specgen.drafting.lookup import LookupDrafter, continuation_tree
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.core.sampling import SamplingParams
-from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
 from specgen.core.verify import walk
 
@@ -19,10 +18,9 @@ LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
 
 
 def run(model, prompt, max_tokens, sampling, drafter=None):
-    stats = RunStats()
     ctx = FakeContext(model, n_ctx=512, n_seq_max=8)
-    events = list(generate(model, ctx, GenerationRequest(prompt, max_tokens, sampling), stats, drafter))
-    return [e for e in events if isinstance(e, TokenEvent)], events[-1], stats, ctx
+    done = generated(model, ctx, prompt, max_tokens, sampling, drafter)
+    return done.token_events, done.finish, done.stats, ctx
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.8, seed=1),

@@ -3,13 +3,12 @@
 
 import json
 import re
-import string
 
 import jsonschema
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from conftest import SMOLLM2
+from harness import SMOLLM2, TOO_WIDE
 
 pytestmark = pytest.mark.real
 
@@ -144,12 +143,7 @@ def test_a_banned_answer_costs_only_its_own_record(q_ban, tmp_path):
     assert records[0]["text"] and records[2]["text"] and "Traceback" not in proc.stderr
 
 
-# "Hello, world" (or "Hi, world": the model's choice ends a step), then one of 30 words of letters,
-# each a right-recursive rule of 27 alternatives: compiled fine, but the first mask after ", world"
-# makes llguidance's parser walk more than its 50000 items per mask step, a limit it reports by an
-# error state (and an end-only mask).
-TOO_WIDE = "\n".join(['root ::= ("Hello" | "Hi") ", world" t', "t ::= " + " | ".join(f"x{i}" for i in range(30))] + [
-    f"x{i} ::= " + " | ".join(f'"{c}" x{i}' for c in string.ascii_lowercase) + ' | "."' for i in range(30)]) + "\n"
+# TOO_WIDE (harness.py): a grammar that compiles but overruns llguidance's items per mask step.
 
 
 @pytest.mark.parametrize("method", ["plain", "lookup"])

@@ -2,7 +2,6 @@
 (greedy), auto's sampled answers follow constrained plain's distribution, every answer is valid
 against its schema, and what the grammar compiler refuses is one clear error."""
 
-import functools
 import json
 import re
 
@@ -11,20 +10,18 @@ import numpy as np
 import pytest
 
 import chisquare
+import harness
+from harness import SMOLLM2, SMOLLM2_F32, run_of
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner
-from specgen.app.session import load_session
 from specgen.app.structured import read_tools, response_format
 from specgen.core.constraint import ConstraintSpec
-from specgen.core.engine import TokenEvent
-from specgen.core.stats import RunStats
-from specgen.drafting.methods import NAMES
 from specgen.errors import ConstraintError
 
 pytestmark = pytest.mark.real
 
-TARGET, DRAFT = "smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1"
+TARGET, DRAFT = SMOLLM2_F32, SMOLLM2
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}}, "required": ["name", "age", "city"]}
 ORDER = {"type": "object", "properties": {
@@ -47,9 +44,8 @@ CASES = [
 METHODS = ["jump", "lookup", "chain", "tree", "staged", "auto"]
 
 
-@functools.lru_cache(maxsize=None)
 def session():
-    return load_session(RunConfig(target=TARGET, draft=DRAFT, store=False), NAMES, screen=False)
+    return harness.session(TARGET, DRAFT)
 
 
 def spec_of(kind, value):
@@ -59,13 +55,9 @@ def spec_of(kind, value):
 
 
 def run(method, prompt, n=96, temperature=0.0, seed=None, layout="compact", **fields):
-    cfg = RunConfig(target=TARGET, draft=DRAFT, method=method, max_tokens=n, temperature=temperature, seed=seed,
-                    store=False, json_layout=layout)
-    runner = Runner(cfg, session())
-    stats = RunStats()
-    item = Prompt(0, prompt, **fields)
-    tokens = [e for e in runner.stream(runner.ask(item), stats) if isinstance(e, TokenEvent)]
-    return [e.token for e in tokens], "".join(e.text for e in tokens), stats
+    done = run_of(method, Prompt(0, prompt, **fields), target=TARGET, draft=DRAFT, n=n, chat=None,  # the template's
+                  temperature=temperature, seed=seed, json_layout=layout)
+    return done.tokens, done.text, done.stats
 
 
 def check_valid(kind, value, text):

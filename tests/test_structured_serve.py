@@ -13,9 +13,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from test_serve import Served
-from test_serve_routes import call, events
-from test_structured_cli import TOO_WIDE
+from harness import TOO_WIDE, call, events, streamed_calls, tool_choice_switches
+from harness import server as shared
 
 pytestmark = pytest.mark.real
 
@@ -35,24 +34,9 @@ class Person(BaseModel):
     age: int
 
 
-def streamed_calls(stream) -> tuple[dict[int, dict], str | None]:
-    """A streamed answer's tool calls joined from their OpenAI fragments ({index: {"name",
-    "arguments"}}), and its finish_reason."""
-    calls, reason = {}, None
-    for chunk in stream:
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-            entry["name"] += delta.function.name or ""
-            entry["arguments"] += delta.function.arguments or ""
-        reason = chunk.choices[0].finish_reason or reason
-    return calls, reason
-
-
 @pytest.fixture(scope="module")
 def server():
-    served = Served()
-    yield served
-    served.stop()
+    return shared()
 
 
 def test_json_schema_answer_is_valid_and_says_what_it_forced(server):
@@ -160,8 +144,6 @@ def test_tool_loop_call_result_answer(server):
 
 def test_a_tool_choice_switch_reads_only_the_new_tokens(server):
     """The generic format: the same loop as the hermes one (test_hermes_template.py)."""
-    from test_hermes_template import tool_choice_switches
-
     tool_choice_switches(server)
 
 
@@ -336,9 +318,7 @@ BANS = "logit_bias bans every token the grammar allows at output token "
 def plain_server():
     """One token a step, so that text is sent before an error meets a later step (auto may draft a
     whole answer from the text of an earlier request, and meet the error in its first step: a 400)."""
-    served = Served("--method", "plain")
-    yield served
-    served.stop()
+    return shared("--method", "plain")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import chisquare
-from fakes import FakeModel, NoisyDraft, SubsetDraft
+from fakes import FakeModel, SubsetDraft
+from harness import generated
 from specgen.app.config import RunConfig
 from specgen.costs.curve import CostCurve
 from specgen.core.engine import TokenEvent
@@ -136,8 +137,6 @@ def test_the_cut_keeps_what_the_tokenizer_needs_and_the_most_used_normal_tokens(
 def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
     """Every 4th prompt is held out: its continuation is the model's greedy text (what plain greedy
     decoding writes), and it counts apart from the prompts that rank."""
-    from specgen.core.engine import GenerationRequest, generate
-    from specgen.core.sampling import SamplingParams
     from specgen.models.selfdraft import HOLD_OUT, count_use
 
     a = FakeModel(n_vocab=40).tokenize("a", add_special=False)[0]
@@ -147,8 +146,7 @@ def test_count_use_ranks_what_the_model_writes_and_holds_out_greedy_texts():
     assert len(usage.texts) == len([i for i in range(len(prompts)) if i % HOLD_OUT == 0]) == 2
     for (tokens, start), prompt in zip(usage.texts, [prompts[0], prompts[4]]):
         assert tokens[:start] == model.tokenize(prompt)
-        request = GenerationRequest(model.tokenize(prompt), 12, SamplingParams())
-        greedy = [e.token for e in generate(model, model.new_context(64), request, RunStats()) if isinstance(e, TokenEvent)]
+        greedy = generated(model, model.new_context(64), model.tokenize(prompt), 12).tokens
         assert tokens[start:] == greedy[:len(tokens) - start]
     # Soft counts: every position spreads one unit of p, plus one for the token there.
     n_positions = sum(len(model.tokenize(p)) for p in prompts) + sum(len(t) - s for t, s in usage.texts)
