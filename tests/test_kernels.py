@@ -25,8 +25,11 @@ pytestmark = pytest.mark.real
 X86_WITH_KERNELS = platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "f16c", "fma"} <= cpu_flags()
 
 # Prefills a prompt of 600 tokens (past the 512 cells from which llama.cpp splits one-token attention
-# over threads), then decodes 16 tokens one at a time with 2 threads and with 1, and in batches of
-# 2..16 rows at two offsets. Prints each row's sha256 per way of decoding it.
+# over threads), then decodes 16 tokens one at a time with 2 threads, in batches of 2..16 rows at two
+# offsets, and one at a time again with 1 thread on the same cache (as the backend changes its thread
+# count mid-context when other processes take a core: backend._follow_free_cores; one prefill, where
+# a second context prefilled again with 1 thread took half the time). Prints each row's sha256 per
+# way of decoding it.
 SCRIPT = r"""
 import hashlib, json, sys
 import llama_cpp
@@ -46,31 +49,29 @@ toks = model.tokenize(" and the people who lived there were farmers, fishers and
                       add_special=False)[:16]
 P = len(prompt)
 out = {}
-for threads in (2, 1):
-    ctx = model.new_context(1024, n_seq_max=1, n_threads=threads, n_outputs=16)
-    for c0 in range(0, P, 256):
-        b = Batch()
-        for i in range(c0, min(c0 + 256, P)):
-            b.add(prompt[i], i, (0,), i == P - 1)
-        ctx.decode(b)
-    def decode(start, rows):
-        b = Batch()
-        for i in range(start, start + rows):
-            b.add(toks[i], P + i, (0,), True)
-        return [hashlib.sha256(r.tobytes()).hexdigest() for r in ctx.decode(b)]
-    alone = [decode(i, 1)[0] for i in range(len(toks))]
-    ctx.seq_rm(0, P, -1)
-    out[f"alone, {threads} threads"] = alone
-    if threads == 1:
-        break
-    for rows in (2, 3, 4, 8, 16):
-        for start in (0, 5):
-            if start + rows > len(toks):
-                continue
-            for i in range(start):
-                decode(i, 1)
-            out[f"batch of {rows} from {start}"] = [None] * start + decode(start, rows)
-            ctx.seq_rm(0, P, -1)
+ctx = model.new_context(1024, n_seq_max=1, n_threads=2, n_outputs=16)
+for c0 in range(0, P, 256):
+    b = Batch()
+    for i in range(c0, min(c0 + 256, P)):
+        b.add(prompt[i], i, (0,), i == P - 1)
+    ctx.decode(b)
+def decode(start, rows):
+    b = Batch()
+    for i in range(start, start + rows):
+        b.add(toks[i], P + i, (0,), True)
+    return [hashlib.sha256(r.tobytes()).hexdigest() for r in ctx.decode(b)]
+out["alone, 2 threads"] = [decode(i, 1)[0] for i in range(len(toks))]
+ctx.seq_rm(0, P, -1)
+for rows in (2, 3, 4, 8, 16):
+    for start in (0, 5):
+        if start + rows > len(toks):
+            continue
+        for i in range(start):
+            decode(i, 1)
+        out[f"batch of {rows} from {start}"] = [None] * start + decode(start, rows)
+        ctx.seq_rm(0, P, -1)
+llama_cpp.llama_set_n_threads(ctx._ctx, 1, 1)
+out["alone, 1 threads"] = [decode(i, 1)[0] for i in range(len(toks))]
 print(json.dumps(out))
 """
 
