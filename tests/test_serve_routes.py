@@ -5,13 +5,12 @@ server process on the real smollm2 model, driven over raw HTTP."""
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from specgen.serve import fields
 from specgen.serve.ecosystem import IGNORED_HEADER, NATIVE, NOTES_HEADER
+from harness import call
 from test_serve import Served
 
 pytestmark = pytest.mark.real
@@ -23,18 +22,6 @@ SCHEMA = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "req
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather now in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
-def call(served, method, path, body=None, headers=None):
-    """(status, headers, body bytes) of one raw request."""
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(served.url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
 
 
 def post(served, path, body, headers=KEY):
