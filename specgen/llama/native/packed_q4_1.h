@@ -1,0 +1,248 @@
+// specgen: Q4_1 weights repacked at load, 16 rows interleaved, and specgen's own arithmetic for them.
+//
+// Why: ggml's one-column Q4_1 arithmetic (vec_dot) keeps eight float lanes per row and pays a
+// conversion, a multiply and a fused multiply-add per block, row and column; at a few columns that
+// float work, not the integer products, is most of a decode's cost. Here a block's 32 products of a
+// row and a column are summed as one integer, and the scales are applied once per block:
+//
+//   for each block b, in order:  acc = fma(float(isum_b), d_b * dy_b, acc)
+//                                acc = fma(m_b, s_b, acc)
+//
+// per (row, column), where isum_b is the exact integer sum of the block's 32 code x byte products,
+// d_b and m_b the row's scale and minimum, dy_b and s_b the column's Q8_1 scale and d*sum (every
+// product of two fp16 values is exact in float). Nothing in it depends on the number of columns, a
+// column's place in the batch, the thread count or the instruction set: AVX2 and AVX-512 give the
+// same bits, and so do a prompt read in batches of any size and one token decoded alone (the prompt
+// cache's split no longer matters for these weights). It rounds differently from ggml's vec_dot (by
+// one summation order); the distance to stock llama.cpp is measured in docs/screening-and-kernels.md.
+//
+// Layout: llama.cpp's repack buffer (the same bytes as the Q4_1 tensor) holds, per group of 16 rows
+// and per block, the 16 scales, the 16 minimums (fp16) and the 16 rows' 16 code bytes interleaved 4
+// bytes at a time: qs[64 t + 4 r + b] = row r's byte 4 t + b (low nibble: code 4 t + b, high nibble:
+// code 16 + 4 t + b). One 64-byte load then gives, per 32-bit lane, one row's four codes, so a
+// vpdpbusd (or vpmaddubsw) against the column's four bytes broadcast works on 16 (8) rows at once.
+//
+// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in
+// repack.cpp, where ggml_repack_get_optimal_repack_type offers it for 2-D Q4_1 weights. The kernel
+// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it alone,
+// for AVX2 and AVX-512, against a scalar statement of the arithmetic above); the part after it needs
+// repack.cpp's context.
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define SPECGEN_PACKED 1
+
+namespace specgen_packed {
+
+constexpr int64_t ROWS = 16;  // rows per group
+constexpr int QK = 32;        // codes per block
+
+// ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
+struct row_q4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
+struct column_q8_1 { uint16_t d, s; int8_t qs[QK]; };
+static_assert(sizeof(row_q4_1) == 20 && sizeof(column_q8_1) == 36, "ggml's Q4_1 and Q8_1 blocks");
+
+struct block_q4_1x16 {
+    uint16_t d[ROWS];
+    uint16_t m[ROWS];
+    uint8_t qs[ROWS * QK / 2];
+};
+static_assert(sizeof(block_q4_1x16) == ROWS * sizeof(row_q4_1), "the packed group fills the rows' bytes");
+
+static inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
+
+
+// A column block's bytes 4 t .. 4 t + 3 in every 32-bit lane (one broadcast load).
+static inline __m256i four256(const column_q8_1 & c, int t) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *) (c.qs + 4 * t)));
+}
+#if defined(__AVX512F__)
+static inline __m512i four512(const column_q8_1 & c, int t) {
+    return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
+}
+#endif
+
+// One group of 16 rows times NC columns: out[j][r] for r in 0..15.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define COLUMNS_MAX 8
+constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 unpacked code registers
+
+template <int NC>
+static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 * const * y, float * const * out) {
+    __m512 acc[NC];
+    for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t l = 0; l < nb; l++) {
+        const block_q4_1x16 & b = w[l];
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.m));
+        __m512i v[8];
+        for (int t = 0; t < 4; t++) {
+            const __m512i u = _mm512_loadu_si512((const void *) (b.qs + 64 * t));
+            v[t] = _mm512_and_si512(u, low);
+            v[t + 4] = _mm512_and_si512(_mm512_srli_epi16(u, 4), low);
+        }
+        for (int j = 0; j < NC; j++) {
+            const column_q8_1 & c = y[j][l];
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], four512(c, 0));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
+            s0 = _mm512_dpbusd_epi32(s0, v[2], four512(c, 2));
+            s1 = _mm512_dpbusd_epi32(s1, v[3], four512(c, 3));
+            s0 = _mm512_dpbusd_epi32(s0, v[4], four512(c, 4));
+            s1 = _mm512_dpbusd_epi32(s1, v[5], four512(c, 5));
+            s0 = _mm512_dpbusd_epi32(s0, v[6], four512(c, 6));
+            s1 = _mm512_dpbusd_epi32(s1, v[7], four512(c, 7));
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(fp16(c.d))), acc[j]);
+            acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(fp16(c.s)), acc[j]);
+        }
+    }
+    for (int j = 0; j < NC; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+#else
+#define COLUMNS_MAX 4
+constexpr int COLUMNS = 4;  // 16 registers: 4 accumulators per half, the half's codes, scales
+
+template <int NC>
+static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 * const * y, float * const * out) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
+        __m256 acc[NC];
+        for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t l = 0; l < nb; l++) {
+            const block_q4_1x16 & b = w[l];
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.m + 8 * h)));
+            __m256i v[8];
+            for (int t = 0; t < 4; t++) {
+                const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs + 64 * t + 32 * h));
+                v[t] = _mm256_and_si256(u, low);
+                v[t + 4] = _mm256_and_si256(_mm256_srli_epi16(u, 4), low);
+            }
+            for (int j = 0; j < NC; j++) {
+                const column_q8_1 & c = y[j][l];
+                // pairs of products in 16 bits: |code| <= 15, |byte| <= 127, eight pairs <= 30480
+                __m256i p = _mm256_maddubs_epi16(v[0], four256(c, 0));
+                for (int t = 1; t < 8; t++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[t], four256(c, t)));
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(fp16(c.d))), acc[j]);
+                acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(fp16(c.s)), acc[j]);
+            }
+        }
+        for (int j = 0; j < NC; j++) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
+    }
+}
+#endif
+
+// out[c][row] for the groups g0..g1 of the weights and every column c (Q8_1 rows, `row_bytes` apart).
+static inline void matmul(int64_t nb, const block_q4_1x16 * w, int64_t g0, int64_t g1, const char * cols,
+                          size_t row_bytes, int64_t n, float * dst, int64_t ldc) {
+    for (int64_t g = g0; g < g1; g++) {
+        for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) {
+            const int nc = (int) (n - c0 < COLUMNS ? n - c0 : COLUMNS);
+            const column_q8_1 * y[COLUMNS];
+            float * out[COLUMNS];
+            for (int j = 0; j < nc; j++) {
+                y[j] = (const column_q8_1 *) (cols + (c0 + j) * row_bytes);
+                out[j] = dst + (c0 + j) * ldc + g * ROWS;
+            }
+            static_assert(COLUMNS == COLUMNS_MAX, "a case below for every count of columns");
+            switch (nc) {  // the accumulators' count a template parameter, so that they stay in registers
+                case 1: group<1>(nb, w + g * nb, y, out); break;
+                case 2: group<2>(nb, w + g * nb, y, out); break;
+                case 3: group<3>(nb, w + g * nb, y, out); break;
+                case 4: group<4>(nb, w + g * nb, y, out); break;
+#if COLUMNS_MAX > 4
+                case 5: group<5>(nb, w + g * nb, y, out); break;
+                case 6: group<6>(nb, w + g * nb, y, out); break;
+                case 7: group<7>(nb, w + g * nb, y, out); break;
+                case 8: group<8>(nb, w + g * nb, y, out); break;
+#endif
+            }
+        }
+    }
+}
+
+// Weights rows x (nb blocks) of Q4_1, row after row, into rows / 16 groups of packed blocks.
+static inline void pack(const row_q4_1 * src, int64_t rows, int64_t nb, block_q4_1x16 * dst) {
+    for (int64_t g = 0; g < rows / ROWS; g++) {
+        for (int64_t l = 0; l < nb; l++) {
+            block_q4_1x16 & out = dst[g * nb + l];
+            for (int64_t r = 0; r < ROWS; r++) {
+                const row_q4_1 & in = src[(g * ROWS + r) * nb + l];
+                out.d[r] = in.d;
+                out.m[r] = in.m;
+                for (int t = 0; t < 4; t++) memcpy(out.qs + 64 * t + 4 * r, in.qs + 4 * t, 4);
+            }
+        }
+    }
+}
+
+}  // namespace specgen_packed
+
+#endif  // AVX2, F16C, FMA
+
+// In ggml (repack.cpp): the repack buffer's traits for these weights.
+#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED)
+
+namespace specgen_packed {
+
+static_assert(sizeof(row_q4_1) == sizeof(block_q4_1) && sizeof(column_q8_1) == sizeof(block_q8_1), "ggml's blocks");
+
+// Whether a weight takes this layout: 2-D Q4_1 with whole groups of rows, the kernel on.
+static inline bool takes(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_Q4_1 && ggml_n_dims(t) == 2 && t->ne[1] % ROWS == 0 && t->ne[0] % QK == 0 &&
+           specgen::current().invariant && specgen::kernel_on("q4_1x16");
+}
+
+// The repack buffer's traits for these weights: repack at load, products of every size.
+class q4_1_traits : public ggml::cpu::repack::tensor_traits_base {
+    bool work_size(int /* n_threads */, const struct ggml_tensor * op, size_t & size) override {
+        if (op->op != GGML_OP_MUL_MAT) return false;
+        size = ggml_row_size(GGML_TYPE_Q8_1, ggml_nelements(op->src[1]));
+        return true;
+    }
+
+    bool compute_forward(struct ggml_compute_params * params, struct ggml_tensor * op) override {
+        if (op->op != GGML_OP_MUL_MAT) return false;
+        const ggml_tensor * src0 = op->src[0];
+        const ggml_tensor * src1 = op->src[1];
+        GGML_ASSERT(src1->type == GGML_TYPE_F32 && src1->nb[0] == sizeof(float) && src1->ne[3] == 1);
+        GGML_ASSERT(op->nb[0] == sizeof(float) && op->nb[2] == op->nb[1] * op->ne[1] && op->ne[0] == src0->ne[1]);
+        const int64_t k = src1->ne[0], n1 = src1->ne[1], n = n1 * src1->ne[2];
+        const size_t row_bytes = ggml_row_size(GGML_TYPE_Q8_1, k);
+        char * cols = (char *) params->wdata;
+        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
+        for (int64_t c = params->ith; c < n; c += params->nth) {  // each column quantized as one row is
+            const char * x = (const char *) src1->data + (c % n1) * src1->nb[1] + (c / n1) * src1->nb[2];
+            quantize((const float *) x, cols + c * row_bytes, k);
+        }
+        ggml_barrier(params->threadpool);
+        const int64_t groups = src0->ne[1] / ROWS;
+        const int64_t g0 = groups * params->ith / params->nth, g1 = groups * (params->ith + 1) / params->nth;
+        matmul(k / QK, (const block_q4_1x16 *) src0->data, g0, g1, cols, row_bytes, n, (float *) op->data,
+               (int64_t) (op->nb[1] / sizeof(float)));
+        return true;
+    }
+
+    int repack(struct ggml_tensor * t, const void * data, size_t data_size) override {
+        const int64_t nb = t->ne[0] / QK, rows = t->ne[1];
+        if (data_size != (size_t) (rows * nb) * sizeof(block_q4_1)) return -1;
+        pack((const row_q4_1 *) data, rows, nb, (block_q4_1x16 *) t->data);
+        return 0;
+    }
+};
+
+// The traits for a weight that takes this layout, else nullptr.
+static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
+    static const q4_1_traits q4_1;
+    return takes(t) ? &q4_1 : nullptr;
+}
+
+}  // namespace specgen_packed
+
+#endif  // SPECGEN_FEW && SPECGEN_PACKED
