@@ -1,9 +1,11 @@
 """How far specgen's own arithmetic moves a model's next-token distributions from stock llama.cpp's.
 
-Decodes a text one token at a time (plain decoding's path) six ways, each in a process of its own
+Decodes a text one token at a time (plain decoding's path) seven ways, each in a process of its own
 (SPECGEN_KERNELS is read once per process), the same build:
   specgen                 specgen's batch-invariant kernels (the default)
   specgen, attention alone   batch invariance, specgen's attention, ggml's one-row products
+  specgen, products alone    batch invariance, specgen's product kernels (its own Q4_1 arithmetic
+                          included), ggml's per-row attention loop
   specgen, ggml's one-row code   batch invariance with ggml's one-row code only
   llama.cpp               SPECGEN_KERNELS=0: llama.cpp's own kernels, as it ships
   llama.cpp, no repack    the same with llama.cpp's weight repacking off (use_extra_bufts = false)
@@ -35,6 +37,7 @@ import numpy as np
 
 CONFIGS = {"specgen": {"SPECGEN_KERNELS": "1"},
            "specgen, attention alone": {"SPECGEN_KERNELS": "attention"},
+           "specgen, products alone": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,q4_1x16"},
            "specgen, ggml's one-row code": {"SPECGEN_KERNELS": "ggml"},
            "llama.cpp": {"SPECGEN_KERNELS": "0"},
            "llama.cpp, no repack": {"SPECGEN_KERNELS": "0", "KERNEL_DISTANCE_NO_REPACK": "1"},
