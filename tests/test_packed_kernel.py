@@ -17,8 +17,9 @@ import pytest
 from specgen.host import cpu_flags
 from specgen.llama.build import NATIVE
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
-                                reason="the kernel is x86-64 code (AVX2, F16C, FMA)")
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64")
+                                or not {"avx2", "fma", "f16c"} <= cpu_flags(),
+                                reason="the kernel is x86-64 code for CPUs with AVX2, F16C and FMA")
 
 PROGRAM = r"""
 #include "packed_q4_1.h"
