@@ -10,7 +10,11 @@ from typer.testing import CliRunner
 
 from specgen.bench import numbers, prose
 from specgen.cli import app
-from test_bench_report import CHECKED
+from test_bench_report import CHECKED as TABLE_PAGES
+
+# Every page whose figures are all bound (or exempt, or under History): test_bench_report's pages with
+# tables, and these pages of prose.
+CHECKED = TABLE_PAGES + ["docs/losslessness.md"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +61,17 @@ def test_a_figure_outside_any_passage_fails_unless_exempt_or_history(tmp_path):
                     "Once 1.40x.\n\n## Now\n\nAt 1.40x.\n")
     assert [p.split(": ", 1)[1] for p in prose.problems(page)] == [
         "1.40x is bound to no file: bind it in a figures passage, or move it under a History heading"]
+
+
+def test_a_figure_bound_to_a_source_files_constant_follows_the_code(tmp_path):
+    """A count the code fixes (not a measurement) binds to the constant's name in its source file."""
+    (tmp_path / "k.h").write_text("constexpr int64_t FEW = 128;\n#define TWICE 2\n#define TWICE 3\n")
+    (tmp_path / "r.py").write_text("BLOCK = 1024  # ids per block\n")
+    page = tmp_path / "page.md"
+    body = "Decodes of up to 128 tokens, in blocks of 1,024 ids.\n<!-- figures:end -->\n"
+    page.write_text(f"<!-- figures: k=k.h r=r.py\n128  k:names.FEW\n1,024  r:names.BLOCK\n-->\n{body}")
+    assert prose.problems(page) == []
+    page.write_text(f"<!-- figures: k=k.h r=r.py\n128  k:names.FEW\n1,025  r:names.BLOCK\n-->\n{body.replace('1,024', '1,025')}")
+    assert "its files give 1,024" in prose.problems(page)[0]
+    page.write_text("<!-- figures: k=k.h\n2  k:names.TWICE\n-->\nTwo: 2.\n<!-- figures:end -->\n")
+    assert "no key 'TWICE'" in prose.problems(page)[0]

@@ -12,7 +12,10 @@ value is needed, a path must name exactly one: a selection matching none or seve
 never a guess. A binding may combine paths: + - * / and parentheses, numbers, and sum, min, max,
 mean, len (of a selection), abs, round. With several files, each path starts with its file's
 name from the marker: `a:summary[...]`. A file that is not JSON reads as {"lines": its lines,
-each split at white space}: `log:lines[3][2]` is the third word of the fourth line.
+each split at white space, "names": its named numbers}: `log:lines[3][2]` is the third word of the
+fourth line; `k:names.FEW_COLUMNS` a source file's constant (`NAME = 128` in Python, `constexpr ...
+NAME = 128;` or `#define NAME 128` in C/C++), for prose that quotes what the code fixes (a name
+given two values is left out, so a path to it fails).
 """
 
 from __future__ import annotations
@@ -44,7 +47,22 @@ def read(path: Path) -> object:
     try:
         return json.loads(text)
     except ValueError:
-        return {"lines": [line.split() for line in text.splitlines()]}
+        return {"lines": [line.split() for line in text.splitlines()], "names": _names(text)}
+
+
+_NAMED = re.compile(r"^[ \t]*(?:(?:static[ \t]+)?(?:constexpr|const)[ \t]+[\w:]+[ \t]+(?P<c>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*"
+                    r"(?P<cv>-?\d[\d_]*(?:\.\d+)?)[ \t]*;|(?P<p>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*(?P<pv>-?\d[\d_]*(?:\.\d+)?)"
+                    r"[ \t]*(?:#.*)?$|#define[ \t]+(?P<d>[A-Z][A-Z0-9_]*)[ \t]+(?P<dv>-?\d+(?:\.\d+)?)[ \t]*$)", re.M)
+
+
+def _names(text: str) -> dict[str, float]:
+    """A source file's constants, NAME -> number (a name given two values is left out)."""
+    found: dict[str, set] = {}
+    for m in _NAMED.finditer(text):
+        name = m.group("c") or m.group("p") or m.group("d")
+        value = (m.group("cv") or m.group("pv") or m.group("dv")).replace("_", "")
+        found.setdefault(name, set()).add(float(value) if "." in value else int(value))
+    return {name: values.pop() for name, values in found.items() if len(values) == 1}
 
 
 def _literal(text: str):
