@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -10,25 +9,16 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from specgen.app.ask import any_needs_exact_rows, with_sampler
-from specgen.app.config import merged_settings, run_config
-from specgen.app.runner import Runner
-from specgen.app.session import load_session
-from specgen.bench import drafts, llamacpp
-# bench_report is the command below: the report of a run is imported under another name.
-from specgen.bench.results import bench_report as results_of_run, header, machine_info, run_info
-from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
-from specgen.bench.suites import SPLITS, load_suite, select, split_half
-from specgen.bench.summary import head_to_head, summarize
+from specgen.app.ask import with_sampler
+from specgen.app.config import merged_settings
+from specgen.bench import command
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
                                  EXIT_WRITE_FAILED, GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, Rpc,
                                  Store, System, Target, Threads, constraint_option, with_sampling)
 from specgen.cli.render import count_progress, error
-from specgen.drafting import methods as M
 from specgen.errors import ConfigError
 from specgen.files import check_writable, write_text
-from specgen.host import cpu_sample, others_cores
 
 
 @with_sampling
@@ -95,8 +85,6 @@ def bench(
       specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --split report --per-group 2 --json a.json
       specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
     """
-    from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
-
     sampling = with_sampler(sampler, sampling)
     if suite == "agent":
         return _agent({k: v for k, v in {**locals(), **sampling}.items() if k not in ("sampling", "sampler")})
@@ -106,96 +94,33 @@ def bench(
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
         repeats=repeats, split=split,
         store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
-    cfg = run_config(values)
-    for key in ("limit", "per_group", "repeats"):
-        if values.get(key) is not None and values[key] < 1:
-            raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, found {values[key]}")
-    split = values.get("split") or "all"  # a -c preset may pin it (published tables: report)
-    if split not in SPLITS:
-        raise ConfigError(f"--split expects {', '.join(SPLITS)}, found {split!r}")
-    parse_methods(values.get("methods") or ())  # a misspelt method fails before anything is read
-    if json_file is not None:
-        check_writable(json_file, "--json")
-    if plot is not None:
-        check_plot_path(plot)
-    suite_name, pool = load_suite(values.get("suite") or "builtin")
-    prompts = select(split_half(pool, split), values.get("per_group"), values.get("limit"))
-    spec = constraint_option(json_schema, grammar, json_object)
-    if spec is not None:  # every prompt that carries no response_format or tools of its own
-        prompts = [p if p.constraint or p.tools else dataclasses.replace(p, constraint=spec) for p in prompts]
-    n_repeats = values.get("repeats") or 1
-    # Constrained prompts: jump-forward runs too (after plain), the speed of the forced tokens alone.
-    constrained = any(p.constrained for p in prompts)
-    chosen = parse_methods(values.get("methods") or M.usable(cfg.draft is not None, constrained), constrained)
-
     if llama_cpp_template is not None or answer_tool_choice is not None:
         flag = "--llama-cpp-template sets llama-server's chat template" if llama_cpp_template is not None else \
             "--answer-tool-choice sets the agent loops' answers"
         raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
-    binary = llamacpp.find_binary(llama_cpp) if llama_cpp is not None else None
-    if binary is not None and cfg.stops:  # its rows would write past the stop string and be compared as cut
-        raise ConfigError(f"--stop cuts specgen's texts only: llama.cpp's rows (--llama-cpp) do not stop at a "
-                          f"string, found --stop {cfg.stops[0]!r}; leave out one of the two")
-    if (spec_type or llama_cpp_draft) and binary is None:
-        raise ConfigError(f"{'--spec-type' if spec_type else '--llama-cpp-draft'} runs llama.cpp's speculative "
-                          "decoding: give --llama-cpp DIR too")
-    # Past runs' texts would favour auto; a screened target serves where no prompt needs exact rows.
-    session = load_session(cfg, chosen, store_default=False,
-                           screen=not any_needs_exact_rows(cfg.sampling, prompts))
-    runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
-    info = tools.build_info()
-    n_threads = cfg.threads or backend.default_threads()
-    external, their_draft = {}, None
-    if binary is not None:
-        their_draft = drafts.for_llama_cpp(session, llama_cpp_draft)
-        external = llamacpp.bench_runs(binary, spec_type, session, runners["plain"], n_threads, their_draft)
-        if session.target.screen:  # llama.cpp decodes the target itself: a row that does too
-            unscreened = load_session(cfg, ["plain"], store_default=False, screen=False)
-            external = {UNSCREENED: in_process(Runner(dataclasses.replace(cfg, method="plain"), unscreened),
-                                               prompts[0]), **external}
-    columns = [*chosen, *external]
-    machine = machine_info(n_threads, info)
-    title = header(machine, cfg, session, suite_name) + ("" if split == "all" else f" ({split} half)")
+    ask = command.BenchAsk(values, constraint_option(json_schema, grammar, json_object), llama_cpp,
+                           tuple(spec_type or ()), llama_cpp_draft)
+    command.check(ask)  # a wrong option fails before a model loads or a file is written
+    if json_file is not None:
+        check_writable(json_file, "--json")
+    if plot is not None:
+        check_plot_path(plot)
+    done = command.run(ask, count_progress)
 
-    calibration_at_start = {role: c.to_json() for role, c in (("target", session.costs), ("draft", session.draft_costs))
-                            if c is not None}
-    cpu_at_start, run_at_start = cpu_sample(), run_info()
-    trials: list = []
-    interrupted = False
-    with count_progress(len(prompts) * len(columns) * n_repeats, f"bench: {len(prompts)} prompts x "
-                        f"{len(columns)} methods x {n_repeats}") as advance:
-        try:
-            run_bench(prompts, runners, n_repeats, on_trial=lambda t: (trials.append(t), advance()),
-                      external=external)
-        except KeyboardInterrupt:
-            interrupted = True  # report what finished, then exit 130
-
-    machine["others_cores"] = others_cores(cpu_at_start, cpu_sample())  # other processes' CPU use meanwhile
-    machine["load_average_at_end"] = machine_info(n_threads, info)["load_average"]
-    rows = summarize(trials, columns, compare_texts=True)  # sampled: every method with a trial's seed (run.trial_seed)
-    if not cfg.sampling.greedy:  # llama.cpp samples otherwise: its texts are not specgen's to match
-        rows = [dataclasses.replace(r, lossless_mismatches=None) if r.method in external and r.method != UNSCREENED
-                else r for r in rows]
     console = Console()
     if not console.is_terminal:
         # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
-        console = Console(width=30 + sum(max(21, len(c) + 5) for c in columns))
-    console.print(summary_table(rows, columns, title, n_repeats))
-    rivals = [name for name in external if name != UNSCREENED]  # llama.cpp's rows
-    versus = [head_to_head(trials, m, rivals) for m in chosen if m != "plain"] if rivals else []
-    for h in versus:
-        console.print(head_to_head_line(h, rivals), markup=False, highlight=False)
+        console = Console(width=30 + sum(max(21, len(c) + 5) for c in done.columns))
+    console.print(summary_table(done.rows, done.columns, done.title, done.n_repeats))
+    for h in done.versus:
+        console.print(head_to_head_line(h, done.rivals), markup=False, highlight=False)
     failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
     if json_file is not None:
-        report = results_of_run(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
-                                trials, rows, calibration_at_start, versus,
-                                their_draft.record if their_draft is not None else None, run_at_start)
-        report["settings"].update(split=split, per_group=values.get("per_group"), limit=values.get("limit"))
-        failed += _written(lambda: write_text(json_file, json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
-                           "--json", json_file)
-    if plot is not None and rows:
-        failed += _written(lambda: write_plot(rows, plot, title), "--plot", plot)
-    if interrupted:
+        text = json.dumps(done.report, indent=1, ensure_ascii=False) + "\n"
+        failed += _written(lambda: write_text(json_file, text), "--json", json_file)
+    if plot is not None and done.rows:
+        failed += _written(lambda: write_plot(done.rows, plot, done.title), "--plot", plot)
+    if done.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if failed:
         raise typer.Exit(EXIT_WRITE_FAILED)
