@@ -14,7 +14,7 @@ from test_bench_report import CHECKED as TABLE_PAGES
 
 # Every page whose figures are all bound (or exempt, or under History): test_bench_report's pages with
 # tables, and these pages of prose.
-CHECKED = TABLE_PAGES + ["docs/losslessness.md"]
+CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md"]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,13 @@ A key path names one value of a JSON file, from its top:
 value is needed, a path must name exactly one: a selection matching none or several is an error,
 never a guess. A binding may combine paths: + - * / and parentheses, numbers, and sum, min, max,
 mean, len (of a selection), abs, round. With several files, each path starts with its file's
-name from the marker: `a:summary[...]`. A file that is not JSON reads as {"lines": its lines,
-each split at white space, "names": its named numbers}: `log:lines[3][2]` is the third word of the
-fourth line; `k:names.FEW_COLUMNS` a source file's constant (`NAME = 128` in Python, `constexpr ...
-NAME = 128;` or `#define NAME 128` in C/C++), for prose that quotes what the code fixes (a name
-given two values is left out, so a path to it fails).
+name from the marker: `a:summary[...]`. An XML file (a junit report) reads as its elements (see
+_xml): `testsuite[0].testcase[name="t"].properties.B2.max_rel_err`. Any other file that is not
+JSON reads as {"lines": its lines, each split at white space, "names": its named numbers}:
+`log:lines[3][2]` is the third word of the fourth line; `k:names.FEW_COLUMNS` a source file's
+constant (`NAME = 128` in Python or shell, `constexpr ... NAME = 128;` or `#define NAME 128` in
+C/C++), for prose that quotes what the code fixes (a name given two values is left out, so a path
+to it fails).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import re
 import statistics
 from pathlib import Path
+from xml.etree import ElementTree
 
 from specgen.errors import ConfigError
 
@@ -47,12 +50,43 @@ def read(path: Path) -> object:
     try:
         return json.loads(text)
     except ValueError:
-        return {"lines": [line.split() for line in text.splitlines()], "names": _names(text)}
+        pass
+    if text.lstrip().startswith("<?xml"):
+        try:
+            return _xml(ElementTree.fromstring(text.encode("utf-8")))
+        except ElementTree.ParseError as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+    return {"lines": [line.split() for line in text.splitlines()], "names": _names(text)}
 
 
 _NAMED = re.compile(r"^[ \t]*(?:(?:static[ \t]+)?(?:constexpr|const)[ \t]+[\w:]+[ \t]+(?P<c>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*"
                     r"(?P<cv>-?\d[\d_]*(?:\.\d+)?)[ \t]*;|(?P<p>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*(?P<pv>-?\d[\d_]*(?:\.\d+)?)"
                     r"[ \t]*(?:#.*)?$|#define[ \t]+(?P<d>[A-Z][A-Z0-9_]*)[ \t]+(?P<dv>-?\d+(?:\.\d+)?)[ \t]*$)", re.M)
+
+
+def _number(text: str):
+    try:
+        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+    except ValueError:
+        return text
+
+
+def _xml(element) -> dict:
+    """An XML element (a junit report) as a dict: its attributes (numbers as numbers), each child tag
+    as a list of them; a <properties> element as {name: value}, a value of `k=v` words as {k: v}."""
+    out = {k: _number(v) for k, v in element.attrib.items()}
+    for child in element:
+        if child.tag == "properties":
+            props = {}
+            for p in child:
+                words = p.get("value", "").split()
+                pairs = [w.split("=", 1) for w in words]
+                props[p.get("name")] = ({k: _number(v) for k, v in pairs} if words and all(len(x) == 2 for x in pairs)
+                                        else _number(p.get("value", "")))
+            out["properties"] = props
+        else:
+            out.setdefault(child.tag, []).append(_xml(child))
+    return out
 
 
 def _names(text: str) -> dict[str, float]:
