@@ -106,8 +106,7 @@ def test_every_recorded_body_is_answered(server, client, index):
     status, headers, raw = server.post(route, body)
     assert status == 200, (client, raw[:300])
     text = _text(route, body, raw)
-    if "<|im_start|>" not in body.get("prompt", ""):  # special tokens as text: see the xfail below
-        assert text.strip(), (client, raw[:300])
+    assert text.strip(), (client, raw[:300])
     unknown = sorted(set(body) - fields.ROUTES[route] - {"thinking_budget_tokens"})
     named = [n for n in (headers.get(IGNORED) or "").split(", ") if n]
     if route.startswith("/v1/"):
@@ -195,11 +194,20 @@ def test_chat_template_kwargs_reach_the_template(smollm2, monkeypatch):
     assert render_prompt(smollm2, request.prompt, True) == "Hi"
 
 
-@pytest.mark.xfail(strict=True, reason="specgen reads a /completion prompt's special-token text as plain text "
-                                       "(parse_special false); llama-server parses it (Continue's llama.cpp "
-                                       "provider sends a ChatML-rendered prompt): not yet changed")
-def test_special_tokens_in_a_native_completion_prompt_are_parsed(server):
+def test_special_tokens_in_a_completion_prompt_are_parsed(server):
+    """llama-server reads special-token text in /completion's and /v1/completions' prompts as those
+    tokens (add_special and parse_special both true): Continue's llama.cpp provider sends a
+    ChatML-rendered prompt there, and read as plain text it got an empty answer. /tokenize parses
+    them unless told parse_special false."""
     body = CLIENTS["continue"]["requests"][0]["body"]
-    status, _, raw = server.post("/completion", {**body, "stream": False, "n_predict": 1})
-    parsed = json.loads(server.post("/tokenize", {"content": body["prompt"]})[2])["tokens"]  # parse_special true
-    assert status == 200 and json.loads(raw)["tokens_evaluated"] == len(parsed)
+    prompt = body["prompt"]
+    parsed = json.loads(server.post("/tokenize", {"content": prompt})[2])["tokens"]  # parse_special true
+    plain = json.loads(server.post("/tokenize", {"content": prompt, "parse_special": False})[2])["tokens"]
+    assert len(plain) > len(parsed)  # "<|im_start|>" as text is several tokens
+    status, _, raw = server.post("/completion", {**body, "stream": False, "n_predict": 4, "temperature": 0})
+    answer = json.loads(raw)
+    assert status == 200 and answer["tokens_evaluated"] == len(parsed) and answer["content"].strip(), answer
+    status, _, raw = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+    answer = json.loads(raw)
+    assert status == 200 and answer["usage"]["prompt_tokens"] == len(parsed), answer
+    assert answer["choices"][0]["text"].strip(), answer

@@ -50,6 +50,9 @@ class Prompt:
     # Variables for the chat template beside the messages (llama-server's chat_template_kwargs, e.g.
     # enable_thinking), as (name, JSON text) pairs.
     template_vars: tuple[tuple[str, str], ...] = ()
+    # A raw prompt's special-token text (`<|im_start|>`) read as those tokens, as llama-server's
+    # completion routes read it; False: as plain text. A chat template's text is always parsed.
+    parse_special: bool = False
 
     @property
     def listed(self) -> tuple[dict, ...]:

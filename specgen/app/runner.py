@@ -68,10 +68,11 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 
 
 def encode_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> list[int]:
-    """Prompt tokens (render_prompt's text; special tokens parsed only in a chat template's text)."""
+    """Prompt tokens (render_prompt's text; special tokens parsed in a chat template's text, and in a
+    raw prompt that asks for it: Prompt.parse_special)."""
     text = render_prompt(model, prompt, chat, system)
     if not chat:
-        return model.tokenize(text, add_special=True, parse_special=False)
+        return model.tokenize(text, add_special=True, parse_special=prompt.parse_special)
     tokens = model.tokenize(text, add_special=True, parse_special=True)
     # Templates usually write the BOS text themselves; tokenizing with add_special adds another.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos:

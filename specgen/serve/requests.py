@@ -384,7 +384,7 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
     if not isinstance(prompt, str) or not prompt:
         raise RequestError(400, f"prompt expects a non-empty string (token ids and several prompts are not "
                                 f"supported), found {json.dumps(prompt)[:60]}", "prompt")
-    return Request(False, Prompt(0, prompt, **_structured(body, tools=False)),
+    return Request(False, Prompt(0, prompt, **_structured(body, tools=False), parse_special=True),
                    **_common(body, chat_template, chat=False))
 
 
