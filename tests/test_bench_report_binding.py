@@ -14,7 +14,7 @@ from test_bench_report import CHECKED as TABLE_PAGES
 
 # Every page whose figures are all bound (or exempt, or under History): test_bench_report's pages with
 # tables, and these pages of prose.
-CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md"]
+CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md", "docs/agent-bench.md"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,3 +75,38 @@ def test_a_figure_bound_to_a_source_files_constant_follows_the_code(tmp_path):
     assert "its files give 1,024" in prose.problems(page)[0]
     page.write_text("<!-- figures: k=k.h\n2  k:names.TWICE\n-->\nTwo: 2.\n<!-- figures:end -->\n")
     assert "no key 'TWICE'" in prose.problems(page)[0]
+
+
+def test_the_interleave_table_is_what_its_script_renders_from_its_file():
+    """docs/agent-bench.md's interleave-table block (exempt from figure binding as a rendered table)
+    is what `scripts/interleave_bench.py FILE --render` prints, so each of its figures is its file's."""
+    import importlib.util
+    import json
+    import re
+
+    spec = importlib.util.spec_from_file_location("interleave_bench", ROOT / "scripts" / "interleave_bench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = ROOT / "docs" / "agent-bench.md"
+    blocks = re.findall(r"^<!-- interleave-table: (\S+) -->\n(.*?)\n<!-- interleave-table:end -->",
+                        page.read_text(encoding="utf-8"), re.S | re.M)
+    assert blocks
+    for path, body in blocks:
+        assert body == script.render(json.loads((page.parent / path).read_text(encoding="utf-8")))
+
+
+def test_keys_read_selections_that_exclude_json_lines_junit_and_several_values(tmp_path):
+    from specgen.bench import keys
+
+    data = {"rows": [{"id": None, "v": 1.0}, {"id": "a", "v": 2.0}, {"id": "b", "v": 4.0}]}
+    assert keys.evaluate("mean(rows[id!=null].v)", {"": data}) == 3.0
+    assert keys.evaluate("mean(rows[0].v, rows[2].v)", {"": data}) == 2.5  # several values, not weights
+    assert keys.evaluate("sum(rows[1].v, rows[2].v)", {"": data}) == 6.0
+    (tmp_path / "s.jsonl").write_text('{"id": 1}\n{"id": 2}\n')
+    assert keys.evaluate("len(records[*])", {"": keys.read(tmp_path / "s.jsonl")}) == 2
+    (tmp_path / "j.xml").write_text('<?xml version="1.0"?><testsuites><testsuite tests="2"><testcase name="t[x]">'
+                                    '<properties><property name="B2" value="err=0.5 same=0/2"/></properties>'
+                                    '</testcase></testsuite></testsuites>')
+    junit = {"": keys.read(tmp_path / "j.xml")}
+    assert keys.evaluate('testsuite[0].testcase[name="t[x]"].properties.B2.err', junit) == 0.5
+    assert keys.evaluate("testsuite[0].tests", junit) == 2

@@ -6,12 +6,15 @@ A key path names one value of a JSON file, from its top:
     drafts[name="gemma-3-270m-q2_k"].agreed        a quoted value (spaces, commas, brackets inside)
     summary.4.wall_s   rows[0].name   records[*].n_tokens   summary[row=auto,turn=null]
 
-`[k=v,...]` keeps the elements whose fields equal those values (null, true, numbers, or text);
+`[k=v,...]` keeps the elements whose fields equal those values (null, true, numbers, or text),
+`[k!=v]` those whose field k is there and differs;
 `[*]` keeps all; `[N]` is the Nth (from 0); `["key"]` a key that is not a plain name. Where one
 value is needed, a path must name exactly one: a selection matching none or several is an error,
 never a guess. A binding may combine paths: + - * / and parentheses, numbers, and sum, min, max,
 mean, len (of a selection), abs, round. With several files, each path starts with its file's
-name from the marker: `a:summary[...]`. An XML file (a junit report) reads as its elements (see
+name from the marker: `a:summary[...]`. A JSON-lines file (a suite) reads as {"records": its
+lines}. An agent bench file also has `computed.records`, per request
+what no field stores (see _computed): `sum(computed.records[row=plain,first=false].new)`. An XML file (a junit report) reads as its elements (see
 _xml): `testsuite[0].testcase[name="t"].properties.B2.max_rel_err`. Any other file that is not
 JSON reads as {"lines": its lines, each split at white space, "names": its named numbers}:
 `log:lines[3][2]` is the third word of the fourth line; `k:names.FEW_COLUMNS` a source file's
@@ -33,7 +36,7 @@ from specgen.errors import ConfigError
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.\[])|(?P<func>sum|min|max|mean|len|abs|round)(?=\s*\()"
                     r"|(?P<path>(?:\w+:)?[A-Za-z_]\w*(?:\.\w+|\[(?:\"[^\"]*\"|[^\]])*\])*)|(?P<op>[-+*/(),]))")
 _STEP = re.compile(r"\.(?P<key>\w+)|\[(?P<sel>(?:\"[^\"]*\"|[^\]])*)\]")
-_COND = re.compile(r"\s*(?P<key>\w+)\s*=\s*(?P<value>\"[^\"]*\"|[^,\"]*?)\s*(?:,|$)")
+_COND = re.compile(r"\s*(?P<key>\w+)\s*(?P<op>!?=)\s*(?P<value>\"[^\"]*\"|[^,\"]*?)\s*(?:,|$)")
 _FUNCS = {"sum": sum, "min": min, "max": max, "mean": statistics.fmean, "len": len, "abs": abs, "round": round}
 
 
@@ -48,9 +51,15 @@ def read(path: Path) -> object:
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return json.loads(text)
+        return _computed(json.loads(text))
     except ValueError:
         pass
+    rows = [line for line in text.splitlines() if line.strip()]
+    if rows and all(r.lstrip().startswith("{") for r in rows):  # JSON lines (a suite): {"records": [...]}
+        try:
+            return {"records": [json.loads(r) for r in rows]}
+        except ValueError:
+            pass
     if text.lstrip().startswith("<?xml"):
         try:
             return _xml(ElementTree.fromstring(text.encode("utf-8")))
@@ -62,6 +71,30 @@ def read(path: Path) -> object:
 _NAMED = re.compile(r"^[ \t]*(?:(?:static[ \t]+)?(?:constexpr|const)[ \t]+[\w:]+[ \t]+(?P<c>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*"
                     r"(?P<cv>-?\d[\d_]*(?:\.\d+)?)[ \t]*;|(?P<p>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*(?P<pv>-?\d[\d_]*(?:\.\d+)?)"
                     r"[ \t]*(?:#.*)?$|#define[ \t]+(?P<d>[A-Z][A-Z0-9_]*)[ \t]+(?P<dv>-?\d+(?:\.\d+)?)[ \t]*$)", re.M)
+
+
+def _computed(data):
+    """An agent bench file gains `computed.records`: per request, what its stored fields give and no
+    field stores (agent_summary.new_tokens, the figures its rendered line of prompt tokens sums):
+    row, prompt_id, turn, kind, finish_reason as stored; `first` (the conversation's first request
+    of its row), `read` (prompt_n), `new` (tokens new to it), `extra` (read less new), `after` and
+    `after_finish` (the kind and finish_reason of the row's previous request of the conversation,
+    null for the first)."""
+    records = data.get("records") if isinstance(data, dict) else None
+    if not (isinstance(data.get("settings") if isinstance(data, dict) else None, dict)
+            and data["settings"].get("suite") == "agent" and records and "prompt_n" in records[0]):
+        return data
+    from specgen.bench.agent_summary import new_tokens
+
+    out, last = [], {}
+    for r, n in zip(records, new_tokens(records)):
+        before = last.get((r["row"], r["prompt_id"]))
+        out.append({"row": r["row"], "prompt_id": r["prompt_id"], "turn": r["turn"], "kind": r["kind"],
+                    "finish_reason": r.get("finish_reason"), "first": before is None, "read": r["prompt_n"],
+                    "new": n, "extra": r["prompt_n"] - n, "after": before and before["kind"],
+                    "after_finish": before and before.get("finish_reason")})
+        last[(r["row"], r["prompt_id"])] = r
+    return {**data, "computed": {"records": out}}
 
 
 def _number(text: str):
@@ -135,10 +168,11 @@ def _step(node, m: re.Match, where: str):
         if not -len(node) <= int(sel) < len(node):
             raise ConfigError(f"{where}: [{sel}] is past the list's {len(node)} elements")
         return node[int(sel)]
-    conds = [(c.group("key"), _literal(c.group("value"))) for c in _COND.finditer(sel)]
+    conds = [(c.group("key"), c.group("op"), _literal(c.group("value"))) for c in _COND.finditer(sel)]
     if not conds:
         raise ConfigError(f"{where}: cannot read the selection [{sel}]")
-    return Many(e for e in node if isinstance(e, dict) and all(k in e and e[k] == v for k, v in conds))
+    return Many(e for e in node if isinstance(e, dict) and all(
+        (k in e and e[k] == v) if op == "=" else (k in e and e[k] != v) for k, op, v in conds))
 
 
 def lookup(data, path: str, where: str = ""):
@@ -223,7 +257,8 @@ def evaluate(expr: str, files: dict[str, object]) -> float:
             if len(args) == 1 and isinstance(args[0], (list, Many)):
                 items = [one(x, expr) if not isinstance(x, bool) else x for x in args[0]]
                 return _FUNCS[text](items)
-            return _FUNCS[text](*[one(a, expr) if isinstance(a, Many) else a for a in args])
+            args = [one(a, expr) if isinstance(a, Many) else a for a in args]
+            return _FUNCS[text](args) if text in ("sum", "mean") else _FUNCS[text](*args)  # of several values
         if kind in ("num", "path"):
             return value(kind, text)
         raise ConfigError(f"{expr}: expected a number, a path or a bracket, found {text!r}")
