@@ -180,7 +180,8 @@ def test_chat_template_kwargs_reach_the_template(smollm2, monkeypatch):
     """The request's chat_template_kwargs are variables of the model's own template, as llama-server
     passes them (a template that reads enable_thinking, as Qwen 3's does)."""
     from specgen.app.runner import render_prompt
-    from specgen.serve.requests import body_json, chat_request
+    from specgen.serve.body import body_json
+    from specgen.serve.requests import chat_request
 
     monkeypatch.setattr(smollm2, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}"
                         "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")

@@ -631,7 +631,7 @@ def test_a_misspelt_field_is_refused_by_name_on_every_openai_route_and_named_on_
 def test_a_reader_cannot_read_a_field_its_route_does_not_declare():
     """Every read goes through the route's table: a field read and not declared would be refused as
     unknown when sent, so the read itself raises (any request a test sends would show it)."""
-    from specgen.serve.requests import body_json
+    from specgen.serve.body import body_json
 
     body = body_json(b'{"content": "hi"}', fields.ROUTES["/tokenize"])
     assert body.get("content") == "hi" and body.get("add_special", False) is False

@@ -5,6 +5,7 @@ that much is held back, so that nothing streamed is ever cut later."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from specgen.errors import ConfigError
@@ -53,7 +54,7 @@ def stops_of(value: Any, name: str = "--stop") -> tuple[str, ...]:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise ConfigError(f"{name} expects text or a list of texts, found {value!r}")
+        raise ConfigError(f"{name} expects text or a list of texts, found {_shown(value)}")
     if len(items) > STOPS_MAX:
         raise ConfigError(f"{name} expects at most {STOPS_MAX} stop strings, found {len(items)}")
     for s in items:
@@ -61,5 +62,14 @@ def stops_of(value: Any, name: str = "--stop") -> tuple[str, ...]:
             raise ConfigError(f"{name} expects a non-empty stop string, found an empty one")
         if len(s) > STOP_CHARS_MAX:
             raise ConfigError(f"{name} expects a stop string of at most {STOP_CHARS_MAX} characters, "
-                              f"found {len(s)} ({s[:20]!r}...)")
+                              f"found {len(s)} ({_shown(s[:20])}...)")
     return tuple(dict.fromkeys(items))  # the same string twice is one stop string
+
+
+def _shown(value: Any) -> str:
+    """`value` as JSON writes it (a config file's, a request's), on one line and cut short."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -24,8 +24,8 @@ from specgen.serve import ecosystem, fields, routes
 from specgen.serve.embeddings import Embeddings
 from specgen.serve.logprob_shapes import Shown, chat_content, completion_logprobs
 from specgen.serve.marks import Piece
-from specgen.serve.requests import (Request, RequestError, body_json, chat_request, check_vocabulary,
-                                    completion_request)
+from specgen.serve.body import RequestError, body_json
+from specgen.serve.requests import Request, chat_request, check_vocabulary, completion_request
 from specgen.serve.routes import NativeReply, speculative, timings
 from specgen.serve.worker import Done, Job, Worker
 

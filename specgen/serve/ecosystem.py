@@ -1,7 +1,7 @@
 """Each client's body read as its own ecosystem reads it (docs/serve.md, "Whose rules a body follows").
 
 - OpenAI's routes (/v1/..., and the same routes without /v1) answer a field they do not know as
-  OpenAI does: a 400 naming it (requests.body_json), so that a misspelt "temprature" is never a
+  OpenAI does: a 400 naming it (body.body_json), so that a misspelt "temprature" is never a
   request sampled at the default.
 - llama-server's own routes (NATIVE) take what llama-server takes and ignore what it ignores: a key
   the route does not know (another backend's setting that SillyTavern sends, `model` to /tokenize)

@@ -1,40 +1,29 @@
 """OpenAI and llama-server request bodies -> what the worker runs, each field checked: a wrong one is
 a RequestError (an HTTP 4xx) naming the field, what was expected and what was found. A documented
-field specgen does not act on is refused unless its value changes nothing (fields.py); a field the
-route does not know (fields.ROUTES) is refused by name, as OpenAI's API refuses one."""
+field specgen does not act on is refused unless its value changes nothing (fields.py); the body's
+JSON and the fields its route knows are read first (body.py)."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from dataclasses import dataclass
 
 from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
 from specgen.app.prompts import Message, Prompt, message_from, split_turns
+from specgen.app.stops import stops_of
 from specgen.app.structured import offered_tools, read_tools, response_format, schema_spec
 from specgen.core.constraint import ConstraintSpec
 from specgen.core.logprobs import MAX_TOP
-from specgen.errors import SpecgenError
+from specgen.errors import ConfigError, SpecgenError
 from specgen.serve import ecosystem, fields
+from specgen.serve.body import Body, RequestError
 
 MAX_TOKENS = 2**31 - 1  # a larger max_tokens is a mistake; any below is capped at the context's room
-# Levels of JSON nesting a body may hold: llguidance's JSON reader refuses a schema deeper than 128
-# anyway, and every reader after the parse (schemas, templates) then stays far from Python's recursion limit.
-MAX_DEPTH = 128
 # A temperature above 0 and below this is read as 0, greedy: logits divided by it leave float32's
 # range, and the choice it samples is the most likely token anyway (T times any noise is far below
 # the gap between two float32 logits).
 GREEDY_BELOW = 1e-30
-
-
-class RequestError(Exception):
-    """A request the server refuses: `status` (400, 401, 404, 413, 503...) and one line saying why."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
 
 @dataclass(frozen=True)
@@ -56,77 +45,6 @@ class Request:
     logprobs: int | None = None
     cache_prompt: bool = True  # llama-server's: false reads the whole prompt, whatever the cache holds
     notes: tuple[str, ...] = ()  # what the request asked for and its model cannot act on (ecosystem.py)
-
-
-class Body(dict):
-    """A request body whose fields its route knows (fields.ROUTES). Reading a field the route does not
-    declare is specgen's bug (that field, sent, would be refused as unknown), so it raises: every
-    request a test sends walks the readers, so an undeclared read fails the tests."""
-
-    def __init__(self, given: dict, known: frozenset[str], ignored: list[str] | None = None):
-        super().__init__(given)
-        self.known = known
-        # llama-server's routes: the keys dropped unread, as llama-server ignores them (ecosystem.py);
-        # None on OpenAI's routes, which refuse them.
-        self.ignored = ignored
-        self.notes: list[str] = []  # what the reader found asked for and not acted on (ecosystem.py)
-
-    def _declared(self, name: str) -> str:
-        if name not in self.known:
-            raise LookupError(f"the request reader reads {name!r}, which its route's table (fields.ROUTES) "
-                              "does not declare")
-        return name
-
-    def get(self, name: str, default: object = None) -> object:
-        return super().get(self._declared(name), default)
-
-    def __getitem__(self, name: str) -> object:
-        return super().__getitem__(self._declared(name))
-
-
-def body_json(raw: bytes, known: frozenset[str], native: bool = False) -> Body:
-    """The body as a JSON object whose every field is one of `known` (its route's, fields.ROUTES):
-    another is a 400 naming it, as OpenAI answers; on llama-server's own routes (`native`) it is
-    dropped and named in Body.ignored, as llama-server ignores it."""
-    deep = RequestError(400, f"expected a JSON body nested at most {MAX_DEPTH} levels deep, found deeper nesting")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"expected a JSON object as the request body, found invalid JSON ({e})") from None
-    except RecursionError:
-        raise deep from None
-    if not isinstance(body, dict):
-        raise RequestError(400, f"expected a JSON object as the request body, found {type(body).__name__}")
-    if _deeper(body, MAX_DEPTH):
-        raise deep
-    known = known | ecosystem.known_beside(known)
-    unknown = [name for name in body if name not in known]
-    if native:
-        return Body({k: v for k, v in body.items() if k in known}, known, unknown)
-    if unknown:
-        raise RequestError(400, _unrecognized(unknown, known), unknown[0], code="unknown_parameter")
-    return Body(body, known)
-
-
-def _deeper(value: object, limit: int) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels deep (read level by level:
-    no recursion)."""
-    level, depth = [value], 0
-    while level := [v for v in level if isinstance(v, (dict, list))]:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)]
-    return False
-
-
-def _unrecognized(names: list[str], known: frozenset[str]) -> str:
-    """OpenAI's words for a field it does not know, with the likeliest field meant."""
-    meant = [(n, difflib.get_close_matches(n, sorted(known), n=1, cutoff=0.75)) for n in names]
-    shown = [n if n.isprintable() else json.dumps(n) for n in names]  # a name with a newline stays one line
-    hints = [f"{s} (did you mean {close[0]}?)" if close else s for s, (_, close) in zip(shown, meant)]
-    many = "s" if len(names) > 1 else ""
-    return f"Unrecognized request argument{many} supplied: {', '.join(hints)}"[:300]
 
 
 def _refuse_unsupported(body: dict, chat_template: str | None) -> list[str]:
@@ -254,13 +172,12 @@ def _logprobs(body: dict, chat: bool) -> int | None:
 
 
 def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise RequestError(400, f"stop expects a string or a list of strings, found {json.dumps(stop)[:60]}", "stop")
-    return tuple(s for s in stops if s)
+    """The request's stop strings, under the command line's rule (app/stops.py: non-empty text, as
+    many and as long as --stop takes)."""
+    try:
+        return stops_of(body.get("stop"), "stop")
+    except ConfigError as e:
+        raise RequestError(400, str(e), "stop") from None
 
 
 def _max_tokens(body: dict) -> int | None:
@@ -377,7 +294,8 @@ def _check_calls(turns: list[Message]) -> None:
 
 
 def completion_request(body: dict, chat_template: str | None = None) -> Request:
-    """/v1/completions, and llama-server's /completion (the same fields, n_predict among them)."""
+    """/v1/completions, and llama-server's /completion (the same fields, n_predict among them); the
+    prompt's special-token text is read as those tokens, as llama-server tokenizes both routes' prompts."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

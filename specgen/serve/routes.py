@@ -69,9 +69,10 @@ def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | No
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
     own = {**sampling_values(s), "seed": SEED_RANDOM if s.seed is None else s.seed,
            "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.penalties.bias]}
+    stops = (request.stop if request is not None else ()) or cfg.stops  # a request's replace serve --stop's
     return {
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
-        "stop": list(request.stop) if request is not None else [], "max_tokens": -1 if n_predict is None else n_predict,
+        "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
         "stream": bool(request and request.stream), "n_probs": request.logprobs or 0 if request is not None else 0,
         "samplers": list(SPECGEN_ORDER),
     }
