@@ -110,3 +110,14 @@ def test_keys_read_selections_that_exclude_json_lines_junit_and_several_values(t
     junit = {"": keys.read(tmp_path / "j.xml")}
     assert keys.evaluate('testsuite[0].testcase[name="t[x]"].properties.B2.err', junit) == 0.5
     assert keys.evaluate("testsuite[0].tests", junit) == 2
+
+
+def test_a_range_with_its_unit_on_both_ends_is_a_figure_and_checked(tmp_path):
+    """'2.06x-2.09x' was read as no figure at all, so it could change unchecked."""
+    assert [m.group(0) for m in numbers.find(numbers.mask("auto 2.08x (2.06x-2.09x)"))] == ["2.08x", "2.06x-2.09x"]
+    (tmp_path / "r.json").write_text('{"lo": 2.061, "hi": 2.089}')
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures: r.json\n2.06x-2.09x  lo | hi\n-->\nBetween 2.06x-2.09x.\n<!-- figures:end -->\n")
+    assert prose.problems(page) == []
+    page.write_text("<!-- figures: r.json\n2.06x-2.08x  lo | hi\n-->\nBetween 2.06x-2.08x.\n<!-- figures:end -->\n")
+    assert "its files give 2.06x-2.09x" in prose.problems(page)[0]

@@ -1,7 +1,7 @@
 """Figures in prose: where they are, how they are written, and the same value written the same way.
 
 A figure is a number as prose writes it: a sign (+3%, −0.4), thousands separators (1,553), decimals
-(0.971), a unit (1.47x, 78%), a range (1.47-2.25x, 0.56–0.61x) or a fraction (1,553/1,600). Each of
+(0.971), a unit (1.47x, 78%), a range (1.47-2.25x, 2.06x-2.09x, 0.56–0.61x) or a fraction (1,553/1,600). Each of
 its numbers is a part; format_like() writes values with the parts' decimals, separators, sign and
 unit, so a bound value is compared with the prose exactly, as text.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 FIGURE = re.compile(
-    rf"(?:(?<![^\s(\[])[+\-−](?=\d)|(?<![\w.,/=#@:$&+\-−])){_NUM}(?:(?:-|–){_NUM}|/{_NUM})?[x×%]?"
+    rf"(?:(?<![^\s(\[])[+\-−](?=\d)|(?<![\w.,/=#@:$&+\-−])){_NUM}(?:[x×%]?(?:-|–){_NUM}|/{_NUM})?[x×%]?"
     r"(?![\w.,:/\-–]\d|\w|-[A-Za-z])")
 _PART = re.compile(_NUM)
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
