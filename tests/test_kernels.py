@@ -231,5 +231,5 @@ def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_k
 def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
-    assert f"SPECGEN_KERNELS = {isa}: {PRODUCTS.replace(',', ' ')} q4_1x16 |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: {PRODUCTS.replace(',', ' ')} q4_1x16 q5_0x16 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

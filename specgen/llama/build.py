@@ -79,6 +79,7 @@ HEADERS = [
       for part in ("q8_0", "low_bits", "float", "k_quants")),
     (NATIVE / "attention.h", f"{CPU_DIR}/specgen_attention.h"),
     (NATIVE / "packed_q4_1.h", f"{CPU_DIR}/specgen_packed_q4_1.h"),
+    (NATIVE / "packed_q5_0.h", f"{CPU_DIR}/specgen_packed_q5_0.h"),
 ]
 SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"
 CPU_BACKEND = f"{CPU_DIR}/ggml-cpu.cpp"
@@ -104,16 +105,23 @@ HOOKS = [
     (REPACK, '#include "repack.h"\n',
      '#include "repack.h"\n#include "specgen_invariant.h"\n'
      '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
-    # Q4_1 weights repacked into specgen's layout and arithmetic for every product (packed_q4_1.h);
+    # Q4_1 and Q5_0 weights repacked into specgen's layout and arithmetic for every product
+    # (packed_q4_1.h, packed_q5_0.h);
     # Q4_0 and Q4_K weights stay in ggml's layout where a specgen kernel reads them (prompts then go
     # through tinyBLAS and the tiled K-quant matmul instead of the repacked GEMM).
     (REPACK, "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n",
      "#if defined(SPECGEN_FEW) && defined(GGML_USE_LLAMAFILE)\n"
      '#include "specgen_packed_q4_1.h"\n'
+     '#include "specgen_packed_q5_0.h"\n'
      "#endif\n"
      "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n"
      "#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED)\n"
      "    if (const ggml::cpu::tensor_traits * packed = specgen_packed::traits_for(cur)) {\n"
+     "        return packed;\n"
+     "    }\n"
+     "#endif\n"
+     "#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED_Q5_0)\n"
+     "    if (const ggml::cpu::tensor_traits * packed = specgen_packed_q5_0::traits_for(cur)) {\n"
      "        return packed;\n"
      "    }\n"
      "#endif\n"

@@ -107,7 +107,7 @@ static inline const char * describe() {
     static char text[96] = "";
     if (!text[0]) {
         const char * all[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-                               "f16", "f32", "q4_1x16" };
+                               "f16", "f32", "q4_1x16", "q5_0x16" };
         size_t n = (size_t) snprintf(text, sizeof(text), "%s:", SPECGEN_FEW);
         const size_t bare = n;
         for (const char * t : all) {

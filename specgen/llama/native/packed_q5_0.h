@@ -1,0 +1,317 @@
+// specgen: Q5_0 weights repacked at load, 16 rows interleaved, and specgen's own arithmetic for them.
+//
+// Why: as for Q4_1 (packed_q4_1.h): ggml's one-column Q5_0 arithmetic (vec_dot) pays a conversion, a
+// multiply and a fused multiply-add per block, row and column in eight float lanes, and rebuilds the
+// codes' fifth bits for every row and column; at a few columns that, not the integer products, is
+// most of the cost (gemma-3-270m's derived models hold most of their matrices in Q5_0). Here a
+// block's 32 products of a row and a column are summed as one integer, and the scales are applied
+// once per block:
+//
+//   for each block b, in order:  isum_b = sum_i code_i * y_i - 16 * sum_i y_i     (exact integers)
+//                                acc    = fma(float(isum_b), d_b * dy_b, acc)
+//
+// per (row, column), where code_i in 0..31 is the stored 5-bit code (the weight is d_b * (code_i - 16)),
+// y_i the column's Q8_0 bytes, d_b the row's scale and dy_b the column's (the product of two fp16
+// values is exact in float, and |isum_b| <= 32 * 16 * 127 < 2^24 converts exactly). sum_i y_i is
+// computed once per column block (offsets() below), not once per row group. Nothing in it depends
+// on the number of columns, a column's place in the batch, the thread count or the instruction set:
+// AVX2 and AVX-512 give the same bits, and so do a prompt read in batches of any size and one token
+// decoded alone. It rounds differently from ggml's vec_dot (which converts every block's sum and
+// keeps eight float lanes).
+//
+// Layout: llama.cpp's repack buffer (the same bytes as the Q5_0 tensor: 16 rows x 22 bytes = 352 per
+// block) holds, per group of 16 rows and per block, the 16 scales (fp16), the 16 rows' 16 code bytes
+// interleaved 4 bytes at a time as in packed_q4_1.h (qs[64 t + 4 r + b] = row r's byte 4 t + b: low
+// nibble code 4 t + b, high nibble code 16 + 4 t + b), and the fifth bits transposed into 64 bytes:
+// qh[4 r + b] bit k = the fifth bit of row r's code 4 k + b. Code vector k (k < 4: the low nibbles of
+// qs[64 k ..], k >= 4: the high nibbles of qs[64 (k - 4) ..]) holds row r's code 4 k + b at byte 4 r + b,
+// the same byte as its fifth bit in qh, so one shift of qh by 4 - k bits (within 16-bit lanes; the
+// bits that cross a byte are masked off) and one AND give every code vector its bit 4 (AVX-512: the
+// 64 bytes at once; AVX2: rows 8 h .. 8 h + 7 are bytes 32 h .. 32 h + 31 of every vector and of qh).
+//
+// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in
+// repack.cpp, where ggml_repack_get_optimal_repack_type offers it for 2-D Q5_0 weights. The kernel
+// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_q5_0_kernel.py compiles it
+// alone, for AVX2 and AVX-512, against a scalar statement of the arithmetic above); the part after it
+// needs repack.cpp's context.
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define SPECGEN_PACKED_Q5_0 1
+
+namespace specgen_packed_q5_0 {
+
+constexpr int64_t ROWS = 16;  // rows per group
+constexpr int QK = 32;        // codes per block
+
+// ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
+struct row_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
+struct column_q8_0 { uint16_t d; int8_t qs[QK]; };
+static_assert(sizeof(row_q5_0) == 22 && sizeof(column_q8_0) == 34, "ggml's Q5_0 and Q8_0 blocks");
+
+struct block_q5_0x16 {
+    uint16_t d[ROWS];
+    uint8_t qs[ROWS * QK / 2];
+    uint8_t qh[ROWS * QK / 8];
+};
+static_assert(sizeof(block_q5_0x16) == ROWS * sizeof(row_q5_0), "the packed group fills the rows' bytes");
+
+static inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
+
+// Per column block: -16 times the sum of its 32 bytes, the second term of isum (|.| <= 16 * 32 * 127).
+static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t s = 0;
+        for (int i = 0; i < QK; i++) s += col[l].qs[i];
+        off[l] = -16 * s;
+    }
+}
+
+// A column block's bytes 4 t .. 4 t + 3 in every 32-bit lane (one broadcast load).
+static inline __m256i four256(const column_q8_0 & c, int t) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *) (c.qs + 4 * t)));
+}
+
+// Code vector K's fifth bits, as 0x10 or 0 per byte, from the transposed bits h (bit K of each byte).
+template <int K>
+static inline __m256i fifth256(__m256i h) {
+    const __m256i bit = _mm256_set1_epi8(0x10);
+    if constexpr (K < 4) return _mm256_and_si256(_mm256_slli_epi16(h, 4 - K), bit);
+    else if constexpr (K == 4) return _mm256_and_si256(h, bit);
+    else return _mm256_and_si256(_mm256_srli_epi16(h, K - 4), bit);
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+static inline __m512i four512(const column_q8_0 & c, int t) {
+    return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
+}
+
+template <int K>
+static inline __m512i fifth512(__m512i h) {
+    const __m512i bit = _mm512_set1_epi8(0x10);
+    if constexpr (K < 4) return _mm512_and_si512(_mm512_slli_epi16(h, 4 - K), bit);
+    else if constexpr (K == 4) return _mm512_and_si512(h, bit);
+    else return _mm512_and_si512(_mm512_srli_epi16(h, K - 4), bit);
+}
+
+// (a & 0x0F) | b, one vpternlogd (0xEC: A & C | B with A = a, B = b, C = low).
+static inline __m512i codes512(__m512i a, __m512i b, __m512i low) { return _mm512_ternarylogic_epi32(a, b, low, 0xEC); }
+
+constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 code registers
+
+// One group of 16 rows times NC columns: out[j][r] for r in 0..15.
+template <int NC>
+static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 * const * y,
+                         const int32_t * const * off, float * const * out) {
+    __m512 acc[NC];
+    for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t l = 0; l < nb; l++) {
+        const block_q5_0x16 & b = w[l];
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
+        const __m512i h = _mm512_loadu_si512((const void *) b.qh);
+        __m512i u[4], v[8];
+        for (int t = 0; t < 4; t++) u[t] = _mm512_loadu_si512((const void *) (b.qs + 64 * t));
+        v[0] = codes512(u[0], fifth512<0>(h), low);
+        v[1] = codes512(u[1], fifth512<1>(h), low);
+        v[2] = codes512(u[2], fifth512<2>(h), low);
+        v[3] = codes512(u[3], fifth512<3>(h), low);
+        v[4] = codes512(_mm512_srli_epi16(u[0], 4), fifth512<4>(h), low);
+        v[5] = codes512(_mm512_srli_epi16(u[1], 4), fifth512<5>(h), low);
+        v[6] = codes512(_mm512_srli_epi16(u[2], 4), fifth512<6>(h), low);
+        v[7] = codes512(_mm512_srli_epi16(u[3], 4), fifth512<7>(h), low);
+#pragma GCC unroll 8  // whole, so that acc[] stays in registers (GCC leaves 8 iterations a loop over memory)
+        for (int j = 0; j < NC; j++) {
+            const column_q8_0 & c = y[j][l];
+            // codes 0..31 times bytes -127..127: no saturation in vpdpbusd's 32-bit sums
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(off[j][l]), v[0], four512(c, 0));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
+            s0 = _mm512_dpbusd_epi32(s0, v[2], four512(c, 2));
+            s1 = _mm512_dpbusd_epi32(s1, v[3], four512(c, 3));
+            s0 = _mm512_dpbusd_epi32(s0, v[4], four512(c, 4));
+            s1 = _mm512_dpbusd_epi32(s1, v[5], four512(c, 5));
+            s0 = _mm512_dpbusd_epi32(s0, v[6], four512(c, 6));
+            s1 = _mm512_dpbusd_epi32(s1, v[7], four512(c, 7));
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(fp16(c.d))), acc[j]);
+        }
+    }
+    for (int j = 0; j < NC; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+#else
+constexpr int COLUMNS = 4;  // 16 registers: 4 accumulators per half, the half's codes, scales
+
+static inline __m256i codes256(__m256i a, __m256i b, __m256i low) { return _mm256_or_si256(_mm256_and_si256(a, low), b); }
+
+template <int NC>
+static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 * const * y,
+                         const int32_t * const * off, float * const * out) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
+        __m256 acc[NC];
+        for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t l = 0; l < nb; l++) {
+            const block_q5_0x16 & b = w[l];
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *) (b.qh + 32 * h));
+            __m256i u[4], v[8];
+            for (int t = 0; t < 4; t++) u[t] = _mm256_loadu_si256((const __m256i *) (b.qs + 64 * t + 32 * h));
+            v[0] = codes256(u[0], fifth256<0>(hb), low);
+            v[1] = codes256(u[1], fifth256<1>(hb), low);
+            v[2] = codes256(u[2], fifth256<2>(hb), low);
+            v[3] = codes256(u[3], fifth256<3>(hb), low);
+            v[4] = codes256(_mm256_srli_epi16(u[0], 4), fifth256<4>(hb), low);
+            v[5] = codes256(_mm256_srli_epi16(u[1], 4), fifth256<5>(hb), low);
+            v[6] = codes256(_mm256_srli_epi16(u[2], 4), fifth256<6>(hb), low);
+            v[7] = codes256(_mm256_srli_epi16(u[3], 4), fifth256<7>(hb), low);
+#pragma GCC unroll 8
+            for (int j = 0; j < NC; j++) {
+                const column_q8_0 & c = y[j][l];
+                // vpmaddubsw's pair sums in 16 bits: |2 * 31 * 127| = 7874 (7936 for a byte of -128), so
+                // four of them stay within 31744 <= 32767; two halves of four codes each, then vpmaddwd.
+                __m256i p0 = _mm256_maddubs_epi16(v[0], four256(c, 0));
+                __m256i p1 = _mm256_maddubs_epi16(v[4], four256(c, 4));
+                for (int t = 1; t < 4; t++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(v[t], four256(c, t)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(v[t + 4], four256(c, t + 4)));
+                }
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s, _mm256_set1_epi32(off[j][l])));
+                acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(fp16(c.d))), acc[j]);
+            }
+        }
+        for (int j = 0; j < NC; j++) _mm256_storeu_ps(out[j] + 8 * h, acc[j]);
+    }
+}
+#endif
+
+// out[c][row] for the groups g0..g1 of the weights and every column c (Q8_0 rows, `row_bytes` apart;
+// column c's offsets() at offs + c * nb).
+static inline void matmul(int64_t nb, const block_q5_0x16 * w, int64_t g0, int64_t g1, const char * cols,
+                          size_t row_bytes, const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
+    for (int64_t g = g0; g < g1; g++) {
+        for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) {
+            const int nc = (int) (n - c0 < COLUMNS ? n - c0 : COLUMNS);
+            const column_q8_0 * y[COLUMNS];
+            const int32_t * off[COLUMNS];
+            float * out[COLUMNS];
+            for (int j = 0; j < nc; j++) {
+                y[j] = (const column_q8_0 *) (cols + (c0 + j) * row_bytes);
+                off[j] = offs + (c0 + j) * nb;
+                out[j] = dst + (c0 + j) * ldc + g * ROWS;
+            }
+            const block_q5_0x16 * wg = w + g * nb;
+            static_assert(COLUMNS <= 8, "a case below for every count of columns");
+            switch (nc) {  // the accumulators' count a template parameter, so that they stay in registers
+                case 1: group<1>(nb, wg, y, off, out); break;
+                case 2: group<2>(nb, wg, y, off, out); break;
+                case 3: group<3>(nb, wg, y, off, out); break;
+                case 4: group<4>(nb, wg, y, off, out); break;
+                case 5: group<5>(nb, wg, y, off, out); break;  // 5..8: AVX-512 only (nc <= COLUMNS)
+                case 6: group<6>(nb, wg, y, off, out); break;
+                case 7: group<7>(nb, wg, y, off, out); break;
+                case 8: group<8>(nb, wg, y, off, out); break;
+            }
+        }
+    }
+}
+
+// Weights rows x (nb blocks) of Q5_0, row after row, into rows / 16 groups of packed blocks.
+static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5_0x16 * dst) {
+    for (int64_t g = 0; g < rows / ROWS; g++) {
+        for (int64_t l = 0; l < nb; l++) {
+            block_q5_0x16 & out = dst[g * nb + l];
+            for (int64_t r = 0; r < ROWS; r++) {
+                const row_q5_0 & in = src[(g * ROWS + r) * nb + l];
+                out.d[r] = in.d;
+                for (int t = 0; t < 4; t++) memcpy(out.qs + 64 * t + 4 * r, in.qs + 4 * t, 4);
+                uint32_t qh;
+                memcpy(&qh, in.qh, sizeof(qh));  // bit j: code j's fifth bit
+                for (int b = 0; b < 4; b++) {
+                    uint8_t bits = 0;
+                    for (int k = 0; k < 8; k++) bits |= (uint8_t) (((qh >> (4 * k + b)) & 1) << k);
+                    out.qh[4 * r + b] = bits;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace specgen_packed_q5_0
+
+#endif  // AVX2, F16C, FMA
+
+// In ggml (repack.cpp): the repack buffer's traits for these weights.
+#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED_Q5_0)
+
+namespace specgen_packed_q5_0 {
+
+static_assert(sizeof(row_q5_0) == sizeof(block_q5_0) && sizeof(column_q8_0) == sizeof(block_q8_0), "ggml's blocks");
+
+// Whether a weight takes this layout: 2-D Q5_0 with whole groups of rows, the kernel on.
+static inline bool takes(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_Q5_0 && ggml_n_dims(t) == 2 && t->ne[1] % ROWS == 0 && t->ne[0] % QK == 0 &&
+           specgen::current().invariant && specgen::kernel_on("q5_0x16");
+}
+
+// The columns' scratch in wdata: the columns quantized to Q8_0 (as ggml quantizes one row), then, from
+// the next 64-byte boundary, each column block's offsets() as int32.
+static inline size_t columns_bytes(const ggml_tensor * src1) { return ggml_row_size(GGML_TYPE_Q8_0, ggml_nelements(src1)); }
+
+static inline int32_t * column_offsets(void * wdata, const ggml_tensor * src1) {
+    return (int32_t *) (((uintptr_t) wdata + columns_bytes(src1) + 63) & ~(uintptr_t) 63);
+}
+
+// The repack buffer's traits for these weights: repack at load, products of every size.
+class q5_0_traits : public ggml::cpu::repack::tensor_traits_base {
+    bool work_size(int /* n_threads */, const struct ggml_tensor * op, size_t & size) override {
+        if (op->op != GGML_OP_MUL_MAT) return false;
+        size = columns_bytes(op->src[1]) + 64 + (size_t) (ggml_nelements(op->src[1]) / QK) * sizeof(int32_t);
+        return true;
+    }
+
+    bool compute_forward(struct ggml_compute_params * params, struct ggml_tensor * op) override {
+        if (op->op != GGML_OP_MUL_MAT) return false;
+        const ggml_tensor * src0 = op->src[0];
+        const ggml_tensor * src1 = op->src[1];
+        GGML_ASSERT(src1->type == GGML_TYPE_F32 && src1->nb[0] == sizeof(float) && src1->ne[3] == 1);
+        GGML_ASSERT(op->nb[0] == sizeof(float) && op->nb[2] == op->nb[1] * op->ne[1] && op->ne[0] == src0->ne[1]);
+        const int64_t k = src1->ne[0], n1 = src1->ne[1], n = n1 * src1->ne[2], nb = k / QK;
+        const size_t row_bytes = ggml_row_size(GGML_TYPE_Q8_0, k);
+        char * cols = (char *) params->wdata;
+        int32_t * offs = column_offsets(params->wdata, src1);
+        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+        for (int64_t c = params->ith; c < n; c += params->nth) {  // each column quantized as one row is
+            const char * x = (const char *) src1->data + (c % n1) * src1->nb[1] + (c / n1) * src1->nb[2];
+            quantize((const float *) x, cols + c * row_bytes, k);
+            offsets((const column_q8_0 *) (cols + c * row_bytes), nb, offs + c * nb);
+        }
+        ggml_barrier(params->threadpool);
+        const int64_t groups = src0->ne[1] / ROWS;
+        const int64_t g0 = groups * params->ith / params->nth, g1 = groups * (params->ith + 1) / params->nth;
+        matmul(nb, (const block_q5_0x16 *) src0->data, g0, g1, cols, row_bytes, offs, n, (float *) op->data,
+               (int64_t) (op->nb[1] / sizeof(float)));
+        return true;
+    }
+
+    int repack(struct ggml_tensor * t, const void * data, size_t data_size) override {
+        const int64_t nb = t->ne[0] / QK, rows = t->ne[1];
+        if (data_size != (size_t) (rows * nb) * sizeof(block_q5_0)) return -1;
+        pack((const row_q5_0 *) data, rows, nb, (block_q5_0x16 *) t->data);
+        return 0;
+    }
+};
+
+// The traits for a weight that takes this layout, else nullptr.
+static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
+    static const q5_0_traits q5_0;
+    return takes(t) ? &q5_0 : nullptr;
+}
+
+}  // namespace specgen_packed_q5_0
+
+#endif  // SPECGEN_FEW && SPECGEN_PACKED_Q5_0
