@@ -26,6 +26,7 @@ from typing import Sequence
 
 from specgen.bench.captions import machine_caption, run_caption
 from specgen.bench.run import UNSCREENED
+from specgen.bench.spreads import Spread, repeats_of, spread
 from specgen.drafting.methods import JUMP
 from specgen.errors import ConfigError
 
@@ -112,15 +113,20 @@ def _name(method: str, llama_cpp_draft: dict | None) -> str:
 
 
 def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int,
-           llama_cpp_draft: dict | None = None, sampled: bool = False) -> list[str]:
+           llama_cpp_draft: dict | None = None, sampled: bool = False,
+           spreads: dict[str, Spread] | None = None) -> list[str]:
     """A row per method. Results with forced tokens (constrained, recorded since they were counted
     apart from τ and acceptance) add a `forced` column (accepted/drafted), and with a `jump` row an
-    `over jump` column: each method's speed over jump-forward's, what drafting adds."""
+    `over jump` column: each method's speed over jump-forward's, what drafting adds. `spreads`
+    (runs with several repeats per prompt): each method's interval from its records, prompts
+    resampled whole, with its median over prompts and its ratio in each repeat."""
     forced = any(r.get("forced_drafted") for r in rows.values())
     jump = JUMP in rows
     extra = [*(["forced"] if forced else []), *(["over jump"] if jump else [])]
-    out = ["| | tok/s | over specgen plain | 90% interval | τ | accepted | " + "".join(f"{c} | " for c in extra)
-           + "identical to plain |", "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|"]
+    spread_cols = ["median over prompts", "each repeat"] if spreads else []
+    out = ["| | tok/s | over specgen plain | 90% interval | " + "".join(f"{c} | " for c in spread_cols)
+           + "τ | accepted | " + "".join(f"{c} | " for c in extra) + "identical to plain |",
+           "|---|---|---|---|" + "---|" * len(spread_cols) + "---|---|" + "---|" * len(extra) + "---|"]
     for m in methods:
         r = rows.get(m)
         if r is None:
@@ -136,10 +142,16 @@ def _table(rows: dict[str, dict], methods: Sequence[str], n_trials: int,
         tau = f"{r['mean_accepted']:.2f}" if drafted else ""
         accepted = f"{r['acceptance_rate']:.0%}" if drafted else ""
         interval = "" if m == "plain" else _cell_interval(r)
+        spread = (spreads or {}).get(m) if m != "plain" else None
+        if spread:
+            interval = _cell_interval({"speedup_low": spread.low, "speedup_high": spread.high})
+        by_repeat = [f"{spread.median:.2f}x", ", ".join(f"{x:.2f}x" for x in spread.per_repeat)] if spread else \
+            ["", ""] if spreads else []
         cells = [f"{r['forced_accepted']}/{r['forced_drafted']}" if r.get("forced_drafted") else ""] if forced else []
         if jump:
             cells.append(f"{r['over_jump']:.2f}x" if r.get("over_jump") is not None and drafted else "")
-        out.append(f"| {_name(m, llama_cpp_draft)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | {tau} | {accepted} | "
+        out.append(f"| {_name(m, llama_cpp_draft)} | {r['tokens_per_s']:.1f} | {ratio} | {interval} | "
+                   + "".join(f"{c} | " for c in by_repeat) + f"{tau} | {accepted} | "
                    + "".join(f"{c} | " for c in cells) + f"{same} |")
     return out
 
@@ -166,10 +178,26 @@ def _versus(h: dict) -> str:
                                                   for x in losses) + "."
 
 
-def _lead(rows: dict[str, dict], models: dict) -> str | None:
+def _spreads(data: dict, methods: Sequence[str]) -> dict[str, Spread] | None:
+    """Each method's spread over plain from the records, for a run with several repeats per prompt."""
+    if repeats_of(data) < 2:
+        return None
+    found = {m: spread(data, m) for m in methods if m != "plain"}
+    return {m: x for m, x in found.items() if x is not None} or None
+
+
+def _lead_interval(lead: Spread | None) -> str:
+    """The lead's 90% interval over prompts (each resampled with its repeats), from the records."""
+    if lead is None or not lead.low < lead.high:
+        return ""
+    return f" (90% interval over prompts: {lead.low:.2f}-{lead.high:.2f}x)"
+
+
+def _lead(rows: dict[str, dict], models: dict, lead: Spread | None = None) -> str | None:
     """auto's lead over llama.cpp's plain decoding as the product of its two parts: specgen's plain
     against llama.cpp's (where the target was screened, that part holds screening, and the file says
-    whether a `plain, unscreened` row separates it) and auto against specgen's plain (speculation)."""
+    whether a `plain, unscreened` row separates it) and auto against specgen's plain (speculation);
+    `lead`: auto against llama.cpp plain from the records, for the lead's interval."""
     auto, theirs = rows.get("auto"), rows.get(LLAMA_CPP_PLAIN)
     if not auto or not theirs or not theirs.get("speedup"):
         return None
@@ -185,7 +213,8 @@ def _lead(rows: dict[str, dict], models: dict) -> str | None:
     else:
         why = f"nothing screened; the target's output layer is {target.get('head_type') or '?'}"
     what = "jump-forward and drafting: see `over jump`" if JUMP in rows else "speculation"
-    return (f"`auto` against llama.cpp plain, by its parts: {auto['speedup'] * plain_part:.2f}x = specgen `plain` at "
+    return (f"`auto` against llama.cpp plain, by its parts: {auto['speedup'] * plain_part:.2f}x"
+            f"{_lead_interval(lead)} = specgen `plain` at "
             f"{plain_part:.2f}x llama.cpp plain ({why}) × `auto` at {auto['speedup']:.2f}x specgen `plain` ({what}).")
 
 
@@ -209,10 +238,14 @@ def render(data: dict, link: str) -> str:
              f"{_suite(settings, sum(plain_turns) // repeats if plain_turns else None)}, {_sampling(settings)}"
              f"{interrupted} · results: [{Path(link).name}]({link})*", "",
              *_table(rows, methods, n_trials, models.get("llama_cpp_draft"),
-                     bool(settings.get("temperature"))), ""]
+                     bool(settings.get("temperature")), _spreads(data, methods)), ""]
+    if repeats > 1:
+        lines += [f"With {repeats} repeats of each prompt, the interval and the median are over the prompts, each "
+                  f"resampled with all its repeats (not as {repeats} times as many prompts), from the records; "
+                  "each repeat: the ratio over that repeat's prompts.", ""]
     if "auto" in rows:
         lines += [f"`auto` by group: {_groups(data['summary'], 'auto')}.", ""]
-    lead = _lead(rows, models)
+    lead = _lead(rows, models, spread(data, "auto", LLAMA_CPP_PLAIN))
     if lead:
         lines += [lead, ""]
     for h in data.get("head_to_head") or []:
