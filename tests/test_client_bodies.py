@@ -195,6 +195,42 @@ def test_chat_template_kwargs_reach_the_template(smollm2, monkeypatch):
     assert render_prompt(smollm2, request.prompt, True) == "Hi"
 
 
+def test_reasoning_effort_reaches_a_reasoning_template_as_llama_server_passes_it(smollm2, monkeypatch):
+    """On a template that writes reasoning, OpenAI's reasoning_effort is answered as llama-server
+    answers it: "none" is the template's enable_thinking false (unless chat_template_kwargs say
+    otherwise: those reach the template last), another level the template's reasoning_effort
+    variable (the request's over chat_template_kwargs'); a template that reads neither is told
+    nothing and the response's note says it changed nothing."""
+    from specgen.app.runner import render_prompt
+    from specgen.serve.body import body_json
+    from specgen.serve.requests import chat_request
+
+    thinks = ("{% for m in messages %}{{ m['content'] }}{% endfor %}<think>"
+              "{% if enable_thinking is defined and not enable_thinking %}</think>{% endif %}"
+              "{% if reasoning_effort is defined %}[{{ reasoning_effort }}]{% endif %}")
+    monkeypatch.setattr(smollm2, "chat_template", thinks)
+    fields_of_chat = fields.ROUTES["/v1/chat/completions"]
+
+    def rendered(**given):
+        body = body_json(json.dumps({"messages": [{"role": "user", "content": "Hi"}], **given}).encode(),
+                         fields_of_chat)
+        request = chat_request(body, smollm2.chat_template)
+        return render_prompt(smollm2, request.prompt, True), request.notes
+
+    assert rendered() == ("Hi<think>", ())
+    assert rendered(reasoning_effort="none") == ("Hi<think></think>", ())
+    assert rendered(reasoning_effort="high") == ("Hi<think>[high]", ())
+    assert rendered(reasoning_effort="", chat_template_kwargs={"reasoning_effort": "low"})[0] == "Hi<think>[low]"
+    assert rendered(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})[0] == "Hi<think>[high]"
+    assert rendered(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})[0] == "Hi<think>"
+    monkeypatch.setattr(smollm2, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}<think>")
+    text, notes = rendered(reasoning_effort="low")
+    assert text == "Hi<think>" and notes == ("the chat template reads no reasoning_effort: reasoning_effort low "
+                                             "changed nothing",)
+    with pytest.raises(Exception, match="reasoning_effort expects a string, found 3"):
+        rendered(reasoning_effort=3)
+
+
 def test_special_tokens_in_a_completion_prompt_are_parsed(server):
     """llama-server reads special-token text in /completion's and /v1/completions' prompts as those
     tokens (add_special and parse_special both true): Continue's llama.cpp provider sends a

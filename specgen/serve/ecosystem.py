@@ -65,18 +65,39 @@ def template_kwargs(given: object) -> tuple[tuple[str, str], ...]:
     return tuple((k, json.dumps(v)) for k, v in given.items())
 
 
+def with_effort(kwargs: tuple[tuple[str, str], ...], effort: object) -> tuple[tuple[str, str], ...]:
+    """The template's variables with OpenAI's reasoning_effort among them, as llama-server puts it
+    there: "none" is enable_thinking false (unless chat_template_kwargs give enable_thinking: those
+    reach the template last there), any other level the template's reasoning_effort (gpt-oss's reads it)."""
+    if not isinstance(effort, str) or not effort:
+        return kwargs
+    variables = dict(kwargs)
+    if effort == "none":
+        variables.pop("reasoning_effort", None)
+        variables.setdefault("enable_thinking", "false")
+    else:
+        variables["reasoning_effort"] = json.dumps(effort)
+    return tuple(variables.items())
+
+
 def reasoning_notes(body: dict, chat_template: str | None, kwargs: tuple[tuple[str, str], ...]) -> list[str]:
     """What a request asked for that its model's template cannot act on, said plainly (the request
     is answered as if it had not asked)."""
-    notes = []
+    notes, template = [], chat_template or ""
+    effort = body.get("reasoning_effort")
     if not writes_reasoning(chat_template):
-        asked = [n for n in REASONING if asks_reasoning(n, body.get(n))]
+        asked = [n for n in REASONING if asks_reasoning(n, body.get(n))
+                 and not (n == "reasoning_effort" and n in template)]  # a template that reads it acts on it
         if dict(kwargs).get("enable_thinking") == "true":
             asked.append("chat_template_kwargs.enable_thinking")
         if asked:
             notes.append(f"the model's chat template writes no reasoning: {', '.join(asked)} changed nothing")
-    elif body.get("reasoning_control") is True:
-        notes.append("reasoning_control: no endpoint ends reasoning early here; the reasoning is written whole")
+    else:
+        if body.get("reasoning_control") is True:
+            notes.append("reasoning_control: no endpoint ends reasoning early here; the reasoning is written whole")
+        read = "enable_thinking" if effort == "none" else "reasoning_effort"
+        if isinstance(effort, str) and effort and read not in template:
+            notes.append(f"the chat template reads no {read}: reasoning_effort {effort} changed nothing")
     unread = [k for k, _ in kwargs if k not in (chat_template or "")]
     if unread and chat_template:
         notes.append(f"the chat template reads no {', '.join(unread)} (chat_template_kwargs)")

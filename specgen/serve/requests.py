@@ -47,7 +47,7 @@ class Request:
     notes: tuple[str, ...] = ()  # what the request asked for and its model cannot act on (ecosystem.py)
 
 
-def _refuse_unsupported(body: dict, chat_template: str | None) -> list[str]:
+def _refuse_unsupported(body: dict, chat_template: str | None, chat: bool) -> list[str]:
     """Fields specgen does not act on are refused by name unless their value changes nothing. A
     request for reasoning where the template writes none asks for nothing: answered, with a note
     (returned); on llama-server's routes a `samplers` order specgen cannot follow is ignored, named."""
@@ -61,7 +61,8 @@ def _refuse_unsupported(body: dict, chat_template: str | None) -> list[str]:
         raise RequestError(400, f"thinking_budget_tokens is not supported at {budget}: reasoning is not cut short "
                                 "(send -1)", "thinking_budget_tokens")
     handled = {"chat_template_kwargs", "reasoning_control", "thinking_budget_tokens",
-               *(() if reasons else ("reasoning_format", "reasoning_effort"))}
+               *(() if reasons else ("reasoning_format", "reasoning_effort")),
+               *(("reasoning_effort",) if chat else ())}  # a chat's reaches its template (ecosystem.with_effort)
     checked = {k: v for k, v in body.items() if k not in handled}
     try:
         fields.check(checked, chat_template)
@@ -193,7 +194,7 @@ def _max_tokens(body: dict) -> int | None:
 
 
 def _common(body: dict, chat_template: str | None, chat: bool, kwargs: tuple = ()) -> dict:
-    notes = [*_refuse_unsupported(body, chat_template), *ecosystem.reasoning_notes(body, chat_template, kwargs)]
+    notes = [*_refuse_unsupported(body, chat_template, chat), *ecosystem.reasoning_notes(body, chat_template, kwargs)]
     if isinstance(body, Body):
         body.notes.extend(notes)
     max_tokens = _max_tokens(body)
@@ -278,7 +279,8 @@ def chat_request(body: dict, chat_template: str | None = None) -> Request:
         kwargs = ecosystem.template_kwargs(body.get("chat_template_kwargs"))
     except ValueError as e:
         raise RequestError(400, str(e), "chat_template_kwargs") from None
-    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True), template_vars=kwargs),
+    variables = ecosystem.with_effort(kwargs, body.get("reasoning_effort"))  # a wrong type: _common's 400
+    return Request(True, Prompt(0, text, history, after, **_structured(body, tools=True), template_vars=variables),
                    **_common(body, chat_template, chat=True, kwargs=kwargs))
 
 
