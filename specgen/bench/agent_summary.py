@@ -136,3 +136,22 @@ def summarize(records: Sequence[dict], rows: Sequence[str]) -> list[AgentRow]:
 
 def as_json(rows: Sequence[AgentRow]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def loop_spread(records: Sequence[dict], row: str, over: str) -> tuple[float, float] | None:
+    """A 90% bootstrap interval of `row`'s loop time over `over`'s (how many times as fast `over` ran
+    the loop), conversations resampled whole with all their requests, seeded as summary.speedup_spread
+    is; None where either row has no records or the conversations give no spread."""
+    from specgen.bench.summary import speedup_spread
+
+    theirs = {r["prompt_id"]: 0.0 for r in records if r["row"] == row}
+    mine = {r["prompt_id"]: 0.0 for r in records if r["row"] == over}
+    for r in records:
+        for name, walls in ((row, theirs), (over, mine)):
+            if r["row"] == name:
+                walls[r["prompt_id"]] += r["wall_s"]
+    convs = [c for c in theirs if c in mine]
+    if len(convs) < 2:
+        return None
+    _, low, high, _ = speedup_spread([theirs[c] for c in convs], [mine[c] for c in convs], convs)
+    return (low, high) if low < high else None

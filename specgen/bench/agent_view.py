@@ -53,15 +53,24 @@ def _per_token_ms(r: dict) -> float:
     return 1000 * r["wall_s"] / max(r["decode_tokens"], 1)
 
 
-def _lead(names: list[str], overall: dict) -> list[str]:
+def _interval(records: list[dict], rival: str) -> str:
+    """The loop ratio's 90% interval over conversations, each resampled with all its requests."""
+    from specgen.bench.agent_summary import loop_spread
+
+    spread = loop_spread(records, rival, "auto") if records and "wall_s" in records[0] else None
+    return f" (90% interval over conversations {spread[0]:.2f}-{spread[1]:.2f}x)" if spread else ""
+
+
+def _lead(names: list[str], overall: dict, records: list[dict] | None = None) -> list[str]:
     """First, what a user compares: specgen's `auto` with its cache against llama-server as it runs
-    (its cache on), and against specgen's own cached plain: the whole loop's time and, since the
-    rows need not write the same tokens, its time per decoded token."""
+    (its cache on), and against specgen's own cached plain: the whole loop's time (with its interval
+    over conversations, from `records`) and, since the rows need not write the same tokens, its time
+    per decoded token."""
     auto = overall.get("auto")
     rivals = [n for n in names if n in overall and (n.startswith("llama-server") or n == "plain")]
     if auto is None or not rivals:
         return []
-    parts = [f"{n} {overall[n]['wall_s'] / auto['wall_s']:.2f}x and "
+    parts = [f"{n} {overall[n]['wall_s'] / auto['wall_s']:.2f}x{_interval(records or [], n)} and "
              f"{_per_token_ms(overall[n]) / _per_token_ms(auto):.2f}x ({overall[n]['decode_tokens']} "
              f"tokens decoded against auto's {auto['decode_tokens']}"
              + (f"; its histories are the baseline's replies, and {overall[n]['identical']} of its "
@@ -76,7 +85,7 @@ def render(data: dict, link: str) -> str:
     names = data["settings"].get("methods") or list(dict.fromkeys(r["row"] for r in summary))
     overall = {r["row"]: r for r in summary if r["turn"] is None and r["prompt_id"] is None}
     base = data["settings"].get("baseline")
-    lines = [_caption(data, link), "", *_lead(names, overall),
+    lines = [_caption(data, link), "", *_lead(names, overall, data.get("records")),
              "| row | loop s | speedup | decoded tokens | loop ms / decoded token | TTFT call s | TTFT answer s "
              "| decode tok/s | decode ratio | prompt read / cached | identical | calls valid |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
