@@ -35,6 +35,7 @@ _BLOCK = re.compile(r"^<!-- bench-table: (?P<files>[^>]*?) -->\n(?P<body>.*?)<!-
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
 OVERALL = "overall"
 LLAMA_CPP_PLAIN = "llama.cpp plain"
+RUNS = "--runs"  # a marker's option: its files are runs of one setting (runs_view)
 def load(path: Path) -> dict:
     """A bench --json file, or a one-line ConfigError saying what is wrong with it."""
     try:
@@ -256,12 +257,17 @@ def render(data: dict, link: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_files(paths: Sequence[Path], base: Path) -> str:
+def render_files(paths: Sequence[Path], base: Path, runs: bool = False) -> str:
     """render() of each file, linked relative to the folder `base` of the page that shows them;
-    several agent-bench runs of one suite and half end with their spread (agent_view.across)."""
+    several agent-bench runs of one suite and half end with their spread (agent_view.across).
+    `runs`: the files are runs of one setting, shown together as medians and ranges (runs_view)."""
     datas = [load(p) for p in paths]
-    text = "\n".join(render(d, Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix())
-                     for d, p in zip(datas, paths))
+    links = [Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix() for p in paths]
+    if runs:
+        from specgen.bench.runs_view import across_runs
+
+        return across_runs(datas, links)
+    text = "\n".join(render(d, link) for d, link in zip(datas, links))
     agent = [d for d in datas if d["settings"].get("suite") == "agent" and "rows" in d]
     if len(agent) >= 2 and len(agent) == len(datas) and len({d["settings"].get("split") for d in agent}) == 1:
         from specgen.bench.agent_view import across
@@ -286,10 +292,16 @@ def blocks(page: Path) -> list[tuple[list[Path], str, str]]:
         raise ConfigError(f"cannot read {page}: {e.strerror or e}") from None
     found = []
     for m in _BLOCK.finditer(unfenced(text)):
-        files = [Path(page).parent / f for f in m.group("files").split()]
+        words = m.group("files").split()
+        files = [Path(page).parent / f for f in words if not f.startswith("--")]
+        options = [w for w in words if w.startswith("--")]
         if not files:
             raise ConfigError(f"{page}: a bench-table marker names no results file")
-        found.append((files, text[m.start("body"):m.end("body")], render_files(files, Path(page).parent)))
+        if set(options) - {RUNS}:
+            raise ConfigError(f"{page}: a bench-table marker's option {', '.join(sorted(set(options) - {RUNS}))} "
+                              f"is none it knows ({RUNS}: several runs of one setting, their medians and ranges)")
+        found.append((files, text[m.start("body"):m.end("body")],
+                      render_files(files, Path(page).parent, runs=RUNS in options)))
     if not found and re.search(f"^{START}", unfenced(text), re.M):
         raise ConfigError(f"{page}: a bench-table block without its end marker ({END})")
     return found
