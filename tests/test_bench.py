@@ -232,6 +232,23 @@ def test_repeats_of_a_prompt_are_resampled_together():
     assert fast.speedup_high - fast.speedup_low > 0.5
 
 
+def test_each_repeat_s_speedup_is_kept_and_shown_beside_the_interval_over_prompts():
+    """Repeats drift with the machine: the row keeps the speedup within each repeat (the --json
+    summary's repeat_speedups) and the table shows it; one repeat has none to show."""
+    drift = (1.0, 0.9, 0.8)
+    trials = [t for r, d in enumerate(drift) for i in ("1", "2", "3")
+              for t in (replace(trial(i, "qa", "plain", 100), repeat=r),
+                        replace(trial(i, "qa", "fast", round(200 * d * (1 + int(i) / 10))), repeat=r))]
+    rows = [r for r in summary.summarize(trials, ["plain", "fast"], compare_texts=False) if r.group == "qa"]
+    fast = next(r for r in rows if r.method == "fast")
+    assert fast.repeat_speedups == pytest.approx((2.4, 2.16, 1.92))
+    assert next(r for r in rows if r.method == "plain").repeat_speedups == (1.0, 1.0, 1.0)
+    cell = next(c for c in summary_table(rows, ["plain", "fast"], "t", 3).columns if c.header == "fast")._cells[0]
+    assert "each run 2.40 2.16 1.92" in cell and f"{fast.speedup_low:.2f}-{fast.speedup_high:.2f}" in cell
+    once = summary.summarize([t for t in trials if t.repeat == 0], ["plain", "fast"], compare_texts=False)
+    assert all(r.repeat_speedups is None for r in once)
+
+
 def test_prompts_where_a_method_emitted_nothing_are_left_out_of_speeds():
     empty = trial("2", "qa", "lookup", 0)  # the model stopped at once: 0 tokens, no throughput
     trials = [trial("1", "qa", "plain", 100), trial("1", "qa", "lookup", 200),
@@ -346,7 +363,8 @@ def test_bench_cli_small_real_run(tmp_path):
     assert set(rows[("overall", "lookup")]) == {"group", "method", "tokens_per_s", "speedup", "mean_accepted",
                                                 "acceptance_rate", "lossless_mismatches", "n_prompts",
                                                 "median_speedup", "speedup_low", "speedup_high", "within_noise",
-                                                "turn", "forced_drafted", "forced_accepted", "over_jump"}
+                                                "turn", "forced_drafted", "forced_accepted", "over_jump",
+                                                "repeat_speedups"}
     assert rows[("overall", "lookup")]["over_jump"] is None  # no grammar: no jump row
     recs = {(r["prompt_id"], r["method"]): r for r in report["records"]}
     pids = {pid for pid, _ in recs}

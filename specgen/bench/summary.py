@@ -41,6 +41,9 @@ class SummaryRow:
     # tokens_per_s over jump-forward's (the `jump` method) over the same prompts: what drafting adds
     # to the grammar's forced tokens. None where jump did not run (unconstrained benches).
     over_jump: float | None = None
+    # With several repeats per prompt: the speedup over each repeat's prompts, repeat 0 first (a
+    # repeat's spread shows the machine's drift; the interval above is over prompts). None: one repeat.
+    repeat_speedups: tuple[float, ...] | None = None
 
 
 def _mean(xs: Iterable[float]) -> float:
@@ -92,8 +95,23 @@ def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunSta
             round(total.mean_accepted, 3), round(total.acceptance_rate, 4),
             mismatches, len({k[0] for k in runs}), *spread, turn=turn, forced_drafted=total.forced_drafted,
             forced_accepted=total.forced_accepted,
-            over_jump=None if jump_tps is None else round(tps / jump_tps, 3) if jump_tps else 0.0))
+            over_jump=None if jump_tps is None else round(tps / jump_tps, 3) if jump_tps else 0.0,
+            repeat_speedups=_by_repeat(runs, timed, method)))
     return rows
+
+
+def _by_repeat(runs: dict[tuple, dict[str, tuple[RunStats, str]]], timed: Sequence[tuple],
+               method: str) -> tuple[float, ...] | None:
+    """`method`'s speedup over plain within each repeat (keys are (prompt, repeat)); None for one."""
+    repeats = sorted({k[1] for k in timed})
+    if len(repeats) < 2:
+        return None
+    out = []
+    for rep in repeats:
+        keys = [k for k in timed if k[1] == rep]
+        plain = sum(runs[k]["plain"][0].tokens_per_s for k in keys)
+        out.append(round(sum(runs[k][method][0].tokens_per_s for k in keys) / plain, 3) if plain else 0.0)
+    return tuple(out)
 
 
 BOOTSTRAP_SAMPLES, BOOTSTRAP_LEVEL = 2000, 0.90

@@ -25,6 +25,8 @@ def _cell(row: SummaryRow, n_trials: int) -> str:
     lines = [f"[bold]{row.speedup:.2f}x[/bold]{noise}"]
     if row.speedup_low < row.speedup_high:  # one prompt has no spread to show
         lines.append(f"{row.speedup_low:.2f}-{row.speedup_high:.2f} med {row.median_speedup:.2f}")
+    if row.repeat_speedups:  # several repeats: each one's speedup, beside the interval over prompts
+        lines.append("each run " + " ".join(f"{x:.2f}" for x in row.repeat_speedups))
     lines.append(f"{row.tokens_per_s:.1f} tok/s")
     if row.method != JUMP:  # jump drafts nothing of its own: τ 1.00, no acceptance
         lines.append(f"τ{row.mean_accepted:.2f} {row.acceptance_rate:.0%}")
@@ -44,7 +46,7 @@ def summary_table(rows: Sequence[SummaryRow], methods: Sequence[str], header: st
     median per-prompt speedup), tok/s, τ · acceptance, mismatches."""
     table = Table(title=header, title_justify="left", show_lines=True,
                   caption="speedup vs plain (~noise: its 90% bootstrap interval holds 1.0) · interval, "
-                          "median per-prompt speedup · tok/s · τ (tokens per target call) and acceptance, the "
+                          "median per-prompt speedup · each run: the speedup in each repeat · tok/s · τ (tokens per target call) and acceptance, the "
                           "drafters' · forced A/D: tokens a grammar forced, accepted/drafted · Nx jump: speed "
                           "over jump-forward (what drafting adds) · =k/n: texts identical to plain (sampled: same seed)",
                   caption_justify="left")
