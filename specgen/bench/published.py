@@ -7,6 +7,10 @@ the page:
     ...what render_files() writes...
     <!-- bench-table:end -->
 
+A marker whose first word is `--runs` names several runs of one setting, shown together as each
+figure's median over the runs and their range (runs_view.py). Spreads are computed from the records
+(spreads.py): with several repeats per prompt, prompts are resampled whole with their repeats.
+
 `specgen bench-report --update PAGE` rewrites every such block from its files, `--check PAGE` fails
 where a block and its files disagree (tests/test_bench_report.py checks every page in docs/ and
 README.md so; markers shown as examples in fenced code are not read), and `--publish OUT` writes
