@@ -229,6 +229,7 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
     for (int64_t g = 0; g < rows / ROWS; g++) {
         for (int64_t l = 0; l < nb; l++) {
             block_q5_0x16 & out = dst[g * nb + l];
+            memset(out.qh, 0, sizeof(out.qh));
             for (int64_t r = 0; r < ROWS; r++) {
                 const row_q5_0 & in = src[(g * ROWS + r) * nb + l];
                 out.d[r] = in.d;
@@ -243,7 +244,7 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
 #else
                         const int at = 4 * (int) r + b, shift = k;  // transposed
 #endif
-                        out.qh[at] = (uint8_t) ((out.qh[at] & ~(1u << shift)) | ((unsigned) bit << shift));
+                        out.qh[at] = (uint8_t) (out.qh[at] | (unsigned) bit << shift);
                     }
                 }
             }
