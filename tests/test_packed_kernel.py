@@ -1,12 +1,18 @@
-"""specgen's Q4_1 arithmetic (specgen/llama/native/packed_q4_1.h), compiled alone and checked bit for bit.
+"""specgen's own arithmetic for packed weights (specgen/llama/native/packed_*.h), compiled alone and
+checked bit for bit.
 
-The header's kernel part is plain C++ over <immintrin.h>. A small program packs random Q4_1 weights,
-multiplies them by random Q8_1 columns in batches of 1 to 130 columns, split over "threads" by groups
-of rows, and compares every result with a scalar statement of the arithmetic the header documents
-(per block: the exact integer sum, then fma(isum, d * dy, acc), then fma(m, s, acc)). Compiled for
-AVX2 and, where this CPU has it, for AVX-512 VNNI: both must equal the scalar statement, so they
-equal each other, which is what lets a prompt cache or a draft tree computed on one machine mean
-the same on another."""
+Each header's kernel part is plain C++ over <immintrin.h>. A small program per weight type packs random
+weights, multiplies them by random quantized columns in batches of 1 to 130 columns, split over
+"threads" by groups of rows, and compares every result with a scalar statement of the arithmetic the
+header documents:
+  Q4_1 x Q8_1  per block the exact integer sum of code * y, then fma(isum, d * dy, acc), fma(m, s, acc)
+  Q5_0 x Q8_0  per block the exact integer sum of (code - 16) * y, then fma(isum, d * dy, acc); some
+               blocks hold the extreme codes (all 31, all 0) and some columns the extreme bytes (all
+               +127, all -127, -128), so that a 16-bit partial sum that could overflow would show; the
+               program includes packed_q4_1.h first, as repack.cpp does, so the headers coexist.
+Compiled for AVX2 and, where this CPU has it, for AVX-512 VNNI: both must equal the scalar statement,
+so they equal each other, which is what lets a prompt cache or a draft tree computed on one machine
+mean the same on another."""
 
 import platform
 import shutil
@@ -21,7 +27,7 @@ pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "am
                                 or not {"avx2", "fma", "f16c"} <= cpu_flags(),
                                 reason="the kernel is x86-64 code for CPUs with AVX2, F16C and FMA")
 
-PROGRAM = r"""
+PROGRAMS = {"q4_1": r"""
 #include "packed_q4_1.h"
 #include <cmath>
 #include <cstdio>
@@ -69,7 +75,7 @@ int main() {
     pack(w.data(), rows, nb, packed.data());
     long mismatches = 0, checked = 0;
     uint64_t hash = 1469598103934665603ull;
-    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 130}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130}) {
         std::vector<float> out(n * rows, NAN);
         const int64_t groups = rows / ROWS;
         for (int th = 0; th < 3; th++) {  // three threads' shares of the groups, as ggml splits them
@@ -90,18 +96,97 @@ int main() {
     printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
     return mismatches != 0;
 }
-"""
+""",
+            "q5_0": r"""
+#include "packed_q4_1.h"
+#include "packed_q5_0.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+using namespace specgen_packed_q5_0;
+
+#ifndef SPECGEN_PACKED_Q5_0
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q5_0 * w, const column_q8_0 * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        uint32_t qh;
+        memcpy(&qh, w[l].qh, sizeof(qh));
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            const int lo = (w[l].qs[i] & 15) | (int) ((qh >> i) & 1) << 4;
+            const int hi = (w[l].qs[i] >> 4) | (int) ((qh >> (i + 16)) & 1) << 4;
+            isum += (lo - 16) * y[l].qs[i] + (hi - 16) * y[l].qs[i + 16];
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * fp16(y[l].d), acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 48, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), q8(-127, 127), mode(0, 7);
+    std::vector<row_q5_0> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random codes; some blocks all 31, some all 0
+        for (auto & q : b.qs) q = m == 0 ? 0xFF : m == 1 ? 0x00 : (uint8_t) byte(rng);
+        for (auto & q : b.qh) q = m == 0 ? 0xFF : m == 1 ? 0x00 : (uint8_t) byte(rng);
+    }
+    std::vector<column_q8_0> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all +127, all -127 or all -128
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? 127 : m == 1 ? -127 : m == 2 ? -128 : q8(rng));
+        c.d = _cvtss_sh(scale(rng), 0);
+    }
+    std::vector<int32_t> offs(n_max * nb);
+    for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
+    std::vector<block_q5_0x16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    long mismatches = 0, checked = 0;
+    uint64_t hash = 1469598103934665603ull;
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130}) {
+        std::vector<float> out(n * rows, NAN);
+        const int64_t groups = rows / ROWS;
+        for (int th = 0; th < 3; th++) {  // three threads' shares of the groups, as ggml splits them
+            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+                   nb * sizeof(column_q8_0), offs.data(), n, out.data(), rows);
+        }
+        for (int64_t c = 0; c < n; c++) {
+            for (int64_t r = 0; r < rows; r++) {
+                const float want = ref(&w[r * nb], &y[c * nb], nb), got = out[c * rows + r];
+                checked++;
+                if (memcmp(&want, &got, sizeof(float)) != 0) mismatches++;
+                uint32_t bits;
+                memcpy(&bits, &got, sizeof(bits));
+                hash = (hash ^ bits) * 1099511628211ull;
+            }
+        }
+    }
+    printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
+    return mismatches != 0;
+}
+"""}
 
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 
 
-def run(tmp_path, flags, name):
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130)  # the programs' batch sizes
+VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+
+
+def run(tmp_path, kind, flags, name):
     compiler = shutil.which("g++") or shutil.which("c++")
     assert compiler, "a C++ compiler is needed to build llama-cpp-python, and to check its kernels"
-    source = tmp_path / "packed.cpp"
-    source.write_text(PROGRAM)
-    binary = tmp_path / name
+    source = tmp_path / f"packed_{kind}.cpp"
+    source.write_text(PROGRAMS[kind])
+    binary = tmp_path / f"{kind}-{name}"
     subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", *flags, f"-I{NATIVE}", str(source), "-o",
                     str(binary)], check=True, capture_output=True, text=True)
     done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
@@ -109,14 +194,16 @@ def run(tmp_path, flags, name):
     return dict(zip(words[::2], words[1::2]))
 
 
-def test_avx2_code_is_the_documented_arithmetic_at_every_batch_size(tmp_path):
-    result = run(tmp_path, AVX2, "avx2")
-    assert result["checked"] == str(64 * (1 + 2 + 3 + 4 + 5 + 7 + 8 + 9 + 16 + 17 + 33 + 130))
+@pytest.mark.parametrize("kind", sorted(PROGRAMS))
+def test_avx2_code_is_the_documented_arithmetic_at_every_batch_size(tmp_path, kind):
+    result = run(tmp_path, kind, AVX2, "avx2")
+    assert result["checked"] == str(64 * sum(BATCHES))
     assert result["mismatches"] == "0"
 
 
-@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags(),
-                    reason="this CPU cannot run AVX-512 VNNI code")
-def test_avx512_code_gives_the_avx2_codes_bits(tmp_path):
-    wide, narrow = run(tmp_path, AVX512, "avx512"), run(tmp_path, AVX2, "avx2")
+@pytest.mark.skipif(not VNNI <= cpu_flags(), reason="this CPU cannot run AVX-512 VNNI code")
+@pytest.mark.parametrize("kind", sorted(PROGRAMS))
+def test_avx512_code_gives_the_avx2_codes_bits(tmp_path, kind):
+    wide, narrow = run(tmp_path, kind, AVX512, "avx512"), run(tmp_path, kind, AVX2, "avx2")
+    assert wide["checked"] == str(64 * sum(BATCHES))
     assert wide["mismatches"] == "0" and wide["hash"] == narrow["hash"]

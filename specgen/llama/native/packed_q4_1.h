@@ -196,61 +196,32 @@ static inline void pack(const row_q4_1 * src, int64_t rows, int64_t nb, block_q4
 
 #endif  // AVX2, F16C, FMA
 
-// In ggml (repack.cpp): the repack buffer's traits for these weights.
+// In ggml (repack.cpp): the repack buffer's traits for these weights (packed_traits.h).
 #if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED)
+#include "specgen_packed_traits.h"
 
 namespace specgen_packed {
 
 static_assert(sizeof(row_q4_1) == sizeof(block_q4_1) && sizeof(column_q8_1) == sizeof(block_q8_1), "ggml's blocks");
 
-// Whether a weight takes this layout: 2-D Q4_1 with whole groups of rows, the kernel on.
-static inline bool takes(const ggml_tensor * t) {
-    return t->type == GGML_TYPE_Q4_1 && ggml_n_dims(t) == 2 && t->ne[1] % ROWS == 0 && t->ne[0] % QK == 0 &&
-           specgen::current().invariant && specgen::kernel_on("q4_1x16");
-}
-
-// The repack buffer's traits for these weights: repack at load, products of every size.
-class q4_1_traits : public ggml::cpu::repack::tensor_traits_base {
-    bool work_size(int /* n_threads */, const struct ggml_tensor * op, size_t & size) override {
-        if (op->op != GGML_OP_MUL_MAT) return false;
-        size = ggml_row_size(GGML_TYPE_Q8_1, ggml_nelements(op->src[1]));
-        return true;
-    }
-
-    bool compute_forward(struct ggml_compute_params * params, struct ggml_tensor * op) override {
-        if (op->op != GGML_OP_MUL_MAT) return false;
-        const ggml_tensor * src0 = op->src[0];
-        const ggml_tensor * src1 = op->src[1];
-        GGML_ASSERT(src1->type == GGML_TYPE_F32 && src1->nb[0] == sizeof(float) && src1->ne[3] == 1);
-        GGML_ASSERT(op->nb[0] == sizeof(float) && op->nb[2] == op->nb[1] * op->ne[1] && op->ne[0] == src0->ne[1]);
-        const int64_t k = src1->ne[0], n1 = src1->ne[1], n = n1 * src1->ne[2];
-        const size_t row_bytes = ggml_row_size(GGML_TYPE_Q8_1, k);
-        char * cols = (char *) params->wdata;
-        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
-        for (int64_t c = params->ith; c < n; c += params->nth) {  // each column quantized as one row is
-            const char * x = (const char *) src1->data + (c % n1) * src1->nb[1] + (c / n1) * src1->nb[2];
-            quantize((const float *) x, cols + c * row_bytes, k);
-        }
-        ggml_barrier(params->threadpool);
-        const int64_t groups = src0->ne[1] / ROWS;
-        const int64_t g0 = groups * params->ith / params->nth, g1 = groups * (params->ith + 1) / params->nth;
-        matmul(k / QK, (const block_q4_1x16 *) src0->data, g0, g1, cols, row_bytes, n, (float *) op->data,
-               (int64_t) (op->nb[1] / sizeof(float)));
-        return true;
-    }
-
-    int repack(struct ggml_tensor * t, const void * data, size_t data_size) override {
-        const int64_t nb = t->ne[0] / QK, rows = t->ne[1];
-        if (data_size != (size_t) (rows * nb) * sizeof(block_q4_1)) return -1;
-        pack((const row_q4_1 *) data, rows, nb, (block_q4_1x16 *) t->data);
-        return 0;
+struct kernel {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q4_1, COLUMN = GGML_TYPE_Q8_1;
+    static constexpr const char * NAME = "q4_1x16";
+    static constexpr int64_t ROWS = specgen_packed::ROWS;
+    static constexpr int QK = specgen_packed::QK;
+    static constexpr int EXTRA = 0;  // Q8_1 carries its d * sum
+    using row = row_q4_1;
+    using packed = block_q4_1x16;
+    static void extras(const char *, int64_t, int32_t *) {}
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t *, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed::matmul(nb, w, g0, g1, cols, row_bytes, n, dst, ldc);
     }
 };
 
-// The traits for a weight that takes this layout, else nullptr.
 static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
-    static const q4_1_traits q4_1;
-    return takes(t) ? &q4_1 : nullptr;
+    return specgen_packed_traits::traits_for<kernel>(t);
 }
 
 }  // namespace specgen_packed

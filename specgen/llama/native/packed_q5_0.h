@@ -35,7 +35,7 @@
 //
 // This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in
 // repack.cpp, where ggml_repack_get_optimal_repack_type offers it for 2-D Q5_0 weights. The kernel
-// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_q5_0_kernel.py compiles it
+// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it
 // alone, for AVX2 and AVX-512, against a scalar statement of the arithmetic above); the part after it
 // needs repack.cpp's context.
 #pragma once
@@ -256,71 +256,32 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
 
 #endif  // AVX2, F16C, FMA
 
-// In ggml (repack.cpp): the repack buffer's traits for these weights.
+// In ggml (repack.cpp): the repack buffer's traits for these weights (packed_traits.h).
 #if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED_Q5_0)
+#include "specgen_packed_traits.h"
 
 namespace specgen_packed_q5_0 {
 
 static_assert(sizeof(row_q5_0) == sizeof(block_q5_0) && sizeof(column_q8_0) == sizeof(block_q8_0), "ggml's blocks");
 
-// Whether a weight takes this layout: 2-D Q5_0 with whole groups of rows, the kernel on.
-static inline bool takes(const ggml_tensor * t) {
-    return t->type == GGML_TYPE_Q5_0 && ggml_n_dims(t) == 2 && t->ne[1] % ROWS == 0 && t->ne[0] % QK == 0 &&
-           specgen::current().invariant && specgen::kernel_on("q5_0x16");
-}
-
-// The columns' scratch in wdata: the columns quantized to Q8_0 (as ggml quantizes one row), then, from
-// the next 64-byte boundary, each column block's offsets() as int32.
-static inline size_t columns_bytes(const ggml_tensor * src1) { return ggml_row_size(GGML_TYPE_Q8_0, ggml_nelements(src1)); }
-
-static inline int32_t * column_offsets(void * wdata, const ggml_tensor * src1) {
-    return (int32_t *) (((uintptr_t) wdata + columns_bytes(src1) + 63) & ~(uintptr_t) 63);
-}
-
-// The repack buffer's traits for these weights: repack at load, products of every size.
-class q5_0_traits : public ggml::cpu::repack::tensor_traits_base {
-    bool work_size(int /* n_threads */, const struct ggml_tensor * op, size_t & size) override {
-        if (op->op != GGML_OP_MUL_MAT) return false;
-        size = columns_bytes(op->src[1]) + 64 + (size_t) (ggml_nelements(op->src[1]) / QK) * sizeof(int32_t);
-        return true;
-    }
-
-    bool compute_forward(struct ggml_compute_params * params, struct ggml_tensor * op) override {
-        if (op->op != GGML_OP_MUL_MAT) return false;
-        const ggml_tensor * src0 = op->src[0];
-        const ggml_tensor * src1 = op->src[1];
-        GGML_ASSERT(src1->type == GGML_TYPE_F32 && src1->nb[0] == sizeof(float) && src1->ne[3] == 1);
-        GGML_ASSERT(op->nb[0] == sizeof(float) && op->nb[2] == op->nb[1] * op->ne[1] && op->ne[0] == src0->ne[1]);
-        const int64_t k = src1->ne[0], n1 = src1->ne[1], n = n1 * src1->ne[2], nb = k / QK;
-        const size_t row_bytes = ggml_row_size(GGML_TYPE_Q8_0, k);
-        char * cols = (char *) params->wdata;
-        int32_t * offs = column_offsets(params->wdata, src1);
-        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-        for (int64_t c = params->ith; c < n; c += params->nth) {  // each column quantized as one row is
-            const char * x = (const char *) src1->data + (c % n1) * src1->nb[1] + (c / n1) * src1->nb[2];
-            quantize((const float *) x, cols + c * row_bytes, k);
-            offsets((const column_q8_0 *) (cols + c * row_bytes), nb, offs + c * nb);
-        }
-        ggml_barrier(params->threadpool);
-        const int64_t groups = src0->ne[1] / ROWS;
-        const int64_t g0 = groups * params->ith / params->nth, g1 = groups * (params->ith + 1) / params->nth;
-        matmul(nb, (const block_q5_0x16 *) src0->data, g0, g1, cols, row_bytes, offs, n, (float *) op->data,
-               (int64_t) (op->nb[1] / sizeof(float)));
-        return true;
-    }
-
-    int repack(struct ggml_tensor * t, const void * data, size_t data_size) override {
-        const int64_t nb = t->ne[0] / QK, rows = t->ne[1];
-        if (data_size != (size_t) (rows * nb) * sizeof(block_q5_0)) return -1;
-        pack((const row_q5_0 *) data, rows, nb, (block_q5_0x16 *) t->data);
-        return 0;
+struct kernel {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_0, COLUMN = GGML_TYPE_Q8_0;
+    static constexpr const char * NAME = "q5_0x16";
+    static constexpr int64_t ROWS = specgen_packed_q5_0::ROWS;
+    static constexpr int QK = specgen_packed_q5_0::QK;
+    static constexpr int EXTRA = 1;  // each column block's offsets()
+    using row = row_q5_0;
+    using packed = block_q5_0x16;
+    static void extras(const char * column, int64_t nb, int32_t * out) { offsets((const column_q8_0 *) column, nb, out); }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q5_0::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q5_0::matmul(nb, w, g0, g1, cols, row_bytes, offs, n, dst, ldc);
     }
 };
 
-// The traits for a weight that takes this layout, else nullptr.
 static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
-    static const q5_0_traits q5_0;
-    return takes(t) ? &q5_0 : nullptr;
+    return specgen_packed_traits::traits_for<kernel>(t);
 }
 
 }  // namespace specgen_packed_q5_0
