@@ -27,12 +27,41 @@ pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "am
                                 or not {"avx2", "fma", "f16c"} <= cpu_flags(),
                                 reason="the kernel is x86-64 code for CPUs with AVX2, F16C and FMA")
 
+CHECK = r"""
+// Shared by the programs: multiply in batches of 1 to 130 columns (mul(n, out): every column of the
+// batch, the row groups split over three "threads" as ggml splits them) and compare each result
+// with the scalar statement ref(row, column), bit for bit; print counts and a hash of the bits.
+template <typename Mul, typename Ref>
+static int check(int64_t rows, Mul mul, Ref ref) {
+    long mismatches = 0, checked = 0;
+    uint64_t hash = 1469598103934665603ull;
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130}) {
+        std::vector<float> out(n * rows, NAN);
+        mul(n, out.data());
+        for (int64_t c = 0; c < n; c++) {
+            for (int64_t r = 0; r < rows; r++) {
+                const float want = ref(r, c), got = out[c * rows + r];
+                checked++;
+                if (memcmp(&want, &got, sizeof(float)) != 0) mismatches++;
+                uint32_t bits;
+                memcpy(&bits, &got, sizeof(bits));
+                hash = (hash ^ bits) * 1099511628211ull;
+            }
+        }
+    }
+    printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
+    return mismatches != 0;
+}
+"""
+
 PROGRAMS = {"q4_1": r"""
 #include "packed_q4_1.h"
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
+
+// CHECK: the shared harness (CHECK below)
 using namespace specgen_packed;
 
 #ifndef SPECGEN_PACKED
@@ -73,30 +102,14 @@ int main() {
     }
     std::vector<block_q4_1x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    long mismatches = 0, checked = 0;
-    uint64_t hash = 1469598103934665603ull;
-    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130}) {
-        std::vector<float> out(n * rows, NAN);
-        const int64_t groups = rows / ROWS;
-        for (int th = 0; th < 3; th++) {  // three threads' shares of the groups, as ggml splits them
+    const int64_t groups = rows / ROWS;
+    return check(rows, [&](int64_t n, float * out) {
+        for (int th = 0; th < 3; th++) {
             matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
-                   nb * sizeof(column_q8_1), n, out.data(), rows);
+                   nb * sizeof(column_q8_1), n, out, rows);
         }
-        for (int64_t c = 0; c < n; c++) {
-            for (int64_t r = 0; r < rows; r++) {
-                const float want = ref(&w[r * nb], &y[c * nb], nb), got = out[c * rows + r];
-                checked++;
-                if (memcmp(&want, &got, sizeof(float)) != 0) mismatches++;
-                uint32_t bits;
-                memcpy(&bits, &got, sizeof(bits));
-                hash = (hash ^ bits) * 1099511628211ull;
-            }
-        }
-    }
-    printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
-    return mismatches != 0;
-}
-""",
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}""",
             "q5_0": r"""
 #include "packed_q4_1.h"
 #include "packed_q5_0.h"
@@ -104,6 +117,8 @@ int main() {
 #include <cstdio>
 #include <random>
 #include <vector>
+
+// CHECK: the shared harness (CHECK below)
 using namespace specgen_packed_q5_0;
 
 #ifndef SPECGEN_PACKED_Q5_0
@@ -148,30 +163,15 @@ int main() {
     for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
     std::vector<block_q5_0x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    long mismatches = 0, checked = 0;
-    uint64_t hash = 1469598103934665603ull;
-    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 130}) {
-        std::vector<float> out(n * rows, NAN);
-        const int64_t groups = rows / ROWS;
-        for (int th = 0; th < 3; th++) {  // three threads' shares of the groups, as ggml splits them
+    const int64_t groups = rows / ROWS;
+    return check(rows, [&](int64_t n, float * out) {
+        for (int th = 0; th < 3; th++) {
             matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
-                   nb * sizeof(column_q8_0), offs.data(), n, out.data(), rows);
+                   nb * sizeof(column_q8_0), offs.data(), n, out, rows);
         }
-        for (int64_t c = 0; c < n; c++) {
-            for (int64_t r = 0; r < rows; r++) {
-                const float want = ref(&w[r * nb], &y[c * nb], nb), got = out[c * rows + r];
-                checked++;
-                if (memcmp(&want, &got, sizeof(float)) != 0) mismatches++;
-                uint32_t bits;
-                memcpy(&bits, &got, sizeof(bits));
-                hash = (hash ^ bits) * 1099511628211ull;
-            }
-        }
-    }
-    printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
-    return mismatches != 0;
-}
-"""}
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""}
+PROGRAMS = {kind: text.replace("// CHECK: the shared harness (CHECK below)\n", CHECK) for kind, text in PROGRAMS.items()}
 
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
