@@ -138,3 +138,15 @@ def test_a_range_with_its_unit_on_both_ends_is_a_figure_and_checked(tmp_path):
     assert prose.problems(page) == []
     page.write_text("<!-- figures: r.json\n2.06x-2.08x  lo | hi\n-->\nBetween 2.06x-2.08x.\n<!-- figures:end -->\n")
     assert "its files give 2.06x-2.09x" in prose.problems(page)[0]
+
+
+def test_round_takes_its_digits_and_a_misused_function_is_one_line_not_a_traceback():
+    import pytest
+
+    from specgen.bench import keys
+    from specgen.errors import ConfigError
+
+    data = {"": {"seconds": [0.0065432, 0.0161]}}
+    assert keys.evaluate("round(1000 * seconds[0], 1)", data) == 6.5  # the digits were read as 1.0: a TypeError
+    with pytest.raises(ConfigError, match="abs"):
+        keys.evaluate("abs(seconds[0], seconds[1])", data)

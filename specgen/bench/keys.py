@@ -258,7 +258,12 @@ def evaluate(expr: str, files: dict[str, object]) -> float:
                 items = [one(x, expr) if not isinstance(x, bool) else x for x in args[0]]
                 return _FUNCS[text](items)
             args = [one(a, expr) if isinstance(a, Many) else a for a in args]
-            return _FUNCS[text](args) if text in ("sum", "mean") else _FUNCS[text](*args)  # of several values
+            if text == "round" and len(args) == 2 and float(args[1]).is_integer():
+                args[1] = int(args[1])  # round(x, 1): the digits are read as a number like any other
+            try:
+                return _FUNCS[text](args) if text in ("sum", "mean") else _FUNCS[text](*args)  # of several values
+            except TypeError as e:
+                raise ConfigError(f"{expr}: {text}() cannot take {len(args)} value(s) here: {e}") from None
         if kind in ("num", "path"):
             return value(kind, text)
         raise ConfigError(f"{expr}: expected a number, a path or a bracket, found {text!r}")
