@@ -229,3 +229,12 @@ def test_the_patches_touch_no_cuda_source_and_apply_the_same_to_a_cuda_build(tmp
     build.patch_llama_cpp(fake_sdist(tmp_path))
     assert cuda_file.read_text() == "// untouched\n"
     assert (tmp_path / build.KV_CACHE).read_text().count("!specgen::invariant(1)") == 4
+
+
+def test_a_plan_keeps_the_key_of_the_headers_it_was_made_from(monkeypatch):
+    # The marker of the installed build is written when the build ends; a header edited meanwhile
+    # once made it name headers that were never built, and the next `make` skipped a needed build.
+    plan = plan_for(monkeypatch, {"avx2"})
+    key = plan.key
+    monkeypatch.setattr(build, "kernel_digest", lambda: "edited while building")
+    assert plan.key == key and plan_for(monkeypatch, {"avx2"}).key != key

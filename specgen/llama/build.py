@@ -19,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgen.host import cpu_flags, has_nvidia_gpu, specgen_home
@@ -197,11 +197,14 @@ class BuildPlan:
     # A CUDA build for named architectures (build_cuda.py): where this host keeps its toolkit is
     # found when building (build_cuda.local_args), passed to CMake and not in the key.
     cuda_toolkit: bool = False
+    # The kernels' digest when the plan was made: a header edited while a build runs must not give
+    # the installed-build marker, written at the end, the key of headers that were not built.
+    digest: str = field(default_factory=lambda: kernel_digest())
 
     @property
     def key(self) -> str:
         blob = "\n".join([LLAMA_CPP_PYTHON_VERSION, sys.implementation.cache_tag, platform.machine(),
-                          *self.cmake_args, kernel_digest()])
+                          *self.cmake_args, self.digest])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
