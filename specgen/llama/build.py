@@ -80,6 +80,7 @@ HEADERS = [
     (NATIVE / "attention.h", f"{CPU_DIR}/specgen_attention.h"),
     (NATIVE / "packed_q4_1.h", f"{CPU_DIR}/specgen_packed_q4_1.h"),
     (NATIVE / "packed_q5_0.h", f"{CPU_DIR}/specgen_packed_q5_0.h"),
+    (NATIVE / "packed_common.h", f"{CPU_DIR}/specgen_packed_common.h"),
     (NATIVE / "packed_traits.h", f"{CPU_DIR}/specgen_packed_traits.h"),
 ]
 SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"

@@ -29,17 +29,26 @@
 // repack.cpp's context.
 #pragma once
 
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+// packed_common.h: copied into ggml-cpu as specgen_packed_common.h; alone (tests), as itself.
+#if __has_include("specgen_packed_common.h")
+#include "specgen_packed_common.h"
+#else
+#include "packed_common.h"
+#endif
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define SPECGEN_PACKED 1
 
 namespace specgen_packed {
 
-constexpr int64_t ROWS = 16;  // rows per group
-constexpr int QK = 32;        // codes per block
+using specgen_packed_common::ROWS;
+using specgen_packed_common::QK;
+using specgen_packed_common::fp16;
+using specgen_packed_common::fetch_ahead;
+using specgen_packed_common::four256;
+#if defined(__AVX512F__)
+using specgen_packed_common::four512;
+#endif
 
 // ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
 struct row_q4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
@@ -53,26 +62,8 @@ struct block_q4_1x16 {
 };
 static_assert(sizeof(block_q4_1x16) == ROWS * sizeof(row_q4_1), "the packed group fills the rows' bytes");
 
-static inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
-
-
-// Blocks to prefetch ahead (the next group's follow this one's): at a few columns the weights' stream
-// and the products did not overlap without it (packed_q5_0.h measured the same).
-constexpr int64_t PREFETCH = 16;
-
-// A column block's bytes 4 t .. 4 t + 3 in every 32-bit lane (one broadcast load).
-static inline __m256i four256(const column_q8_1 & c, int t) {
-    return _mm256_castps_si256(_mm256_broadcast_ss((const float *) (c.qs + 4 * t)));
-}
-#if defined(__AVX512F__)
-static inline __m512i four512(const column_q8_1 & c, int t) {
-    return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
-}
-#endif
-
 // One group of 16 rows times NC columns: out[j][r] for r in 0..15.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#define COLUMNS_MAX 8
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 unpacked code registers
 
 template <int NC>
@@ -82,7 +73,7 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t l = 0; l < nb; l++) {
         const block_q4_1x16 & b = w[l];
-        for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) &w[l + PREFETCH] + i, _MM_HINT_T0);
+        fetch_ahead(&w[l]);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.m));
         __m512i v[8];
@@ -110,7 +101,6 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
     for (int j = 0; j < NC; j++) _mm512_storeu_ps(out[j], acc[j]);
 }
 #else
-#define COLUMNS_MAX 4
 constexpr int COLUMNS = 4;  // 16 registers: 4 accumulators per half, the half's codes, scales
 
 template <int NC>
@@ -122,7 +112,7 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
         for (int64_t l = 0; l < nb; l++) {
             const block_q4_1x16 & b = w[l];
             if (h == 0) {
-                for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) &w[l + PREFETCH] + i, _MM_HINT_T0);
+                fetch_ahead(&w[l]);
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.m + 8 * h)));
@@ -151,30 +141,10 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
 // out[c][row] for the groups g0..g1 of the weights and every column c (Q8_1 rows, `row_bytes` apart).
 static inline void matmul(int64_t nb, const block_q4_1x16 * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, int64_t n, float * dst, int64_t ldc) {
-    for (int64_t g = g0; g < g1; g++) {
-        for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) {
-            const int nc = (int) (n - c0 < COLUMNS ? n - c0 : COLUMNS);
-            const column_q8_1 * y[COLUMNS];
-            float * out[COLUMNS];
-            for (int j = 0; j < nc; j++) {
-                y[j] = (const column_q8_1 *) (cols + (c0 + j) * row_bytes);
-                out[j] = dst + (c0 + j) * ldc + g * ROWS;
-            }
-            static_assert(COLUMNS == COLUMNS_MAX, "a case below for every count of columns");
-            switch (nc) {  // the accumulators' count a template parameter, so that they stay in registers
-                case 1: group<1>(nb, w + g * nb, y, out); break;
-                case 2: group<2>(nb, w + g * nb, y, out); break;
-                case 3: group<3>(nb, w + g * nb, y, out); break;
-                case 4: group<4>(nb, w + g * nb, y, out); break;
-#if COLUMNS_MAX > 4
-                case 5: group<5>(nb, w + g * nb, y, out); break;
-                case 6: group<6>(nb, w + g * nb, y, out); break;
-                case 7: group<7>(nb, w + g * nb, y, out); break;
-                case 8: group<8>(nb, w + g * nb, y, out); break;
-#endif
-            }
-        }
-    }
+    specgen_packed_common::over_groups<COLUMNS, column_q8_1>(g0, g1, cols, row_bytes, n, dst, ldc,
+        [&](int64_t g, int64_t, int nc, const column_q8_1 * const * y, float * const * out) {
+            specgen_packed_common::with_columns<COLUMNS>(nc, [&](auto N) { group<decltype(N)::value>(nb, w + g * nb, y, out); });
+        });
 }
 
 // Weights rows x (nb blocks) of Q4_1, row after row, into rows / 16 groups of packed blocks.

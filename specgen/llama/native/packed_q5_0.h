@@ -40,17 +40,26 @@
 // needs repack.cpp's context.
 #pragma once
 
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+// packed_common.h: copied into ggml-cpu as specgen_packed_common.h; alone (tests), as itself.
+#if __has_include("specgen_packed_common.h")
+#include "specgen_packed_common.h"
+#else
+#include "packed_common.h"
+#endif
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define SPECGEN_PACKED_Q5_0 1
 
 namespace specgen_packed_q5_0 {
 
-constexpr int64_t ROWS = 16;  // rows per group
-constexpr int QK = 32;        // codes per block
+using specgen_packed_common::ROWS;
+using specgen_packed_common::QK;
+using specgen_packed_common::fp16;
+using specgen_packed_common::fetch_ahead;
+using specgen_packed_common::four256;
+#if defined(__AVX512F__)
+using specgen_packed_common::four512;
+#endif
 
 // ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
 struct row_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
@@ -64,13 +73,6 @@ struct block_q5_0x16 {
 };
 static_assert(sizeof(block_q5_0x16) == ROWS * sizeof(row_q5_0), "the packed group fills the rows' bytes");
 
-static inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
-
-// Blocks to prefetch ahead (the next group's follow this one's): at a few columns the weights' stream
-// from memory, not the arithmetic, sets the pace (gemma-3-270m's Q5_0 products at 8 columns, AVX-512,
-// 1 thread: 3.5 ms without, 2.0-2.3 with 8 or 16 blocks ahead, 2.6 with 4).
-constexpr int64_t PREFETCH = 16;
-
 // Per column block: -16 times the sum of its 32 bytes, the second term of isum (|.| <= 16 * 32 * 127).
 static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
     for (int64_t l = 0; l < nb; l++) {
@@ -78,11 +80,6 @@ static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
         for (int i = 0; i < QK; i++) s += col[l].qs[i];
         off[l] = -16 * s;
     }
-}
-
-// A column block's bytes 4 t .. 4 t + 3 in every 32-bit lane (one broadcast load).
-static inline __m256i four256(const column_q8_0 & c, int t) {
-    return _mm256_castps_si256(_mm256_broadcast_ss((const float *) (c.qs + 4 * t)));
 }
 
 // Code vector K's fifth bits, as 0x10 or 0 per byte, from the transposed bits h (bit K of each byte).
@@ -95,10 +92,6 @@ static inline __m256i fifth256(__m256i h) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-static inline __m512i four512(const column_q8_0 & c, int t) {
-    return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
-}
-
 // Code vector k from its four bits per byte (nibbles, already masked) and its 64-bit mask of fifth bits.
 static inline __m512i codes512(__m512i nibbles, const uint8_t * qh, int k) {
     uint64_t mask;
@@ -117,7 +110,7 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t l = 0; l < nb; l++) {
         const block_q5_0x16 & b = w[l];
-        for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) &w[l + PREFETCH] + i, _MM_HINT_T0);
+        fetch_ahead(&w[l]);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
         __m512i v[8];
         for (int t = 0; t < 4; t++) {
@@ -158,7 +151,7 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
         for (int64_t l = 0; l < nb; l++) {
             const block_q5_0x16 & b = w[l];
             if (h == 0) {  // the second half reads the group again from the cache
-                for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) &w[l + PREFETCH] + i, _MM_HINT_T0);
+                fetch_ahead(&w[l]);
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
             const __m256i hb = _mm256_loadu_si256((const __m256i *) (b.qh + 32 * h));
@@ -197,31 +190,12 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
 // column c's offsets() at offs + c * nb).
 static inline void matmul(int64_t nb, const block_q5_0x16 * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
-    for (int64_t g = g0; g < g1; g++) {
-        for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) {
-            const int nc = (int) (n - c0 < COLUMNS ? n - c0 : COLUMNS);
-            const column_q8_0 * y[COLUMNS];
+    specgen_packed_common::over_groups<COLUMNS, column_q8_0>(g0, g1, cols, row_bytes, n, dst, ldc,
+        [&](int64_t g, int64_t c0, int nc, const column_q8_0 * const * y, float * const * out) {
             const int32_t * off[COLUMNS];
-            float * out[COLUMNS];
-            for (int j = 0; j < nc; j++) {
-                y[j] = (const column_q8_0 *) (cols + (c0 + j) * row_bytes);
-                off[j] = offs + (c0 + j) * nb;
-                out[j] = dst + (c0 + j) * ldc + g * ROWS;
-            }
-            const block_q5_0x16 * wg = w + g * nb;
-            static_assert(COLUMNS <= 8, "a case below for every count of columns");
-            switch (nc) {  // the accumulators' count a template parameter, so that they stay in registers
-                case 1: group<1>(nb, wg, y, off, out); break;
-                case 2: group<2>(nb, wg, y, off, out); break;
-                case 3: group<3>(nb, wg, y, off, out); break;
-                case 4: group<4>(nb, wg, y, off, out); break;
-                case 5: group<5>(nb, wg, y, off, out); break;  // 5..8: AVX-512 only (nc <= COLUMNS)
-                case 6: group<6>(nb, wg, y, off, out); break;
-                case 7: group<7>(nb, wg, y, off, out); break;
-                case 8: group<8>(nb, wg, y, off, out); break;
-            }
-        }
-    }
+            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb;
+            specgen_packed_common::with_columns<COLUMNS>(nc, [&](auto N) { group<decltype(N)::value>(nb, w + g * nb, y, off, out); });
+        });
 }
 
 // Weights rows x (nb blocks) of Q5_0, row after row, into rows / 16 groups of packed blocks.
