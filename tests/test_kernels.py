@@ -171,10 +171,26 @@ np.save(sys.argv[2], np.stack(rows))
 """
 
 
+@functools.lru_cache(maxsize=None)  # the tests below compare the same model's rows under several settings
+def logits_by(name: str, kernels: str):
+    """LOGITS's 16 rows of model `name` decoded with SPECGEN_KERNELS=kernels, in a child process."""
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="specgen-logits-") as tmp:
+        out = f"{tmp}/rows.npy"
+        done = subprocess.run([sys.executable, "-c", LOGITS, str(models.resolve(name)), out],
+                              env=dict(os.environ, SPECGEN_KERNELS=kernels), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return np.load(out)
+
+
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
 @pytest.mark.parametrize("name", MODELS[:2])
-def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels_do(name, tmp_path):
+def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels_do(name):
     # specgen's attention (native/attention.h) keeps the query and the weighted sum of V in F32 where
     # ggml's per-row loop rounds both to F16: its bits differ from that loop's (so the kernel is really
     # in use), by rounding only, which 30 layers of a 4-bit model amplify. The yardstick is llama.cpp as
@@ -184,16 +200,9 @@ def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels
     # spread over 30-50; the argmax stayed on 16/16 and 16/16 rows, llama.cpp's on 15/16 and 14/16.
     import numpy as np
 
-    def logits(kernels):
-        out = tmp_path / f"{kernels.replace(',', '-')}.npy"
-        done = subprocess.run([sys.executable, "-c", LOGITS, str(models.resolve(name)), str(out)],
-                              env=dict(os.environ, SPECGEN_KERNELS=kernels), capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return np.load(out)
-
-    loop = logits(PRODUCTS)
-    ours, theirs = np.abs(logits(PRODUCTS + ",attention") - loop).max(axis=1), np.abs(logits("0") - loop).max(axis=1)
+    loop = logits_by(name, PRODUCTS)
+    ours = np.abs(logits_by(name, PRODUCTS + ",attention") - loop).max(axis=1)
+    theirs = np.abs(logits_by(name, "0") - loop).max(axis=1)
     assert len(ours) == 16 and (ours > 0).all(), "specgen's attention gave ggml's bits: is it built in and on?"
     assert np.median(ours) <= 1.5 * np.median(theirs), (ours, theirs)
     assert (ours < 0.1 * (loop.max(axis=1) - loop.min(axis=1))).all(), ours
@@ -201,7 +210,7 @@ def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels
 
 @needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
-def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_kernels_do(tmp_path):
+def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_kernels_do():
     # Q4_1 weights repacked into specgen's layout (native/packed_q4_1.h: one integer sum per block,
     # the scales applied once) round apart from ggml's eight-lane vec_dot by summation order only. Its
     # bits must differ from vec_dot's (so it is built in and on), by less than llama.cpp's own kernels
@@ -210,16 +219,9 @@ def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_k
     # logits spread over ~34; the argmax stayed on 16/16 rows, llama.cpp's on 15/16.
     import numpy as np
 
-    def logits(kernels):
-        out = tmp_path / f"{kernels.replace(',', '-')}.npy"
-        done = subprocess.run([sys.executable, "-c", LOGITS, str(models.resolve("smollm2-135m-instruct-q4_1")),
-                               str(out)], env=dict(os.environ, SPECGEN_KERNELS=kernels), capture_output=True,
-                              text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return np.load(out)
-
-    vec_dot = logits(PRODUCTS)
-    packed, stock = logits(PRODUCTS + ",q4_1x16"), logits("0")
+    name = "smollm2-135m-instruct-q4_1"
+    vec_dot = logits_by(name, PRODUCTS)
+    packed, stock = logits_by(name, PRODUCTS + ",q4_1x16"), logits_by(name, "0")
     ours, theirs = np.abs(packed - vec_dot).max(axis=1), np.abs(stock - vec_dot).max(axis=1)
     assert len(ours) == 16 and (ours > 0).all(), "specgen's Q4_1 arithmetic gave vec_dot's bits: is it built in and on?"
     assert np.median(ours) <= np.median(theirs), (ours, theirs)
