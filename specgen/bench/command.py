@@ -70,10 +70,10 @@ def check(ask: BenchAsk) -> None:
 
 
 def run(ask: BenchAsk, progress: Progress) -> BenchRun:
-    """Load the models once, run every trial interleaved, summarise (KeyboardInterrupt: what finished)."""
+    """Load the models once, run every trial interleaved, summarise (KeyboardInterrupt: what finished).
+    The caller has run check(ask) first, before anything it writes."""
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
-    check(ask)
     values = ask.values
     cfg = run_config(values)
     split = values.get("split") or "all"
