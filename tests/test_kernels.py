@@ -153,15 +153,10 @@ def test_the_q2_k_q5_k_and_f16_kernels_equal_ggmls_one_row_code_bit_for_bit(rety
     products_equal_ggmls(retyped)
 
 
-# SCRIPT's 16 tokens decoded one at a time (2 threads), their logits saved to argv[2] (.npy).
-LOGITS = SCRIPT.split("out = {}")[0] + r"""
+# SCRIPT's prompt prefilled as SCRIPT does, then its 16 tokens decoded one at a time (2 threads), their
+# logits saved to argv[2] (.npy).
+LOGITS = SCRIPT.split("def decode(")[0] + r"""
 import numpy as np
-ctx = model.new_context(1024, n_seq_max=1, n_threads=2, n_outputs=16)
-for c0 in range(0, P, 256):
-    b = Batch()
-    for i in range(c0, min(c0 + 256, P)):
-        b.add(prompt[i], i, (0,), i == P - 1)
-    ctx.decode(b)
 rows = []
 for i, t in enumerate(toks):
     b = Batch()
