@@ -150,3 +150,35 @@ def test_round_takes_its_digits_and_a_misused_function_is_one_line_not_a_traceba
     assert keys.evaluate("round(1000 * seconds[0], 1)", data) == 6.5  # the digits were read as 1.0: a TypeError
     with pytest.raises(ConfigError, match="abs"):
         keys.evaluate("abs(seconds[0], seconds[1])", data)
+
+
+def test_an_op_profiles_computed_rows_are_the_cells_its_script_renders():
+    """keys' `computed.profile` of an op-profile file gives each cell of the table scripts/op_profile.py
+    renders from it (median over rounds, net of the per-node overhead), unrounded: a row per model,
+    setting and category, and the plain decode as "decode, no callback"."""
+    import importlib.util
+    import re
+
+    from specgen.bench import keys
+
+    spec = importlib.util.spec_from_file_location("op_profile", ROOT / "scripts" / "op_profile.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for path in sorted((ROOT / "docs" / "results" / "profile").glob("*.json")):
+        data = keys.read(path)
+        sizes = [str(b) for b in data["settings"]["sizes"]]
+        rows = {(r["model"], r["setting"], r["op"]): r["ms"] for r in data["computed"]["profile"]}
+        head, cells = None, 0
+        for line in script.table(path).splitlines():
+            if line.startswith("**") and line.endswith("**") and not line.startswith("**decode"):
+                head = line.strip("*")
+            elif line.startswith("| ") and not line.startswith("| ms per decode"):
+                op, *values = [c.strip().strip("*") for c in line.strip("|").split("|")]
+                model, setting = next((m, s) for m, s, _ in rows if f"{m}, {s}" == head)
+                got = rows[(model, setting, op)]
+                assert [f"{got[b]:.2f}" for b in sizes] == values[:len(sizes)], (path.name, head, op)
+                cells += len(sizes)
+        assert cells > 100, path.name
+    data = {"": keys.read(ROOT / "docs" / "results" / "profile" / "2026-11-27-op-profile-codes-1thread.json")}
+    path = 'computed.profile[model=gemma-3-270m-q4_k_m,setting="specgen, ggml\'s attention",op=attention].ms.8'
+    assert re.fullmatch(r"8\.62", f"{keys.evaluate(path, data):.2f}")

@@ -14,7 +14,9 @@ never a guess. A binding may combine paths: + - * / and parentheses, numbers, an
 mean, len (of a selection), abs, round. With several files, each path starts with its file's
 name from the marker: `a:summary[...]`. A JSON-lines file (a suite) reads as {"records": its
 lines}. An agent bench file also has `computed.records`, per request
-what no field stores (see _computed): `sum(computed.records[row=plain,first=false].new)`. An XML file (a junit report) reads as its elements (see
+what no field stores (see _computed): `sum(computed.records[row=plain,first=false].new)`; an op
+profile (scripts/op_profile.py) `computed.profile`, its table's cells (see _profile):
+`computed.profile[model=M,setting=specgen,op="decode, no callback"].ms.8`. An XML file (a junit report) reads as its elements (see
 _xml): `testsuite[0].testcase[name="t"].properties.B2.max_rel_err`. Any other file that is not
 JSON reads as {"lines": its lines, each split at white space, "names": its named numbers}:
 `log:lines[3][2]` is the third word of the fourth line; `k:names.FEW_COLUMNS` a source file's
@@ -73,6 +75,34 @@ _NAMED = re.compile(r"^[ \t]*(?:(?:static[ \t]+)?(?:constexpr|const)[ \t]+[\w:]+
                     r"[ \t]*(?:#.*)?$|#define[ \t]+(?P<d>[A-Z][A-Z0-9_]*)[ \t]+(?P<dv>-?\d+(?:\.\d+)?)[ \t]*$)", re.M)
 
 
+def _profile(data):
+    """An op-profile file (scripts/op_profile.py) gains `computed.profile`: one row per model, setting
+    and category of its rendered table, {model, setting, op, ms: {B: ms}}, each ms the median over
+    rounds net of the per-node overhead (specgen.llama.profile.net), and op "decode, no callback" the
+    plain decode's median: the table's cells unrounded, e.g.
+    `computed.profile[model=gemma-3-270m-q4_k_m,setting=specgen,op=attention].ms.8`."""
+    from specgen.llama.profile import net
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    sizes = [str(b) for b in data["settings"]["sizes"]]
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in data["runs"]):
+        for setting in dict.fromkeys(r["setting"] for r in data["runs"]):
+            mine = [r for r in data["runs"] if r["model"] == model and r["setting"] == setting]
+            if not mine:
+                continue
+            nets = [{b: net(r["sizes"][b]) for b in sizes} for r in mine]
+            for op in dict.fromkeys(k for n in nets for b in sizes for k in n[b]):
+                rows.append({"model": model, "setting": setting, "op": op,
+                             "ms": {b: median([n[b].get(op, 0.0) for n in nets]) for b in sizes}})
+            rows.append({"model": model, "setting": setting, "op": "decode, no callback",
+                         "ms": {b: median([r["sizes"][b]["plain_ms"] for r in mine]) for b in sizes}})
+    return {**data, "computed": {"profile": rows}}
+
+
 def _computed(data):
     """An agent bench file gains `computed.records`: per request, what its stored fields give and no
     field stores (agent_summary.new_tokens, the figures its rendered line of prompt tokens sums):
@@ -80,6 +110,10 @@ def _computed(data):
     of its row), `read` (prompt_n), `new` (tokens new to it), `extra` (read less new), `after` and
     `after_finish` (the kind and finish_reason of the row's previous request of the conversation,
     null for the first)."""
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if isinstance(runs, list) and runs and isinstance(runs[0], dict) and {"model", "setting", "sizes"} <= set(runs[0]) \
+            and isinstance(data.get("settings"), dict) and "sizes" in data["settings"]:
+        return _profile(data)
     records = data.get("records") if isinstance(data, dict) else None
     if not (isinstance(data.get("settings") if isinstance(data, dict) else None, dict)
             and data["settings"].get("suite") == "agent" and records and "prompt_n" in records[0]):
