@@ -112,6 +112,24 @@ def test_the_interleave_table_is_what_its_script_renders_from_its_file():
         assert body == script.render(json.loads((page.parent / path).read_text(encoding="utf-8")))
 
 
+
+def test_the_distance_table_is_what_its_script_renders_from_its_files():
+    """docs/screening-and-kernels.md's distance-table block (exempt from figure binding as a rendered
+    table) is what `scripts/kernel_distance.py --render FILES` prints, so each of its figures is its
+    files'."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("kernel_distance", ROOT / "scripts" / "kernel_distance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = ROOT / "docs" / "screening-and-kernels.md"
+    blocks = re.findall(r"^<!-- distance-table: ([^>]+?) -->\n(.*?)\n<!-- distance-table:end -->",
+                        page.read_text(encoding="utf-8"), re.S | re.M)
+    assert blocks
+    for paths, body in blocks:
+        assert body == script.render([str(page.parent / f) for f in paths.split()])
+
 def test_keys_read_selections_that_exclude_json_lines_junit_and_several_values(tmp_path):
     from specgen.bench import keys
 
