@@ -248,3 +248,33 @@ def test_special_tokens_in_a_completion_prompt_are_parsed(server):
     answer = json.loads(raw)
     assert status == 200 and answer["usage"]["prompt_tokens"] == len(parsed), answer
     assert answer["choices"][0]["text"].strip(), answer
+
+
+def test_reasoning_effort_on_a_completion_is_what_llama_server_does_with_it(smollm2, monkeypatch):
+    """A completion's prompt is raw text: no chat template renders it, so reasoning_effort cannot
+    act there, whatever the model's template. llama-server's /completion ignores the key: specgen
+    ignores it too and names it in X-Specgen-Ignored-Fields (any value). OpenAI's /v1/completions
+    has no such field, and llama-server ignores it there: it is answered, the note saying it changed
+    nothing (a wrong type is still a 400 naming it). Was a 400 on a <think> template."""
+    from specgen.serve.body import body_json
+    from specgen.serve.requests import RequestError, completion_request
+
+    monkeypatch.setattr(smollm2, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}<think>")
+    for template in (smollm2.chat_template, None):  # a reasoning template, and one that writes none
+        raw = json.dumps({"prompt": "1, 2,", "reasoning_effort": "high"}).encode()
+        body = body_json(raw, fields.ROUTES["/v1/completions"])
+        request = completion_request(body, template)
+        assert request.notes == ("reasoning_effort changed nothing: a completion's prompt is raw text, which no "
+                                 "chat template renders",), request.notes
+        for value in ("high", 3):
+            body = body_json(json.dumps({"prompt": "1, 2,", "reasoning_effort": value}).encode(),
+                             fields.ROUTES["/completion"], native=True)
+            request = completion_request(body, template)
+            assert body.ignored == ["reasoning_effort"] and request.notes == (), (body.ignored, request.notes)
+        body = body_json(json.dumps({"prompt": "1, 2,", "reasoning_effort": 3}).encode(),
+                         fields.ROUTES["/v1/completions"])
+        with pytest.raises(RequestError, match="reasoning_effort expects a string, found 3"):
+            completion_request(body, template)
+        body = body_json(json.dumps({"prompt": "1, 2,", "reasoning_effort": "none"}).encode(),
+                         fields.ROUTES["/v1/completions"])
+        assert completion_request(body, template).notes == ()

@@ -60,9 +60,10 @@ def _refuse_unsupported(body: dict, chat_template: str | None, chat: bool) -> li
     if reasons and ecosystem.asks_reasoning("thinking_budget_tokens", budget):
         raise RequestError(400, f"thinking_budget_tokens is not supported at {budget}: reasoning is not cut short "
                                 "(send -1)", "thinking_budget_tokens")
-    handled = {"chat_template_kwargs", "reasoning_control", "thinking_budget_tokens",
-               *(() if reasons else ("reasoning_format", "reasoning_effort")),
-               *(("reasoning_effort",) if chat else ())}  # a chat's reaches its template (ecosystem.with_effort)
+    # A chat's reasoning_effort reaches its template (ecosystem.with_effort); no template renders a
+    # completion's prompt, so there it changes nothing (_common says so).
+    handled = {"chat_template_kwargs", "reasoning_control", "thinking_budget_tokens", "reasoning_effort",
+               *(() if reasons else ("reasoning_format",))}
     checked = {k: v for k, v in body.items() if k not in handled}
     try:
         fields.check(checked, chat_template)
@@ -194,7 +195,15 @@ def _max_tokens(body: dict) -> int | None:
 
 
 def _common(body: dict, chat_template: str | None, chat: bool, kwargs: tuple = ()) -> dict:
-    notes = [*_refuse_unsupported(body, chat_template, chat), *ecosystem.reasoning_notes(body, chat_template, kwargs)]
+    notes = _refuse_unsupported(body, chat_template, chat)
+    if chat:
+        notes += ecosystem.reasoning_notes(body, chat_template, kwargs)
+    else:
+        unread = {k: v for k, v in body.items() if k != "reasoning_effort"}
+        notes += ecosystem.reasoning_notes(unread, chat_template, kwargs)
+        if ecosystem.asks_reasoning("reasoning_effort", body.get("reasoning_effort")):
+            notes.append("reasoning_effort changed nothing: a completion's prompt is raw text, which no chat "
+                         "template renders")
     if isinstance(body, Body):
         body.notes.extend(notes)
     max_tokens = _max_tokens(body)
@@ -298,6 +307,9 @@ def _check_calls(turns: list[Message]) -> None:
 def completion_request(body: dict, chat_template: str | None = None) -> Request:
     """/v1/completions, and llama-server's /completion (the same fields, n_predict among them); the
     prompt's special-token text is read as those tokens, as llama-server tokenizes both routes' prompts."""
+    if getattr(body, "ignored", None) is not None and "reasoning_effort" in body:
+        body.ignored.append("reasoning_effort")  # llama-server's /completion reads no reasoning_effort
+        body.pop("reasoning_effort")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
