@@ -117,13 +117,18 @@ def test_every_recorded_body_is_answered(server, client, index):
 
 def test_sillytavern_keys_of_other_backends_are_ignored_and_named(server):
     """SillyTavern's llama.cpp mode posts every backend's settings to /completion; llama-server
-    ignores those it does not know, and so does specgen, naming them (and llama.cpp's default
-    sampler order, which specgen's chain cannot follow) in the header and the log."""
+    ignores those it does not know, and so does specgen, naming them in the header and the log. Its
+    sampler order (llama.cpp's default, temperature last) is followed; the names in it that
+    llama-server does not know (tfs_z, typical_p) are skipped, as llama-server skips them, and said."""
     body = _capped(CLIENTS["sillytavern"]["requests"][0]["body"])
     status, headers, _ = server.post("/completion", body)
     named = headers[IGNORED].split(", ")
-    assert status == 200 and {"truncation_length", "top_a", "api_server", "typical", "samplers"} <= set(named)
-    assert "temperature" not in named and "n_predict" not in named
+    assert status == 200 and {"truncation_length", "top_a", "api_server", "typical"} <= set(named)
+    assert "temperature" not in named and "n_predict" not in named and "samplers" not in named
+    assert 'llama-server knows no sampler \\"tfs_z\\", \\"typical_p\\": skipped' in headers[NOTES], headers[NOTES]
+    status, _, raw = server.post("/completion", {**body, "stream": False})
+    settings = json.loads(raw)["generation_settings"]
+    assert settings["samplers"] == ["top_k", "top_p", "min_p", "temperature"], settings
     logged = [line for line in server.log.read_text().splitlines() if "POST /completion" in line]
     assert any("truncation_length" in line and "api_server" in line for line in logged), logged
 

@@ -326,13 +326,11 @@ REFUSED = {
     "add_generation_prompt": (False, True), "grammar_lazy": (True, False),
     "grammar_triggers": ([{"type": "word", "value": "x"}], []), "preserved_tokens": (["<x>"], []),
     "verbose": (True, False), "adaptive_target": (0.5, -1),
-    "samplers": (["top_p", "temperature"], ["top_k", "temperature", "top_p"]),
 }
-CHECKED = ("reasoning_format", "samplers")  # read by requests.py, refused there unless neutral
+CHECKED = ("reasoning_format",)  # read by requests.py, refused there unless neutral
 # Asked of a model that writes no reasoning (smollm2), these change nothing and are answered, with a
 # note in X-Specgen-Notes (serve/ecosystem.py): as llama-server answers them there.
 NOTED = ("chat_template_kwargs", "reasoning_control", "reasoning_effort", "reasoning_format")
-SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 1}  # what makes `samplers` matter
 # Tune a refused setting: no effect while it is neutral; with it on, the 400 names it.
 DEPENDENT = {"dynatemp_exponent": (2.0, "dynatemp_range"),
              "mirostat_tau": (3.0, "mirostat"), "mirostat_eta": (0.2, "mirostat"), "dry_base": (2.0, "dry_multiplier"),
@@ -344,6 +342,30 @@ INERT = {"user": "u1", "metadata": {"k": "v"}, "store": True, "service_tier": "d
          "prompt_cache_key": "k", "prompt_cache_retention": "24h", "n_keep": 10,
          "n_discard": 5, "n_cache_reuse": 256, "timings_per_token": True, "return_progress": True,
          "sse_ping_interval": 5, "backend_sampling": True}
+
+
+def test_samplers_are_followed_as_llama_server_follows_them(server):
+    """llama-server's `samplers` (names, or a string of their letters) is followed: what it leaves
+    out does not act and the note says so; a sampler specgen lacks is refused by name only where the
+    request turns it on; an order specgen cannot follow (penalties after a truncation) is a 400."""
+    body = {"prompt": "The three primary colors are", "n_predict": 8, "temperature": 1.5, "top_p": 0.6, "seed": 3}
+    status, r = post(server, "/completion", {**body, "samplers": "pt"})  # top_p, then temperature
+    assert status == 200 and r["generation_settings"]["samplers"] == ["top_p", "temperature"], r
+    assert post(server, "/completion", {**body, "samplers": ["top_p", "temperature"]})[1]["content"] == r["content"]
+    status, r = post(server, "/completion", {**body, "samplers": ["typ_p", "temperature"], "typical_p": 0.5})
+    assert status == 400 and r["error"]["param"] == "typical_p", r
+    status, headers, _ = call(server, "POST", "/completion", {**body, "samplers": ["temperature"], "typical_p": 0.5},
+                              KEY)
+    assert status == 200 and "typical_p 0.5 changed nothing: samplers leaves out typ_p" in headers[NOTES_HEADER]
+    status, headers, _ = call(server, "POST", "/v1/chat/completions",
+                              {"messages": ASK, "max_tokens": 4, "temperature": 0, "seed": 1, "samplers": ["top_k"]}, KEY)
+    assert status == 200 and "temperature 0 changed nothing: samplers leaves out temperature" in headers[NOTES_HEADER]
+    status, r = post(server, "/completion", {**body, "top_k": 40, "repeat_penalty": 1.3,
+                                             "samplers": ["top_k", "penalties", "temperature"]})
+    assert status == 400 and r["error"]["param"] == "samplers" and "penalties after top_k" in r["error"]["message"], r
+    for bad in (3, ["top_k", 1], ["infill"]):
+        status, r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "samplers": bad})
+        assert status == 400 and r["error"]["param"] == "samplers" and "\n" not in r["error"]["message"], r
 
 
 def _content(r):
@@ -364,6 +386,14 @@ def acts_top_k(server, baseline):
 
 def acts_top_p(server, baseline):
     assert all(text.startswith(baseline) for text in _sampled(server, top_p=0.001))
+
+
+def acts_samplers(server, baseline):
+    """llama.cpp's order: the nucleus before temperature (llama.cpp's default) is narrower at T 1.5
+    than after it (specgen's own chain, which a request without `samplers` gets)."""
+    own = _sampled(server, top_p=0.6)
+    assert _sampled(server, top_p=0.6, samplers=["temperature", "top_p"]) == own
+    assert _sampled(server, top_p=0.6, samplers=["top_p", "temperature"]) != own
 
 
 def acts_seed(server, baseline):
@@ -569,8 +599,7 @@ def test_each_field_acts_or_is_refused_by_name(server, baseline, name):
         assert headers.get(NOTES_HEADER) and "\n" not in headers[NOTES_HEADER], dict(headers)
     elif name in REFUSED:
         asks, neutral = REFUSED[name]
-        extra = SAMPLING if name == "samplers" else {}
-        status, r = chat(server, **extra, **{name: asks})
+        status, r = chat(server, **{name: asks})
         assert status == 400 and r["error"]["param"] == name and name in r["error"]["message"], r
         status, r = chat(server, **{name: neutral})  # asks for nothing: accepted, and changes nothing
         assert status == 200 and _content(r) == baseline, r
@@ -601,7 +630,7 @@ NEUTRAL = {"messages": ASK, "prompt": "1, 2,", "model": "m", "max_tokens": 4, "m
            "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "json_schema": None, "grammar": "",
            "tools": [], "tool_choice": "none", "parallel_tool_calls": True, "content": "hi", "add_special": False,
            "parse_special": True, "with_pieces": False, "tokens": [1], "input": "hi", "encoding_format": "float",
-           "dimensions": None, "embd_normalize": 2, "cache_prompt": True,
+           "dimensions": None, "embd_normalize": 2, "cache_prompt": True, "samplers": ["penalties", "top_k", "temperature"],
            **{k: neutral for k, (_, neutral) in REFUSED.items()}, **{k: v for k, (v, _) in DEPENDENT.items()}, **INERT}
 
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from specgen.app import samplers
 from specgen.app.prompts import Prompt
 from specgen.app.structured import GENERIC, Tools, tool_constraint, tool_format
 from specgen.core.constraint import ConstraintSpec
@@ -118,10 +119,16 @@ def out_of_bounds(values: Mapping[str, Any]) -> Bound | None:
 
 
 def sampling_params(v: Mapping[str, Any]) -> SamplingParams:
-    """Core's SamplingParams from the flat settings (BOUNDS' names, and logit_bias as pairs)."""
+    """Core's SamplingParams from the flat settings (BOUNDS' names, logit_bias as pairs, and
+    llama.cpp's `samplers` order where one is given: samplers.follow; a ConfigError where it cannot
+    be followed)."""
+    order = None
+    if v.get("samplers") is not None:
+        v, order, _ = samplers.follow(v, v["samplers"])
     pen = Penalties(float(v["repeat_penalty"]), v["repeat_last_n"], float(v["frequency_penalty"]),
                     float(v["presence_penalty"]), tuple(v["logit_bias"]))
-    return SamplingParams(float(v["temperature"]), v["top_k"], float(v["top_p"]), v["seed"], float(v["min_p"]), pen)
+    return SamplingParams(float(v["temperature"]), v["top_k"], float(v["top_p"]), v["seed"], float(v["min_p"]), pen,
+                          order)
 
 
 def sampling_values(s: SamplingParams) -> dict[str, Any]:
@@ -144,6 +151,8 @@ def why_exact_rows(sampling: SamplingParams, constrained: bool, logprobs: int | 
         return "penalties and logit bias"  # they move logits the screen approximated
     if not sampling.greedy and sampling.top_p < 1.0 and sampling.top_k <= 0:
         return "top-p without top-k"  # the nucleus needs the whole row's mass
+    if not sampling.greedy and sampling.order is not None:
+        return "a samplers order"  # screen.py bounds specgen's own chain's sets
     return None
 
 

@@ -28,6 +28,11 @@ class SamplingParams:
     min_p: float = 0.0
     # logit_bias and the repetition penalties, applied to each row first (penalties.py).
     penalties: Penalties = field(default_factory=Penalties)
+    # llama.cpp's chain order, where a request gives one (llama-server's `samplers`,
+    # app/samplers.py): "top_k", "top_p", "min_p", "temperature" applied in this order, each
+    # truncation over what the steps before it kept, at the temperature applied so far (1 before
+    # "temperature"). None: specgen's own chain (truncated's docstring).
+    order: tuple[str, ...] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -37,7 +42,12 @@ class SamplingParams:
 def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
     """(ids, probabilities) of p's support: softmax(logits / T) restricted to the top-k, then to
     the smallest top-p nucleus, then to the tokens min-p keeps. ids None: the whole vocabulary, in
-    id order."""
+    id order. With an order (params.order): its steps in turn (_chain), then softmax(logits / T)."""
+    if params.order is not None:
+        keep = _chain(logits, params)
+        x = (logits if keep is None else logits[keep]).astype(np.float64) / max(params.temperature, 1e-8)
+        z = np.exp(x - x.max())
+        return keep, z / z.sum()
     row, keep = logits, None
     if 0 < params.top_k < logits.shape[0]:
         keep = top_k_ids(logits, params.top_k)  # T > 0 keeps the order
@@ -46,16 +56,44 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
     z = np.exp(x - x.max())
     z /= z.sum()
     if params.top_p < 1.0:
-        order = _nucleus_order(z, params.top_p)
-        cum = np.cumsum(z[order])
-        # Smallest prefix whose mass reaches top_p (always at least one token); the tolerance keeps
-        # rounding in the cumulative sum (0.5 + 0.3 -> 0.7999...) from adding a token.
-        n_keep = int(np.searchsorted(cum, params.top_p - 1e-9, side="left")) + 1
-        sel = order[:n_keep]
+        sel = _nucleus(z, params.top_p)
         keep, z = (sel if keep is None else keep[sel]), z[sel] / z[sel].sum()
     if params.min_p > 0.0:
         keep, z = _min_p(row, keep, z, params.min_p)
     return keep, z
+
+
+def _nucleus(z: np.ndarray, top_p: float) -> np.ndarray:
+    """The smallest set of most likely indices whose mass reaches top_p (always at least one); the
+    tolerance keeps rounding in the cumulative sum (0.5 + 0.3 -> 0.7999...) from adding a token."""
+    order = _nucleus_order(z, top_p)
+    cum = np.cumsum(z[order])
+    return order[:int(np.searchsorted(cum, top_p - 1e-9, side="left")) + 1]
+
+
+def _chain(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
+    """The ids llama.cpp's chain in params.order keeps (None: every id): top_k the k largest,
+    top_p the nucleus of the softmax, min_p those within ln(min_p) of the largest, each over what
+    the steps before it kept and on the logits divided by the temperature where "temperature" came
+    before it. The same rule for plain decoding and verification (eligible, truncated)."""
+    keep, values, scale = None, logits, 1.0
+    for step in params.order or ():
+        if step == "temperature":
+            scale = max(params.temperature, 1e-8)
+            continue
+        if step == "top_k" and 0 < params.top_k < values.shape[0]:
+            sel = top_k_ids(values, params.top_k)
+        elif step == "top_p" and params.top_p < 1.0:
+            x = values.astype(np.float64) / scale
+            z = np.exp(x - x.max())
+            sel = _nucleus(z / z.sum(), params.top_p)
+        elif step == "min_p" and params.min_p > 0.0:
+            x = values.astype(np.float64) / scale
+            sel = np.flatnonzero(x >= x.max() + np.log(params.min_p))
+        else:
+            continue
+        keep, values = (sel if keep is None else keep[sel]), values[sel]
+    return keep
 
 
 def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
@@ -120,6 +158,8 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 def eligible(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
     """The ids a sampled token is raced over: the top-k, then the top-p nucleus, then min-p's
     (truncated's support); None: every id (no truncation, the race skips -inf itself)."""
+    if params.order is not None:
+        return _chain(logits, params)
     if params.top_k <= 0 and params.top_p >= 1.0:
         if params.min_p <= 0.0:
             return None

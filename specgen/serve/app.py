@@ -27,7 +27,7 @@ from specgen.serve.marks import Piece
 from specgen.serve.body import RequestError, body_json
 from specgen.serve.requests import Request, chat_request, check_vocabulary, completion_request
 from specgen.serve.routes import NativeReply, speculative, timings
-from specgen.serve.worker import Done, Job, Worker
+from specgen.serve.worker import Done, Job, Worker, sampling_notes
 
 MAX_BODY = 8 << 20  # bytes: a long prompt fits many times over; anything bigger is a mistake
 DRAIN_LIMIT = 8 * MAX_BODY  # past this a body is not even read to its end
@@ -181,6 +181,7 @@ class Server:
     async def _generate(self, body: dict, parse: Callable[..., Request], kind: str) -> Response:
         request = parse(body, self.target.chat_template)
         check_vocabulary(request, self.target.n_vocab)
+        body.notes.extend(sampling_notes(self.worker.runners.cfg, request))
         job = self.worker.submit(request, asyncio.get_running_loop())
         reply = self._reply(kind, request)
         try:

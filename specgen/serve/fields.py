@@ -120,13 +120,6 @@ ROUTES: dict[str, frozenset[str]] = {
     "/v1/embeddings": _EMBEDDINGS, "/embeddings": _EMBEDDINGS, "/embedding": _EMBEDDINGS,
 }
 
-# llama.cpp's sampler names (and its one-letter forms) -> specgen's, for `samplers`.
-SAMPLER_NAMES = {"top_k": "top_k", "k": "top_k", "top_p": "top_p", "p": "top_p", "temperature": "temperature",
-                 "t": "temperature", "min_p": "min_p", "m": "min_p", "penalties": "penalties", "e": "penalties"}
-# core/penalties.py and sampling.py: logit_bias, the penalties, top-k, then T, the nucleus, min-p.
-SPECGEN_ORDER = ("penalties", "top_k", "temperature", "top_p", "min_p")
-
-
 class Refusal(Exception):
     def __init__(self, name: str, message: str):
         super().__init__(message)
@@ -146,29 +139,4 @@ def check(body: dict, chat_template: str | None = None) -> None:
     if reasoning not in (None, "none") and not (reasoning == "auto" and "<think>" not in (chat_template or "")):
         raise Refusal("reasoning_format", f"reasoning_format is not supported at {_found(reasoning)}: reasoning is "
                                           "not separated from the answer (send \"none\")")
-    _check_samplers(body)
 
-
-def _check_samplers(body: dict) -> None:
-    """`samplers` (llama.cpp's chain order): accepted when it names every sampler that acts in this
-    request and puts them in specgen's order; the others it names are neutral here (see check)."""
-    given = body.get("samplers")
-    if given is None:
-        return
-    items = list(given) if isinstance(given, str) else given
-    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise Refusal("samplers", f"samplers expects a list of sampler names, found {_found(given)}")
-    named = [SAMPLER_NAMES[s] for s in items if s in SAMPLER_NAMES]
-    temperature, top_k, top_p = body.get("temperature"), body.get("top_k"), body.get("top_p")
-    penalties = any(body.get(name) not in (None, neutral) for name, neutral in (
-        ("repeat_penalty", 1), ("presence_penalty", 0), ("frequency_penalty", 0)))
-    acting = [s for s, on in (("penalties", penalties),
-                              ("top_k", isinstance(top_k, int) and top_k > 0),
-                              ("temperature", temperature not in (None, 0, 1)),
-                              ("top_p", top_p is not None and top_p != 1),
-                              ("min_p", body.get("min_p") not in (None, 0))) if on]
-    missing = [s for s in acting if s not in named]
-    order = [s for s in SPECGEN_ORDER if s in named and s in acting]
-    if missing or [s for s in dict.fromkeys(named) if s in acting] != order:
-        raise Refusal("samplers", f"samplers is not supported at {_found(given)}: specgen applies the samplers "
-                                  f"that act here in this order: {', '.join(SPECGEN_ORDER)}")

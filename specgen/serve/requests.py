@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from specgen.app import samplers
 from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
 from specgen.app.prompts import Message, Prompt, message_from, split_turns
 from specgen.app.stops import stops_of
@@ -50,7 +51,7 @@ class Request:
 def _refuse_unsupported(body: dict, chat_template: str | None, chat: bool) -> list[str]:
     """Fields specgen does not act on are refused by name unless their value changes nothing. A
     request for reasoning where the template writes none asks for nothing: answered, with a note
-    (returned); on llama-server's routes a `samplers` order specgen cannot follow is ignored, named."""
+    (returned); so does the setting of a sampler specgen lacks that the request's `samplers` leaves out."""
     reasons = ecosystem.writes_reasoning(chat_template)
     for name, kind in _REASONING_TYPES.items():
         value = body.get(name)
@@ -64,16 +65,28 @@ def _refuse_unsupported(body: dict, chat_template: str | None, chat: bool) -> li
     # completion's prompt, so there it changes nothing (_common says so).
     handled = {"chat_template_kwargs", "reasoning_control", "thinking_budget_tokens", "reasoning_effort",
                *(() if reasons else ("reasoning_format",))}
+    notes = []
+    if body.get("samplers") is not None:  # a sampler the chain leaves out does not act (samplers.py)
+        names = _samplers(body)[0]
+        for name, settings in samplers.OTHERS.items():
+            for field in settings:
+                if name not in names and field in body and not fields.REFUSED[field][0](body[field]):
+                    handled.add(field)
+                    notes.append(f"{field} {json.dumps(body[field])[:20]} changed nothing: samplers leaves out {name}")
     checked = {k: v for k, v in body.items() if k not in handled}
     try:
         fields.check(checked, chat_template)
     except fields.Refusal as e:
-        ignored = getattr(body, "ignored", None)
-        if e.name != "samplers" or ignored is None:
-            raise RequestError(400, e.message, e.name) from None
-        ignored.append("samplers")
-        return [f"samplers: {e.message.split(': ', 1)[-1]}"]
-    return []
+        raise RequestError(400, e.message, e.name) from None
+    return notes
+
+
+def _samplers(body: dict) -> tuple[tuple[str, ...], list[str]]:
+    """The request's `samplers` as llama.cpp's names in order, and the names llama-server skips."""
+    try:
+        return samplers.parse(body.get("samplers"))
+    except ConfigError as e:
+        raise RequestError(400, str(e), "samplers") from None
 
 
 _REASONING_TYPES = {"reasoning_format": str, "reasoning_control": bool, "reasoning_effort": str,
@@ -118,6 +131,8 @@ def _sampling(body: dict) -> dict[str, object]:
     bias = _logit_bias(body.get("logit_bias"))
     if bias is not None:
         given["logit_bias"] = bias
+    if body.get("samplers") is not None:
+        given["samplers"] = _samplers(body)[0]  # followed over the server's settings (worker.sampling_of)
     return given
 
 
@@ -196,6 +211,8 @@ def _max_tokens(body: dict) -> int | None:
 
 def _common(body: dict, chat_template: str | None, chat: bool, kwargs: tuple = ()) -> dict:
     notes = _refuse_unsupported(body, chat_template, chat)
+    if body.get("samplers") is not None and (skipped := _samplers(body)[1]):
+        notes.append(f"samplers: llama-server knows no sampler {', '.join(map(json.dumps, skipped))[:200]}: skipped")
     if chat:
         notes += ecosystem.reasoning_notes(body, chat_template, kwargs)
     else:

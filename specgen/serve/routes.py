@@ -8,13 +8,13 @@ import math
 import time
 
 from specgen import __version__
+from specgen.app import samplers
 from specgen.app.ask import sampling_values
 from specgen.app.config import RunConfig
 from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
-from specgen.serve.fields import SPECGEN_ORDER
 from specgen.serve.logprob_shapes import Shown, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
@@ -74,7 +74,8 @@ def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | No
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
         "stream": bool(request and request.stream), "n_probs": request.logprobs or 0 if request is not None else 0,
-        "samplers": list(SPECGEN_ORDER),
+        "samplers": list(request.sampling["samplers"]) if request is not None and "samplers" in request.sampling
+        else samplers.reported(sampling_values(s)),
     }
 
 

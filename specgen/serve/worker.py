@@ -10,6 +10,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from specgen.app import samplers
 from specgen.app.ask import Ask, ask_for, sampling_params, sampling_values, tools_format
 from specgen.app.callstream import CallStream
 from specgen.app.config import RunConfig
@@ -73,8 +74,21 @@ class Runners:
 
 
 def sampling_of(cfg: RunConfig, request: Request) -> SamplingParams:
-    """The server's sampling with the values the request gives in their place."""
+    """The server's sampling with the values the request gives in their place (and its `samplers`
+    order followed over them: app/samplers.py)."""
     return sampling_params({**sampling_values(cfg.sampling), **request.sampling})
+
+
+def sampling_notes(cfg: RunConfig, request: Request) -> list[str]:
+    """What the request's `samplers` order turned off, said plainly; a 400 where specgen cannot
+    follow it (checked before the request waits in line)."""
+    values = {**sampling_values(cfg.sampling), **request.sampling}
+    if values.get("samplers") is None:
+        return []
+    try:
+        return samplers.follow(values, values["samplers"])[2]
+    except SpecgenError as e:
+        raise RequestError(400, str(e), "samplers") from None
 
 
 @dataclass
