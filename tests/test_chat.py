@@ -33,6 +33,23 @@ def test_piped_turns_reply_in_turn_and_the_second_drafts_from_the_first():
     assert steps is None or re.search(r"\b(lookup|history|loop)\b", steps.group(1)), second
 
 
+def test_each_turn_reads_only_its_new_tokens_and_answers_as_a_cold_read():
+    """The conversation's earlier turns stay in the target's KV (core/kv.py PromptCache): the second
+    turn's prefill keeps them (the stats line's "cached N") and reads only the new message; its
+    reply is the one a whole read of the conversation gives (the prompt cache is exact)."""
+    turns = "Name a colour.\nName another one.\n"
+    options = ("--method", "plain", "-n", "12")
+    proc = specgen(*CHAT, *options, input=turns)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if STATS.match(line)]
+    assert len(lines) == 2 and "cached" not in lines[0], proc.stderr
+    cached = re.search(r"\(cached (\d+)\)", lines[1])
+    assert cached and int(cached.group(1)) >= 20, lines[1]  # the system header and the first turn, kept
+    cold = specgen(*CHAT, *options, "--no-prompt-cache", input=turns)  # each turn read whole
+    assert cold.returncode == 0 and "cached" not in cold.stderr, cold.stderr
+    assert proc.stdout == cold.stdout and proc.stdout.strip(), (proc.stdout, cold.stdout)
+
+
 def test_the_first_reply_is_what_generate_writes_through_the_same_chat_template():
     question = "Name three primary colours."
     options = ("--method", "plain", "-n", "24")  # plain: no batch-shape rounding of a quantized target

@@ -15,6 +15,7 @@ from specgen.cli.generate import shown, stats_of
 from specgen.cli.options import (Config, Ctx, Draft, EXIT_INTERRUPTED, EXIT_SOME_FAILED, Method, Store, System,
                                  Target, Threads, with_sampling)
 from specgen.cli.render import TextSink, error, stats_line
+from specgen.core.kv import PromptCache
 from specgen.errors import ConfigError, SpecgenError
 
 CHAT_MODEL = "smollm2-135m-instruct-q4_1"  # the instruct model in models.txt to suggest
@@ -38,11 +39,15 @@ def chat(
     ctx: Ctx = None,
     config: Config = None,
     store: Store = None,
+    prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="Keep the conversation in "
+                                      "the model's KV: each turn reads only its new message; --no-prompt-cache "
+                                      "reads the whole conversation each turn (the same text)."),
 ) -> None:
     """Chat with an instruct model: each line you type is a message, the reply streams back.
 
-    Later replies draft from earlier turns (auto). Ctrl-C stops a reply, Ctrl-D leaves; /help lists
-    the commands (/reset, /system TEXT, /stats, /exit). Piped stdin: one message per line.
+    Later replies draft from earlier turns (auto); each turn reads only its new tokens (the prompt
+    cache). Ctrl-C stops a reply, Ctrl-D leaves; /help lists the commands (/reset, /system TEXT,
+    /stats, /exit). Piped stdin: one message per line.
 
     \b
     Examples:
@@ -53,7 +58,9 @@ def chat(
     cfg = build_config(config, dict(
         **sampling,
         target=target, draft=draft, method=method, chat=True, system=system, threads=threads, ctx=ctx, store=store))
-    runner = Runner(cfg, load_session(cfg))
+    # The conversation's prefix stays in the target's KV (exact: core/kv.py); without it each turn
+    # reads the whole conversation, in the decodes a cold cache reads it in (the same bits).
+    runner = Runner(cfg, load_session(cfg), PromptCache(reuse=prompt_cache))
     if not runner.session.target.chat_template:
         raise ConfigError(f"specgen chat needs a model with a chat template; {cfg.target} has none "
                           f"(try -m {CHAT_MODEL})")
