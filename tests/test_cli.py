@@ -89,6 +89,32 @@ def test_prompts_that_share_a_system_prompt_reuse_it(tmp_path):
     assert f"(cached {warm[1]['n_cached']})" in stderr[0] and "cached" not in stderr[1]
 
 
+def test_interleaved_multi_turn_records_each_resume_their_own_conversation(tmp_path):
+    """-f over two conversations' records taking turns (A, B, A's next turn): the last record
+    resumes A's prefix from host memory (--prompt-cache-mb), not only what it shares with B's; with
+    0 MiB it keeps only the live (B's) prefix; the texts are those of a --no-prompt-cache run."""
+    def record(system, *turns):
+        return {"messages": [{"role": "system", "content": system},
+                             *({"role": role, "content": text} for role, text in turns)]}
+
+    a = "You answer questions about the planets of the solar system in one short sentence, and name the planet."
+    b = "You are a cook. Every answer is one recipe step, with the quantities in grams and the time in minutes."
+    records = [record(a, ("user", "Which planet is largest?")), record(b, ("user", "How do I boil an egg?")),
+               record(a, ("user", "Which planet is largest?"), ("assistant", "Jupiter is the largest planet."),
+                      ("user", "And the smallest?"))]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs = {}
+    for flags in (("--prompt-cache-mb", "64"), ("--prompt-cache-mb", "0"), ("--no-prompt-cache",)):
+        proc = gen("-f", str(jsonl), "--json", "-n", "8", *flags)
+        assert proc.returncode == 0, proc.stderr
+        runs[flags[-1]] = [json.loads(line) for line in proc.stdout.splitlines()]
+    kept = {name: [r["n_cached"] for r in run] for name, run in runs.items()}
+    assert kept["64"][2] > kept["0"][2] + 32 and kept["--no-prompt-cache"] == [0, 0, 0], kept
+    assert [r["text"] for r in runs["64"]] == [r["text"] for r in runs["0"]] == [r["text"] for r in
+                                                                              runs["--no-prompt-cache"]]
+
+
 def test_seeded_sampling_reproducible():
     args = ("Tell me a story.", "--json", "-t", "0.9", "--top-k", "40", "--top-p", "0.95", "-n", "24")
     a, b, c = (json.loads(gen(*args, "--seed", s).stdout)["text"] for s in ("3", "3", "4"))

@@ -13,7 +13,7 @@ from specgen.drafting.methods import METHODS
 COMMANDS = typer.main.get_command(app).commands
 # generate's options that make sense for one prompt only, or are spelt differently on purpose
 # (bench --json names a file for its one report; generate --json writes records to stdout).
-GENERATE_ONLY = {"prompts", "method", "fail_fast", "json_out", "prompt_cache"}  # bench keeps no prompt cache
+GENERATE_ONLY = {"prompts", "method", "fail_fast", "json_out", "prompt_cache", "prompt_cache_mb"}  # bench keeps no prompt cache
 
 
 def options(command: str) -> dict[str, tuple[tuple[str, ...], str]]:

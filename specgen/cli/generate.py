@@ -21,7 +21,7 @@ from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayer
 from specgen.cli.render import TextSink, note, stats_line, write_json_record
 from specgen.core.engine import TokenEvent
 from specgen.core.kv import PromptCache
-from specgen.errors import SpecgenError
+from specgen.errors import ConfigError, SpecgenError
 
 
 def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
@@ -71,6 +71,10 @@ def generate(
     prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="With several prompts: "
                                       "one that begins as the one before (a system prompt) reads only the rest; "
                                       "--no-prompt-cache reads each whole (the same text)."),
+    prompt_cache_mb: int = typer.Option(1024, "--prompt-cache-mb", metavar="MIB", help="With several prompts: "
+                                        "host memory for other conversations' KV besides the live one (least "
+                                        "recently used dropped first), so interleaved multi-turn records each "
+                                        "resume their own; 0: the last prompt's only."),
 ) -> None:
     """Generate text for one prompt or many, streaming tokens to stdout and stats to stderr.
 
@@ -94,7 +98,9 @@ def generate(
     # A screened target serves only where no prompt's generation needs the target's exact rows.
     # Several prompts share one context: the prompt cache keeps a shared beginning (in invariant decodes,
     # --no-prompt-cache too, so both read the same bits). One prompt keeps the n_batch prefill.
-    cache = PromptCache(reuse=prompt_cache) if len(items) > 1 else None
+    if prompt_cache_mb < 0:
+        raise ConfigError(f"--prompt-cache-mb must be at least 0, found {prompt_cache_mb}")
+    cache = PromptCache(reuse=prompt_cache, budget=prompt_cache_mb << 20) if len(items) > 1 else None
     runner = Runner(cfg, load_session(cfg, screen=not any_needs_exact_rows(cfg.sampling, items)), cache)
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
