@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TEST_MODELS := smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m smollm2-135m-instruct-f32 smollm2-135m-instruct-q4_0 smollm2-135m-instruct-q5_1 gemma-3-270m-f32 gemma-3-270m-q2_k gemma-3-270m-f32-self smollm2-135m-instruct-hermes
 
-.PHONY: setup models browser run test clean
+.PHONY: setup models browser run test native-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ browser:
 
 test: models browser
 	SPECGEN_REQUIRE_INVARIANT=1 $(BIN)/python -m pytest -q --durations=15
+
+# specgen's C++ (specgen/llama/native/*.h) compiled header by header, each alone, for AVX2 and AVX-512,
+# against the pinned llama.cpp's headers; and its patches (specgen/llama/patches/) applied to that llama.cpp.
+# Quick (seconds): no llama.cpp build, no model.
+native-check: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_native_headers.py tests/test_packed_kernel.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -1,6 +1,6 @@
 import pytest
 
-from specgen.llama import build, build_cuda
+from specgen.llama import build, build_cuda, patching
 
 
 def plan_for(monkeypatch, flags, system="Linux", machine="x86_64", nvcc=False, gpu=False, env=None):
@@ -50,46 +50,84 @@ def test_doctor_flags_amx_and_missing_isas():
     assert build_warnings("CPU : AVX = 1 | AVX2 = 1 |", {"avx", "avx2"}) == []
 
 
-def fake_sdist(root, sgemm_anchor=True):
-    """The vendored llama.cpp files specgen.llama.build hooks into, cut down to their anchor lines."""
-    texts: dict[str, str] = {}
-    for rel, anchor, _, *times in build.HOOKS:
-        if rel == build.SGEMM and "only enable sgemm" in anchor and not sgemm_anchor:
-            anchor = "    // changed upstream\n"
-        texts[rel] = texts.get(rel, "") + "// vendored code\n" + anchor * (times[0] if times else 1)
-    for rel, text in texts.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+def fake_sdist(root, edit=None):
+    """The vendored llama.cpp files specgen's patches change, cut down to their hunks' old lines (each
+    hunk's between lines of other code); `edit(target, text)` may change a file as upstream might."""
+    for patch in patching.patches():
+        text = "".join(f"// vendored code {i}\n" + "\n".join(hunk.old) + "\n" for i, hunk in enumerate(patch.hunks))
+        text = edit(patch.target, text) if edit else text
+        path = root / build.LLAMA_CPP / patch.target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (root / build.LLAMA_CPP / "ggml/CMakeLists.txt").write_text(
+        "set(GGML_VERSION_MAJOR 0)\nset(GGML_VERSION_MINOR 25)\nset(GGML_VERSION_PATCH 3)\n")
     return root
 
 
 def test_the_kernels_are_hooked_in_before_llama_cpps_and_named_in_the_features(tmp_path):
     source = build.patch_llama_cpp(fake_sdist(tmp_path))
-    for header, rel in build.HEADERS:
-        assert (source / rel).read_bytes() == header.read_bytes()
-    sgemm = (source / build.SGEMM).read_text()
-    assert sgemm.index('#include "specgen_few_columns.h"') < sgemm.index("specgen_few::matmul(")
+    for header in build.native_headers():
+        assert (source / build.NATIVE_IN_SDIST / header.name).read_bytes() == header.read_bytes()
+    cpu_dir = source / build.CPU_DIR
+    sgemm = (cpu_dir / "llamafile/sgemm.cpp").read_text()
+    assert sgemm.index('#include "specgen/few_columns.h"') < sgemm.index("specgen_few::matmul(")
     # a kernel first, then ggml's one-row code for few columns, and only then tinyBLAS
     assert sgemm.index("specgen_few::matmul(") < sgemm.index("if (specgen::invariant(n))")
     assert sgemm.index("if (specgen::invariant(n))") < sgemm.index("// only enable sgemm for prompt processing")
-    repack = (source / build.REPACK).read_text()
+    repack = (cpu_dir / "repack.cpp").read_text()
     assert repack.count("specgen_rows4") == 6 and "nrows > 3" not in repack
-    tiled = (source / build.TILED).read_text()
+    assert repack.index('#include "specgen/kernels.h"') < repack.index("specgen_kernels::layout<")
+    tiled = (cpu_dir / "tiled/tiled.cpp").read_text()
     assert tiled.count("|| specgen::invariant(") == 2
-    ops = (source / build.OPS).read_text()
+    ops = (cpu_dir / "ops.cpp").read_text()
     assert "nek1 >= 512 && !specgen::invariant(1);" in ops and "!specgen::invariant(neq1)" in ops
-    kv = (source / build.KV_CACHE).read_text()
+    assert ops.index('#include "specgen/attention.h"') < ops.index("specgen_attention::run(params, dst)")
+    kv = (source / build.LLAMA_CPP / "src/llama-kv-cache.cpp").read_text()
     assert kv.count("&& !specgen::invariant(1)) {") == 4
-    cpu = (source / build.CPU_BACKEND).read_text()
+    cpu = (cpu_dir / "ggml-cpu.cpp").read_text()
     assert cpu.index('"SPECGEN_INVARIANT"') < cpu.index('"SPECGEN_KERNELS"') < cpu.index("{ nullptr, nullptr }")
 
 
-def test_a_changed_llama_cpp_fails_the_build_naming_the_missing_line(tmp_path):
+def test_every_include_of_specgen_names_a_header_in_native(tmp_path):
+    # the patched files include specgen's headers by the names they have in native/
+    source = build.patch_llama_cpp(fake_sdist(tmp_path))
+    names = {header.name for header in build.native_headers()}
+    included = set()
+    for patch in patching.patches():
+        text = (source / build.LLAMA_CPP / patch.target).read_text()
+        included |= {line.split("specgen/")[1].rstrip('"') for line in text.splitlines()
+                     if line.startswith("#include") and "specgen/" in line}
+    assert included and included <= names
+
+
+def test_a_changed_llama_cpp_fails_the_build_naming_the_hunk_the_file_and_the_version(tmp_path):
+    def upstream(target, text):
+        return text.replace("// only enable sgemm for prompt processing", "// changed upstream")
+
     with pytest.raises(SystemExit) as exc:
-        build.patch_llama_cpp(fake_sdist(tmp_path, sgemm_anchor=False))
+        build.patch_llama_cpp(fake_sdist(tmp_path, upstream))
     message = str(exc.value)
-    assert "'// only enable sgemm for prompt processing'" in message and "found it 0 times" in message
-    assert build.SGEMM in message
+    assert "sgemm.cpp.patch, hunk 2 of 2" in message and "found them 0 times" in message
+    assert "'// only enable sgemm for prompt processing' is not there" in message
+    assert "ggml/src/ggml-cpu/llamafile/sgemm.cpp" in message
+    assert f"llama-cpp-python {build.LLAMA_CPP_PYTHON_VERSION}'s llama.cpp (ggml 0.25.3)" in message
+
+
+def test_a_hunk_whose_lines_occur_twice_fails_too(tmp_path):
+    def twice(target, text):
+        return text + text if target.endswith("tiled.cpp") else text
+
+    with pytest.raises(SystemExit, match=r"tiled.cpp.patch, hunk 1 of 3 .*found them 2 times"):
+        build.patch_llama_cpp(fake_sdist(tmp_path, twice))
+
+
+def test_the_patches_read_as_diffs_of_the_files_they_name():
+    found = patching.patches()
+    assert {p.path.name for p in found} == {"sgemm.cpp.patch", "repack.cpp.patch", "tiled.cpp.patch", "ops.cpp.patch",
+                                            "llama-kv-cache.cpp.patch", "ggml-cpu.cpp.patch"}
+    for patch in found:
+        assert patch.path.name == patch.target.rsplit("/", 1)[1] + ".patch"
+        assert all(hunk.old != hunk.new for hunk in patch.hunks)
 
 
 def test_cache_key_changes_with_the_kernel(monkeypatch):
@@ -219,16 +257,17 @@ def test_the_build_passes_the_toolkits_place_to_cmake(monkeypatch, tmp_path):
 def test_the_patches_touch_no_cuda_source_and_apply_the_same_to_a_cuda_build(tmp_path):
     """specgen's kernels and invariance are the CPU backend's (docs/gpu.md); the KV cache's cell order
     is llama.cpp's own code, so a CUDA build keeps it too. Nothing under ggml-cuda is changed."""
-    assert all("ggml-cuda" not in rel for rel, *_ in build.HOOKS)
-    assert all(rel.startswith(build.CPU_DIR) for _, rel in build.HEADERS)
-    outside_cpu = {rel for rel, *_ in build.HOOKS if not rel.startswith(build.CPU_DIR)}
-    assert outside_cpu == {build.KV_CACHE}
+    targets = {patch.target for patch in patching.patches()}
+    assert all("ggml-cuda" not in target for target in targets)
+    assert build.NATIVE_IN_SDIST.startswith(build.CPU_DIR)
+    outside_cpu = {t for t in targets if not f"{build.LLAMA_CPP}/{t}".startswith(build.CPU_DIR)}
+    assert outside_cpu == {"src/llama-kv-cache.cpp"}
     cuda_file = tmp_path / "vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
     cuda_file.parent.mkdir(parents=True)
     cuda_file.write_text("// untouched\n")
     build.patch_llama_cpp(fake_sdist(tmp_path))
     assert cuda_file.read_text() == "// untouched\n"
-    assert (tmp_path / build.KV_CACHE).read_text().count("!specgen::invariant(1)") == 4
+    assert (tmp_path / build.LLAMA_CPP / "src/llama-kv-cache.cpp").read_text().count("!specgen::invariant(1)") == 4
 
 
 def test_a_plan_keeps_the_key_of_the_headers_it_was_made_from(monkeypatch):

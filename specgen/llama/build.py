@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgen.host import cpu_flags, has_nvidia_gpu, specgen_home
-from specgen.llama import build_cuda
+from specgen.llama import build_cuda, patching
 
 
 def pinned_llama_version() -> str:
@@ -67,127 +67,23 @@ RPC_ON = "-DGGML_RPC=ON"
 AMX_OFF = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
-# specgen's batch invariance and few-column kernels, compiled into llama.cpp's CPU backend: see
-# the headers' comments (native/invariant.h for why, native/few_columns.h for the kernels).
+# specgen's batch invariance and kernels, compiled into llama.cpp's CPU backend: native/ (C++ headers,
+# see invariant.h for why and few_columns.h for the kernels) is copied into ggml-cpu as specgen/, and
+# patches/ (one unified diff per llama.cpp file, applied by patching.py) hooks it in.
 NATIVE = Path(__file__).resolve().parent / "native"
-CPU_DIR = "vendor/llama.cpp/ggml/src/ggml-cpu"
-# (source under native/, where it goes in the sdist)
-HEADERS = [
-    (NATIVE / "invariant.h", f"{CPU_DIR}/specgen_invariant.h"),
-    (NATIVE / "few_columns.h", f"{CPU_DIR}/llamafile/specgen_few_columns.h"),
-    *((NATIVE / f"few_{part}.h", f"{CPU_DIR}/llamafile/specgen_few_{part}.h")
-      for part in ("q8_0", "low_bits", "float", "k_quants")),
-    (NATIVE / "attention.h", f"{CPU_DIR}/specgen_attention.h"),
-    (NATIVE / "packed_q4_1.h", f"{CPU_DIR}/specgen_packed_q4_1.h"),
-    (NATIVE / "packed_q5_0.h", f"{CPU_DIR}/specgen_packed_q5_0.h"),
-    (NATIVE / "packed_common.h", f"{CPU_DIR}/specgen_packed_common.h"),
-    (NATIVE / "packed_traits.h", f"{CPU_DIR}/specgen_packed_traits.h"),
-]
-SGEMM = f"{CPU_DIR}/llamafile/sgemm.cpp"
-CPU_BACKEND = f"{CPU_DIR}/ggml-cpu.cpp"
-OPS = f"{CPU_DIR}/ops.cpp"
-REPACK = f"{CPU_DIR}/repack.cpp"
-TILED = f"{CPU_DIR}/tiled/tiled.cpp"
-KV_CACHE = "vendor/llama.cpp/src/llama-kv-cache.cpp"
-# Where they are hooked in: (file, anchor, replacement[, how many times the anchor occurs, else once]).
-HOOKS = [
-    # Products: a specgen kernel first; for few columns without one, ggml's one-column code.
-    (SGEMM, '#include "simd-mappings.h"\n', '#include "simd-mappings.h"\n#include "specgen_few_columns.h"\n'),
-    (SGEMM, "    // only enable sgemm for prompt processing\n",
-     "#ifdef SPECGEN_FEW\n"
-     "    if (Ctype == GGML_TYPE_F32 && specgen_few::matmul(m, n, k, A, lda, B, ldb, (float *) C, ldc,\n"
-     "            (ggml_type) Atype, (ggml_type) Btype, params->ith, params->nth))\n"
-     "        return true;\n"
-     "#endif\n"
-     "    if (specgen::invariant(n))\n"
-     "        return false;\n"
-     "    // only enable sgemm for prompt processing\n"),
-    # Repacked weights (Q4_0, Q4_K, IQ4_NL on AVX2): few columns through the one-column GEMV, each
-    # quantized as one row is (not in the 4-row interleaved layout the GEMM reads).
-    (REPACK, '#include "repack.h"\n',
-     '#include "repack.h"\n#include "specgen_invariant.h"\n'
-     '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
-    # Q4_1 and Q5_0 weights repacked into specgen's layout and arithmetic for every product
-    # (packed_q4_1.h, packed_q5_0.h);
-    # Q4_0 and Q4_K weights stay in ggml's layout where a specgen kernel reads them (prompts then go
-    # through tinyBLAS and the tiled K-quant matmul instead of the repacked GEMM).
-    (REPACK, "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n",
-     "#if defined(SPECGEN_FEW) && defined(GGML_USE_LLAMAFILE)\n"
-     '#include "specgen_packed_q4_1.h"\n'
-     '#include "specgen_packed_q5_0.h"\n'
-     "#endif\n"
-     "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n"
-     "#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED)\n"
-     "    if (const ggml::cpu::tensor_traits * packed = specgen_packed::traits_for(cur)) {\n"
-     "        return packed;\n"
-     "    }\n"
-     "#endif\n"
-     "#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED_Q5_0)\n"
-     "    if (const ggml::cpu::tensor_traits * packed = specgen_packed_q5_0::traits_for(cur)) {\n"
-     "        return packed;\n"
-     "    }\n"
-     "#endif\n"
-     "#if defined(SPECGEN_FEW) && defined(GGML_USE_LLAMAFILE)\n"
-     "    if (specgen_few::keeps_layout(cur->type)) {\n"
-     "        return nullptr;\n"
-     "    }\n"
-     "#endif\n"),
-    (REPACK, "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {\n",
-     "            const int64_t specgen_rows4 = specgen::invariant(ne11) ? 0 : ne11 - ne11 % 4;\n"
-     "            for (int64_t i11 = ith * 4; i11 < specgen_rows4; i11 += nth * 4) {\n"),
-    (REPACK, "            const int64_t i11_processed = ne11 - ne11 % 4;\n",
-     "            const int64_t i11_processed = specgen_rows4;\n"),
-    (REPACK, "        if (nrows > 3) {\n",
-     "        const int64_t specgen_rows4 = specgen::invariant(ne11) ? 0 : nrows - (nrows % 4);\n"
-     "        if (specgen_rows4 > 0) {\n"),
-    (REPACK, "        for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {\n",
-     "        for (int iter = specgen_rows4; iter < nrows; iter++) {\n"),
-    # The tiled K-quant matmul (from 8 columns): few columns go on to ggml's one-column code.
-    (TILED, '#include "tiled-kernel.h"\n', '#include "tiled-kernel.h"\n#include "../specgen_invariant.h"\n'),
-    (TILED, "    if (!ggml_tiled_min_batch(dst->src[1]->ne[1])) {\n",
-     "    if (!ggml_tiled_min_batch(dst->src[1]->ne[1]) || specgen::invariant(dst->src[1]->ne[1])) {\n"),
-    (TILED, "    if (!ggml_tiled_min_batch(cne1)) {\n",
-     "    if (!ggml_tiled_min_batch(cne1) || specgen::invariant(cne1)) {\n"),
-    # Attention: few query rows through the per-row loop over the whole cache (no KV split over
-    # threads for one row, no tiles).
-    (OPS, '#include "vec.h"\n', '#include "vec.h"\n#include "specgen_invariant.h"\n'),
-    (OPS, "&& q->type == GGML_TYPE_F32 && nek1 >= 512;\n",
-     "&& q->type == GGML_TYPE_F32 && nek1 >= 512 && !specgen::invariant(1);\n"),
-    (OPS, "                                neq1 >= Q_TILE_SZ);\n",
-     "                                neq1 >= Q_TILE_SZ && !specgen::invariant(neq1));\n"),
-    # ... and several of those rows per pass over the cache, each row's arithmetic ggml's (attention.h).
-    (OPS, "static void ggml_compute_forward_flash_attn_ext_f16(\n",
-     '#include "specgen_attention.h"\n\nstatic void ggml_compute_forward_flash_attn_ext_f16(\n'),
-    (OPS, "    } else {\n\n        // total rows in q\n",
-     "    } else if (specgen_attention::run(params, dst)) {\n"
-     "        // specgen's attention for few rows did it\n"
-     "    } else {\n\n        // total rows in q\n"),
-    # The KV cache: flash attention sums a row's cells in cell order, so a committed token must never
-    # land in a cell before earlier ones (a hole left by a rejected draft), which plain decoding
-    # never does. Cells freed by dropped drafts are not reused before the cache wraps around.
-    (KV_CACHE, '#include "llama-kv-cache.h"\n',
-     '#include "llama-kv-cache.h"\n#include "../ggml/src/ggml-cpu/specgen_invariant.h"\n'),
-    (KV_CACHE, "new_head != cells.size() && new_head < head) {\n",
-     "new_head != cells.size() && new_head < head && !specgen::invariant(1)) {\n", 3),
-    (KV_CACHE, "        if (head_cur > cells.get_used() + 2*n_tokens) {\n",
-     "        if (head_cur > cells.get_used() + 2*n_tokens && !specgen::invariant(1)) {\n"),
-    # What the build has, in llama.cpp's system info (`specgen doctor` reads it).
-    (CPU_BACKEND, '#include "amx/amx.h"\n',
-     '#include "amx/amx.h"\n#include "specgen_invariant.h"\n'
-     '#ifdef GGML_USE_LLAMAFILE\n#include "llamafile/specgen_few_columns.h"\n#endif\n'),
-    (CPU_BACKEND, "        features.push_back({ nullptr, nullptr });\n",
-     "        features.push_back({ \"SPECGEN_INVARIANT\", specgen::current().invariant ? \"on\" : \"off\" });\n"
-     "        features.push_back({ \"SPECGEN_ATTENTION\", specgen::current().invariant && specgen::kernel_on(\"attention\") ? \"rows\" : \"off\" });\n"
-     "    #ifdef SPECGEN_FEW\n"
-     "        features.push_back({ \"SPECGEN_KERNELS\", specgen_few::describe() });\n"
-     "    #endif\n"
-     "        features.push_back({ nullptr, nullptr });\n"),
-]
+LLAMA_CPP = "vendor/llama.cpp"
+CPU_DIR = f"{LLAMA_CPP}/ggml/src/ggml-cpu"
+NATIVE_IN_SDIST = f"{CPU_DIR}/specgen"
+
+
+def native_headers() -> list[Path]:
+    return sorted(NATIVE.glob("*.h"))
 
 
 def kernel_digest() -> str:
-    """What the patch adds, for the wheel cache's key: the headers and where they are hooked in."""
-    blob = b"".join(source.read_bytes() for source, _ in HEADERS) + repr(HOOKS).encode()
+    """What the patch adds, for the wheel cache's key: the headers and the patches."""
+    files = [*native_headers(), *sorted(patching.PATCHES.glob("*.patch"))]
+    blob = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in files)
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -280,38 +176,64 @@ def _run_with_progress(cmd: list[str], env: dict[str, str], log_path: Path) -> i
     return rc
 
 
+def sdist_archive() -> Path:
+    """The pinned llama-cpp-python sdist, kept under ``$SPECGEN_HOME/sdist`` once pip has fetched it
+    (pip's index and proxy settings apply): the wheel's source, and the headers that
+    tests/test_native_headers.py compiles specgen's own against."""
+    cache = specgen_home() / "sdist"
+    archive = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if archive.is_file():
+        return archive
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+               f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+        fetched = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"), None) if subprocess.run(cmd).returncode == 0 else None
+        if fetched is None:
+            sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
+                     "(pip download failed; see its messages above)")
+        shutil.move(str(fetched), archive)  # same filesystem: the cache never holds half an archive
+    return archive
+
+
 def fetch_sdist(tmp: Path) -> Path:
-    """The pinned llama-cpp-python sdist, unpacked under `tmp` (pip fetches it, so pip's index and
-    proxy settings apply)."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(tmp),
-           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
-    if subprocess.run(cmd).returncode != 0:
-        sys.exit(f"specgen: cannot download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
-                 "(pip download failed; see its messages above)")
-    archive = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+    """The pinned llama-cpp-python sdist, unpacked under `tmp`."""
+    archive = sdist_archive()
     with tarfile.open(archive) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(tmp, filter="data")
         else:  # Python < 3.11.4: no extraction filters; the archive comes from our pinned index
             tar.extractall(tmp)
-    archive.unlink()
     return tmp / archive.name[: -len(".tar.gz")]
 
 
+def llama_cpp_versions(source: Path) -> str:
+    """Which llama.cpp `source` (an unpacked sdist) holds, in words: llama-cpp-python's version and
+    ggml's, as its CMakeLists.txt sets it."""
+    words = f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}'s llama.cpp"
+    cmake = source / LLAMA_CPP / "ggml/CMakeLists.txt"
+    if cmake.is_file():
+        parts = dict(re.findall(r"set\(GGML_VERSION_(MAJOR|MINOR|PATCH) (\d+)\)", cmake.read_text(encoding="utf-8")))
+        if len(parts) == 3:
+            words += f" (ggml {parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']})"
+    return words
+
+
 def patch_llama_cpp(source: Path) -> Path:
-    """Add specgen's batch invariance and kernels to the unpacked sdist. Each hook replaces an anchor
-    line that must occur exactly once, so a changed llama.cpp fails the build loudly rather than
-    building without them."""
-    for header, rel in HEADERS:
-        shutil.copyfile(header, source / rel)
-    for rel, anchor, replacement, *times in HOOKS:
-        path = source / rel
-        text = path.read_text(encoding="utf-8")
-        expected = times[0] if times else 1
-        if text.count(anchor) != expected:
-            sys.exit(f"specgen: cannot add its kernels to llama.cpp: expected the line {anchor.strip()!r} "
-                     f"{'once' if expected == 1 else f'{expected} times'} in {rel}, found it {text.count(anchor)} times")
-        path.write_text(text.replace(anchor, replacement), encoding="utf-8")
+    """Add specgen's batch invariance and kernels to the unpacked sdist: native/ copied into ggml-cpu
+    as specgen/, then each patch applied. A hunk whose lines do not occur exactly once fails the
+    build loudly, naming the patch, the llama.cpp file and its version, rather than building without
+    specgen's kernels."""
+    target = source / NATIVE_IN_SDIST
+    target.mkdir(parents=True, exist_ok=True)
+    for header in native_headers():
+        shutil.copyfile(header, target / header.name)
+    versions = llama_cpp_versions(source)
+    try:
+        for patch in patching.patches():
+            patching.apply(patch, source / LLAMA_CPP, versions)
+    except patching.PatchError as error:
+        sys.exit(f"specgen: cannot add its kernels to llama.cpp: {error}")
     return source
 
 

@@ -21,11 +21,16 @@
 // (tests/test_kernels.py). They are not ggml's bits (F32 queries and accumulator where ggml rounds
 // both to F16): SPECGEN_KERNELS=ggml, or a list without "attention", keeps ggml's loop.
 //
-// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in ops.cpp,
-// before ggml_compute_forward_flash_attn_ext_f16, which calls run() for few query rows.
+// This file is specgen's own; specgen.llama.build copies native/ into ggml-cpu as specgen/, and
+// patches/ops.cpp.patch includes it before ggml_compute_forward_flash_attn_ext_f16, which calls run()
+// for few query rows. Needs ggml-cpu's headers: vec.h for ggml_v_expf, ggml-cpu-impl.h for the threadpool.
 #pragma once
 
-#include "specgen_invariant.h"
+#include "ggml.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+#include "vec.h"
+#include "invariant.h"
 
 #include <cmath>
 #include <cstdint>
@@ -357,29 +362,40 @@ static inline void weigh_rows(int r, const float * const * p, const char * v, si
     }
 }
 
-// Rows [r0, r1) of ggml's row order (ir = iq3*neq2*neq1 + iq2*neq1 + iq1), all of one K/V head, in
-// three passes over the cells: each row's scores (K·q, scaled, soft-capped, masked), their softmax
-// (the maximum, exp in lanes, the sum), then the weighted sum of V in F32. A row's arithmetic
-// depends only on its query, its mask and the visible cells: cells in cell order, a score's lane its
-// rank among the visible cells, masked cells weighing exactly 0 and skipped. So its result is the
-// same bits in any batch, with any number of threads, and whichever rows share its unit.
-static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, std::vector<float> & scratch) {
-    const ggml_tensor *q = sh.q, *k = sh.k, *v = sh.v, *mask = sh.mask;
-    const int64_t DK = sh.DK, DV = sh.DV, neq1 = sh.neq1, neq2 = sh.neq2, nek1 = sh.nek1;
-    const int64_t n = r1 - r0;
-    const int64_t cells = (nek1 + BC - 1) / BC * BC;  // a row of scores, in whole blocks
-
-    scratch.resize((size_t) (BC * DK + n * BC + n * DV + n * cells + cells + W));
-    float * kbuf = scratch.data();  // a block's K rows, widened
-    float * mvs = kbuf + BC * DK;   // each row's mask over the block (slope times the mask; -inf: not seen)
-    float * acc = mvs + n * BC;
-    float * P = acc + n * DV;       // row i's scores, then weights: P + i*cells
-    float * packed = P + n * cells;
-
+// One unit: rows [r0, r1) of ggml's row order (ir = iq3*neq2*neq1 + iq2*neq1 + iq1), all of one K/V
+// head, and where its passes keep their numbers (the thread's scratch).
+struct unit_state {
+    int64_t n;      // rows
+    int64_t cells;  // a row of scores, in whole blocks of BC cells
     row rows[UNIT_ROWS];
-    const float * qrow[UNIT_ROWS];
+    const float * qrow[UNIT_ROWS];  // each row's query
+    int64_t same_mask[UNIT_ROWS];   // the first row with the same mask and slope (its mask is computed once)
+    const char * kbase;             // the unit's K head, cell 0
+    const char * vbase;             // the unit's V head, cell 0
+    float * kbuf;                   // a block's K rows, widened
+    float * mvs;                    // each row's mask over the block (slope times the mask; -inf: not seen)
+    float * acc;                    // each row's weighted sum of V
+    float * P;                      // row i's scores, then weights: P + i*cells
+    float * packed;                 // one row's visible scores, packed (pass 2)
+};
+
+// The unit's rows: where each reads its query and mask, its ALiBi slope, which earlier row has the same
+// mask, the K/V head they share, and the scratch cut into the passes' buffers.
+static inline void start_unit(const shape & sh, int64_t r0, int64_t r1, std::vector<float> & scratch, unit_state & u) {
+    const ggml_tensor *q = sh.q, *mask = sh.mask;
+    const int64_t neq1 = sh.neq1, neq2 = sh.neq2;
+    const int64_t n = u.n = r1 - r0;
+    const int64_t cells = u.cells = (sh.nek1 + BC - 1) / BC * BC;
+
+    scratch.resize((size_t) (BC * sh.DK + n * BC + n * sh.DV + n * cells + cells + W));
+    u.kbuf = scratch.data();
+    u.mvs = u.kbuf + BC * sh.DK;
+    u.acc = u.mvs + n * BC;
+    u.P = u.acc + n * sh.DV;
+    u.packed = u.P + n * cells;
+
     for (int64_t i = 0; i < n; i++) {
-        row & w = rows[i];
+        row & w = u.rows[i];
         const int64_t ir = r0 + i;
         w.iq3 = ir / (neq2 * neq1);
         w.iq2 = (ir - w.iq3 * neq2 * neq1) / neq1;
@@ -389,151 +405,184 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
         w.mask = mask ? (const ggml_fp16_t *) ((const char *) mask->data + w.iq1 * mask->nb[1] +
                                                (w.iq2 % mask->ne[2]) * mask->nb[2] + (w.iq3 % mask->ne[3]) * mask->nb[3])
                       : nullptr;
-        qrow[i] = (const float *) ((const char *) q->data + (w.iq1 * q->nb[1] + w.iq2 * q->nb[2] + w.iq3 * q->nb[3]));
+        u.qrow[i] = (const float *) ((const char *) q->data + (w.iq1 * q->nb[1] + w.iq2 * q->nb[2] + w.iq3 * q->nb[3]));
     }
-    int64_t same_mask[UNIT_ROWS];  // the first row with the same mask and slope (its mask is computed once)
     for (int64_t i = 0; i < n; i++) {
-        same_mask[i] = i;
+        u.same_mask[i] = i;
         for (int64_t j = 0; j < i; j++) {
-            if (rows[j].mask == rows[i].mask && rows[j].slope == rows[i].slope) {
-                same_mask[i] = j;
+            if (u.rows[j].mask == u.rows[i].mask && u.rows[j].slope == u.rows[i].slope) {
+                u.same_mask[i] = j;
                 break;
             }
         }
     }
-    const int64_t ik2 = rows[0].iq2 / sh.rk2, ik3 = rows[0].iq3 / sh.rk3;
-    const int64_t iv2 = rows[0].iq2 / sh.rv2, iv3 = rows[0].iq3 / sh.rv3;
+    const int64_t ik2 = u.rows[0].iq2 / sh.rk2, ik3 = u.rows[0].iq3 / sh.rk3;
+    const int64_t iv2 = u.rows[0].iq2 / sh.rv2, iv3 = u.rows[0].iq3 / sh.rv3;
+    u.kbase = (const char *) sh.k->data + ik2 * sh.k->nb[2] + ik3 * sh.k->nb[3];
+    u.vbase = (const char *) sh.v->data + iv2 * sh.v->nb[2] + iv3 * sh.v->nb[3];
+}
 
-    // 1. Scores, a block of BC cells at a time: each row's mask over the block; where some row sees a
-    // cell of it, the block's K rows widened once for all the rows, and each row that sees one gets its
-    // BC dot products (dots()), scaled, soft-capped and masked in lanes. A block no row sees is
-    // skipped. The K and V rows AHEAD blocks on are fetched meanwhile.
-    const float scale = sh.scale, softcap = sh.logit_softcap;
-    const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
-    const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
-    for (int64_t ic = 0; ic < AHEAD * BC && ic < nek1; ic++) {
-        fetch(kbase + ic * k->nb[1], DK * sizeof(ggml_fp16_t));
-        fetch(vbase + ic * v->nb[1], DV * sizeof(ggml_fp16_t));
+// The K and V rows of cells [c0, c1) (and below nek1) fetched into L2.
+static inline void fetch_cells(const shape & sh, const unit_state & u, int64_t c0, int64_t c1) {
+    for (int64_t ic = c0; ic < c1 && ic < sh.nek1; ic++) {
+        fetch(u.kbase + ic * sh.k->nb[1], sh.DK * sizeof(ggml_fp16_t));
+        fetch(u.vbase + ic * sh.v->nb[1], sh.DV * sizeof(ggml_fp16_t));
     }
-    for (int64_t c0 = 0; c0 < nek1; c0 += BC) {
-        const int64_t nc = nek1 - c0 < BC ? nek1 - c0 : BC;
-        for (int64_t ic = c0 + AHEAD * BC; ic < c0 + (AHEAD + 1) * BC && ic < nek1; ic++) {
-            fetch(kbase + ic * k->nb[1], DK * sizeof(ggml_fp16_t));
-            fetch(vbase + ic * v->nb[1], DV * sizeof(ggml_fp16_t));
+}
+
+// Each row's mask over the block of nc cells from c0 into mvs (rows with an earlier row's mask share
+// its), and whether the row sees some cell of it; returns whether any row does.
+static inline bool mask_block(unit_state & u, int64_t c0, int64_t nc, bool * seen) {
+    bool any = false;
+    for (int64_t i = 0; i < u.n; i++) {
+        const int64_t j = u.same_mask[i];
+        if (j != i) {
+            seen[i] = seen[j];
+            continue;
         }
-        bool seen[UNIT_ROWS], any = false;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t j = same_mask[i];
-            if (j != i) {
-                seen[i] = seen[j];
-                continue;
-            }
-            float * mv = mvs + i * BC;
-            const ggml_fp16_t * m = rows[i].mask;
-            if (m && nc == BC) {
-                for (int64_t l = 0; l < BC; l += W) {
-                    vstore(mv + l, vmul(vset(rows[i].slope), vload_h(m + c0 + l)));
-                }
-            } else {
-                for (int64_t l = 0; l < BC; l++) {
-                    mv[l] = l >= nc ? -INFINITY : m ? rows[i].slope * GGML_CPU_FP16_TO_FP32(m[c0 + l]) : 0.0f;
-                }
-            }
-            seen[i] = false;
+        float * mv = u.mvs + i * BC;
+        const ggml_fp16_t * m = u.rows[i].mask;
+        if (m && nc == BC) {
             for (int64_t l = 0; l < BC; l += W) {
-                seen[i] |= vseen(vload(mv + l));
+                vstore(mv + l, vmul(vset(u.rows[i].slope), vload_h(m + c0 + l)));
             }
-            any |= seen[i];
-        }
-        if (!any) {
-            for (int64_t i = 0; i < n; i++) {
-                for (int64_t l = 0; l < BC; l++) P[i * cells + c0 + l] = -INFINITY;
-            }
-            continue;
-        }
-        for (int64_t t = 0; t < BC; t++) {
-            const ggml_fp16_t * kc = (const ggml_fp16_t *) (kbase + (c0 + t) * k->nb[1]);
-            for (int64_t d = 0; d < DK; d += W) {
-                vstore(kbuf + t * DK + d, t < nc ? vload_h(kc + d) : vset(0.0f));
+        } else {
+            for (int64_t l = 0; l < BC; l++) {
+                mv[l] = l >= nc ? -INFINITY : m ? u.rows[i].slope * GGML_CPU_FP16_TO_FP32(m[c0 + l]) : 0.0f;
             }
         }
-        int64_t seeing[UNIT_ROWS], ns = 0;  // the rows that see some cell of the block, two at a time
-        for (int64_t i = 0; i < n; i++) {
-            if (seen[i]) {
-                seeing[ns++] = i;
-            } else {
-                for (int64_t l = 0; l < BC; l++) P[i * cells + c0 + l] = -INFINITY;
-            }
+        seen[i] = false;
+        for (int64_t l = 0; l < BC; l += W) {
+            seen[i] |= vseen(vload(mv + l));
         }
-        for (int64_t s0 = 0; s0 < ns; s0 += 2) {
-            const int R = ns - s0 >= 2 ? 2 : 1;
-            const float * qs[2];
-            float * outs[2];
-            for (int r = 0; r < R; r++) {
-                qs[r] = qrow[seeing[s0 + r]];
-                outs[r] = P + seeing[s0 + r] * cells + c0;
-            }
-            if (R == 2) {
-                dots<2>(kbuf, qs, DK, outs);
-            } else {
-                dots<1>(kbuf, qs, DK, outs);
-            }
-            for (int r = 0; r < R; r++) {
-                float * out = outs[r];
-                const float * mvr = mvs + same_mask[seeing[s0 + r]] * BC;
-                for (int64_t l = 0; l < BC; l += W) {
-                    vstore(out + l, vmul(vload(out + l), vset(scale)));
-                }
-                if (softcap != 0.0f) {
-                    for (int64_t l = 0; l < BC; l++) out[l] = softcap * tanhf(out[l]);
-                }
-                for (int64_t l = 0; l < BC; l += W) {
-                    const vec mv = vload(mvr + l);
-                    vstore(out + l, vmasked(vadd(vload(out + l), mv), mv));
-                }
-            }
+        any |= seen[i];
+    }
+    return any;
+}
+
+// Row i's scores over the block from c0: all -inf (no cell of it seen).
+static inline void unseen_block(unit_state & u, int64_t i, int64_t c0) {
+    for (int64_t l = 0; l < BC; l++) u.P[i * u.cells + c0 + l] = -INFINITY;
+}
+
+// The block's K rows widened to F32 into kbuf (cells past nc as zeros).
+static inline void widen_k(const shape & sh, unit_state & u, int64_t c0, int64_t nc) {
+    for (int64_t t = 0; t < BC; t++) {
+        const ggml_fp16_t * kc = (const ggml_fp16_t *) (u.kbase + (c0 + t) * sh.k->nb[1]);
+        for (int64_t d = 0; d < sh.DK; d += W) {
+            vstore(u.kbuf + t * sh.DK + d, t < nc ? vload_h(kc + d) : vset(0.0f));
         }
     }
+}
 
-    // 2. Softmax: the maximum (with the head's sink, where the model has one), exp in lanes, the sum.
-    // The visible cells' scores are first packed in cell order, so a score's lane is its rank among
-    // them, not its cell: a sliding-window cache that wrapped around holds the same cells, in the
-    // same order, at other indices in a batch than alone.
-    for (int64_t i = 0; i < n; i++) {
-        row & w = rows[i];
-        float * p = P + i * cells;
-        const int64_t visible = pack(p, cells, packed);
-        const int64_t lanes = (visible + W - 1) / W * W;
-        for (int64_t c = visible; c < lanes; c++) {
-            packed[c] = -INFINITY;
+// A block of scores, as the score function makes them from the dot products: scaled, soft-capped,
+// plus the mask (slope times ALiBi's bias), and -inf where masked.
+static inline void finish_scores(const shape & sh, float * out, const float * mvr) {
+    for (int64_t l = 0; l < BC; l += W) {
+        vstore(out + l, vmul(vload(out + l), vset(sh.scale)));
+    }
+    if (sh.logit_softcap != 0.0f) {
+        for (int64_t l = 0; l < BC; l++) out[l] = sh.logit_softcap * tanhf(out[l]);
+    }
+    for (int64_t l = 0; l < BC; l += W) {
+        const vec mv = vload(mvr + l);
+        vstore(out + l, vmasked(vadd(vload(out + l), mv), mv));
+    }
+}
+
+// The block's scores of the rows that see some cell of it, two rows per K load (dots()); the others'
+// are -inf.
+static inline void score_block(const shape & sh, unit_state & u, int64_t c0, const bool * seen) {
+    int64_t seeing[UNIT_ROWS], ns = 0;
+    for (int64_t i = 0; i < u.n; i++) {
+        if (seen[i]) {
+            seeing[ns++] = i;
+        } else {
+            unseen_block(u, i, c0);
         }
-        vec m = vset(-INFINITY);
-        for (int64_t c = 0; c < lanes; c += W) {
-            m = vmax(m, vload(packed + c));
+    }
+    for (int64_t s0 = 0; s0 < ns; s0 += 2) {
+        const int R = ns - s0 >= 2 ? 2 : 1;
+        const float * qs[2];
+        float * outs[2];
+        for (int r = 0; r < R; r++) {
+            qs[r] = u.qrow[seeing[s0 + r]];
+            outs[r] = u.P + seeing[s0 + r] * u.cells + c0;
         }
-        float M = lanes ? vhmax(m) : -INFINITY;
-        const float sink = sh.sinks ? ((const float *) sh.sinks->data)[w.iq2] : -INFINITY;
-        M = sink > M ? sink : M;
-        if (M == -INFINITY) {  // every cell masked: no weight anywhere (ggml's loop writes zeros too)
-            for (int64_t c = 0; c < cells; c++) {
-                p[c] = 0.0f;
-            }
-            w.S = 0.0f;
+        if (R == 2) {
+            dots<2>(u.kbuf, qs, sh.DK, outs);
+        } else {
+            dots<1>(u.kbuf, qs, sh.DK, outs);
+        }
+        for (int r = 0; r < R; r++) {
+            finish_scores(sh, outs[r], u.mvs + u.same_mask[seeing[s0 + r]] * BC);
+        }
+    }
+}
+
+// Pass 1, every row's scores, a block of BC cells at a time: each row's mask over the block; where some
+// row sees a cell of it, the block's K rows widened once for all the rows, and each row that sees one
+// gets its BC dot products, scaled, soft-capped and masked in lanes. A block no row sees is skipped.
+// The K and V rows AHEAD blocks on are fetched meanwhile.
+static inline void scores(const shape & sh, unit_state & u) {
+    fetch_cells(sh, u, 0, AHEAD * BC);
+    for (int64_t c0 = 0; c0 < sh.nek1; c0 += BC) {
+        const int64_t nc = sh.nek1 - c0 < BC ? sh.nek1 - c0 : BC;
+        fetch_cells(sh, u, c0 + AHEAD * BC, c0 + (AHEAD + 1) * BC);
+        bool seen[UNIT_ROWS];
+        if (!mask_block(u, c0, nc, seen)) {
+            for (int64_t i = 0; i < u.n; i++) unseen_block(u, i, c0);
             continue;
         }
-        vec sum = vset(0.0f);
-        const vec vm = vset(M);
-        for (int64_t c = 0; c < lanes; c += W) {
-            const vec e = vexp(vsub(vload(packed + c), vm));
-            vstore(packed + c, e);
-            sum = vadd(sum, e);
-        }
-        w.S = vsum(sum) + (sh.sinks ? expf(sink - M) : 0.0f);
-        unpack(p, cells, packed);  // each weight back to its cell, 0 where masked
+        widen_k(sh, u, c0, nc);
+        score_block(sh, u, c0, seen);
     }
+}
 
-    // 3. The weighted sum of V in cell order: up to four rows at a time share each V row's widening,
-    // N lanes-wide slices of each row's sum kept in registers.
+// Pass 2 for row i, the softmax: the maximum (with the head's sink, where the model has one), exp in
+// lanes, the sum into the row's S, and its scores replaced by their weights. The visible cells' scores
+// are first packed in cell order, so a score's lane is its rank among them, not its cell: a
+// sliding-window cache that wrapped around holds the same cells, in the same order, at other indices in
+// a batch than alone.
+static inline void softmax(const shape & sh, unit_state & u, int64_t i) {
+    row & w = u.rows[i];
+    const int64_t cells = u.cells;
+    float * p = u.P + i * cells;
+    float * packed = u.packed;
+    const int64_t visible = pack(p, cells, packed);
+    const int64_t lanes = (visible + W - 1) / W * W;
+    for (int64_t c = visible; c < lanes; c++) {
+        packed[c] = -INFINITY;
+    }
+    vec m = vset(-INFINITY);
+    for (int64_t c = 0; c < lanes; c += W) {
+        m = vmax(m, vload(packed + c));
+    }
+    float M = lanes ? vhmax(m) : -INFINITY;
+    const float sink = sh.sinks ? ((const float *) sh.sinks->data)[w.iq2] : -INFINITY;
+    M = sink > M ? sink : M;
+    if (M == -INFINITY) {  // every cell masked: no weight anywhere (ggml's loop writes zeros too)
+        for (int64_t c = 0; c < cells; c++) {
+            p[c] = 0.0f;
+        }
+        w.S = 0.0f;
+        return;
+    }
+    vec sum = vset(0.0f);
+    const vec vm = vset(M);
+    for (int64_t c = 0; c < lanes; c += W) {
+        const vec e = vexp(vsub(vload(packed + c), vm));
+        vstore(packed + c, e);
+        sum = vadd(sum, e);
+    }
+    w.S = vsum(sum) + (sh.sinks ? expf(sink - M) : 0.0f);
+    unpack(p, cells, packed);  // each weight back to its cell, 0 where masked
+}
+
+// Pass 3, the weighted sum of V in cell order into acc: up to four rows at a time share each V row's
+// widening, N lanes-wide slices of each row's sum kept in registers.
+static inline void weigh_v(const shape & sh, unit_state & u) {
+    const int64_t DV = sh.DV, n = u.n, cells = u.cells;
     const int64_t slices = DV / W;
     constexpr int64_t ACC = W == 16 ? 16 : 8;  // sums kept in registers at once
     const int64_t N = slices % 8 == 0 && 8 <= ACC / 2 ? 8 : slices % 4 == 0 ? 4 : slices % 2 == 0 ? 2 : 1;
@@ -544,34 +593,54 @@ static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, st
         const float * p[4];
         float * a[4];
         for (int j = 0; j < r; j++) {
-            p[j] = P + (i0 + j) * cells;
-            a[j] = acc + (i0 + j) * DV;
+            p[j] = u.P + (i0 + j) * cells;
+            a[j] = u.acc + (i0 + j) * DV;
         }
         for (int64_t d = 0; d < DV; d += N * W) {
             float * ad[4];
             for (int j = 0; j < r; j++) {
                 ad[j] = a[j] + d;
             }
-            const char * vd = vbase + d * sizeof(ggml_fp16_t);
+            const char * vd = u.vbase + d * sizeof(ggml_fp16_t);
             switch (N) {
-                case 8: weigh_rows<8>(r, p, vd, v->nb[1], nek1, ad); break;
-                case 4: weigh_rows<4>(r, p, vd, v->nb[1], nek1, ad); break;
-                case 2: weigh_rows<2>(r, p, vd, v->nb[1], nek1, ad); break;
-                default: weigh_rows<1>(r, p, vd, v->nb[1], nek1, ad); break;
+                case 8: weigh_rows<8>(r, p, vd, sh.v->nb[1], sh.nek1, ad); break;
+                case 4: weigh_rows<4>(r, p, vd, sh.v->nb[1], sh.nek1, ad); break;
+                case 2: weigh_rows<2>(r, p, vd, sh.v->nb[1], sh.nek1, ad); break;
+                default: weigh_rows<1>(r, p, vd, sh.v->nb[1], sh.nek1, ad); break;
             }
         }
         i0 += r;
     }
+}
 
-    for (int64_t i = 0; i < n; i++) {
-        const row & w = rows[i];
+// Each row's weighted sum divided by its softmax's sum, into its place in dst.
+static inline void write_rows(const shape & sh, const unit_state & u, ggml_tensor * dst) {
+    for (int64_t i = 0; i < u.n; i++) {
+        const row & w = u.rows[i];
         const float S_inv = w.S == 0.0f ? 0.0f : 1.0f / w.S;
         float * out = (float *) ((char *) dst->data + (w.iq3 * dst->ne[2] * dst->ne[1] + w.iq2 + w.iq1 * dst->ne[1]) * dst->nb[1]);
         const vec vs = vset(S_inv);
-        for (int64_t d = 0; d < DV; d += W) {
-            vstore(out + d, vmul(vload(acc + i * DV + d), vs));
+        for (int64_t d = 0; d < sh.DV; d += W) {
+            vstore(out + d, vmul(vload(u.acc + i * sh.DV + d), vs));
         }
     }
+}
+
+// Rows [r0, r1), all of one K/V head, in three passes over the cells: each row's scores (K·q, scaled,
+// soft-capped, masked), their softmax (the maximum, exp in lanes, the sum), then the weighted sum of V
+// in F32. A row's arithmetic depends only on its query, its mask and the visible cells: cells in cell
+// order, a score's lane its rank among the visible cells, masked cells weighing exactly 0 and skipped.
+// So its result is the same bits in any batch, with any number of threads, and whichever rows share
+// its unit.
+static void unit(const shape & sh, ggml_tensor * dst, int64_t r0, int64_t r1, std::vector<float> & scratch) {
+    unit_state u;
+    start_unit(sh, r0, r1, scratch, u);
+    scores(sh, u);
+    for (int64_t i = 0; i < u.n; i++) {
+        softmax(sh, u, i);
+    }
+    weigh_v(sh, u);
+    write_rows(sh, u, dst);
 }
 
 // The units of a decode: each K/V group's rows (contiguous in ggml's order) cut into pieces of at

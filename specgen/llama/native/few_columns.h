@@ -2,7 +2,7 @@
 //
 // Why: a decode of B tokens multiplies every weight matrix by B columns. For 2 or more columns
 // llama.cpp hands quantized weights to llamafile's tinyBLAS or to the repacked GEMMs, which are
-// compute-bound there and round differently from the one-column path (see specgen_invariant.h).
+// compute-bound there and round differently from the one-column path (see invariant.h).
 // Here each weight block is read and unpacked once for all the columns, and each column is
 // accumulated exactly as ggml's one-column vec_dot accumulates it, so a column's result is the same
 // bits whatever else was computed with it, and equal to llama.cpp's one-token decode.
@@ -20,104 +20,61 @@
 // host has AVX-512, else 256-bit; few_float.h). Without AVX2, FMA and F16C there is no kernel and
 // invariance falls back to ggml's one-column code.
 //
-// These files are specgen's own; specgen.llama.build copies them next to llamafile's sgemm.cpp, which
-// calls matmul() below first for products of at most specgen::FEW_COLUMNS columns (see build.py).
+// This file is specgen's own, as are the kernels it includes (few_*.h); specgen.llama.build copies
+// native/ into ggml-cpu as specgen/, and patches/sgemm.cpp.patch makes llamafile_sgemm call matmul()
+// below first for products of at most specgen::FEW_COLUMNS columns. Needs ggml.h for the type names.
 #pragma once
 
-#include "../specgen_invariant.h"
+#include "ggml.h"
+#include "invariant.h"
+#include "few_q8_0.h"
+#include "few_low_bits.h"
+#include "few_float.h"
+#include "few_k_quants.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(_MSC_VER)
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <type_traits>
-#include <vector>
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
-    defined(__F16C__)
-#define SPECGEN_FEW "avx512vnni"
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define SPECGEN_FEW "avx2"
-#endif
-#endif
 
 #ifdef SPECGEN_FEW
 
 namespace specgen_few {
 
-// Per-thread scratch for the packed columns, 64-byte aligned, grown as needed and then reused.
-template <typename V>
-static inline V * scratch(std::vector<char> & bytes, size_t count) {
-    bytes.resize(count * sizeof(V) + 64);
-    return (V *) (((uintptr_t) bytes.data() + 63) & ~(uintptr_t) 63);
-}
+// A product kernel: C[ldc * j + i] = row i of A . column j of B for rows r0..r1 of A and n columns.
+using kernel_fn = void (*)(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
+                           int64_t ldc, int64_t r0, int64_t r1);
 
-// How many rows ahead to prefetch: one weight row is k blocks, read as one stream.
-constexpr int64_t PREFETCH_ROWS = 4;
+struct product {
+    const char * name;          // its SPECGEN_KERNELS key (and its word in llama.cpp's system info)
+    ggml_type weight, column;   // A's type, and the vec_dot type ggml quantizes B to
+    int64_t k_step;             // k must be a multiple of it (else ggml's code, which adds the leftovers)
+    bool keeps_layout;          // such weights stay in ggml's layout (not repacked at load) while it is on
+    kernel_fn matmul;
+};
 
-static inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
-
-// hsum_float_8 from ggml-cpu's x86 code: (x0+x4)+(x2+x6) + (x1+x5)+(x3+x7), in this order.
-static inline float hsum8(__m256 x) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-// Calls f(std::integral_constant<int, N>()) for N = count, 1 to 8: the number of accumulator
-// registers is a template parameter so that they stay in registers.
-template <typename F>
-static inline void with_count(int count, F && f) {
-    switch (count) {
-        case 1: f(std::integral_constant<int, 1>()); break;
-        case 2: f(std::integral_constant<int, 2>()); break;
-        case 3: f(std::integral_constant<int, 3>()); break;
-        case 4: f(std::integral_constant<int, 4>()); break;
-        case 5: f(std::integral_constant<int, 5>()); break;
-        case 6: f(std::integral_constant<int, 6>()); break;
-        case 7: f(std::integral_constant<int, 7>()); break;
-        case 8: f(std::integral_constant<int, 8>()); break;
-    }
-}
-
-}  // namespace specgen_few
-
-#include "specgen_few_q8_0.h"
-#include "specgen_few_low_bits.h"
-#include "specgen_few_float.h"
-#include "specgen_few_k_quants.h"
-
-namespace specgen_few {
+// specgen's product kernels, the one list of them (in the order the system info names them). Q4_0, Q2_K
+// and Q4_K would otherwise be repacked at load (Q2_K where the host has AVX-512), and the repacked
+// GEMV/GEMM would take their products.
+static constexpr product PRODUCTS[] = {
+    { "q8_0", GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 1, false, q8_0::matmul },
+    { "q4_0", GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 1, true, low_bits::matmul<low_bits::q4_0> },
+    { "q4_1", GGML_TYPE_Q4_1, GGML_TYPE_Q8_1, 1, false, low_bits::matmul<low_bits::q4_1> },
+    { "q5_0", GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, 1, false, low_bits::matmul<low_bits::q5_0> },
+    { "q5_1", GGML_TYPE_Q5_1, GGML_TYPE_Q8_1, 1, false, low_bits::matmul<low_bits::q5_1> },
+    { "q2_k", GGML_TYPE_Q2_K, GGML_TYPE_Q8_K, 1, true, k_quants::matmul<k_quants::q2_K> },
+    { "q3_k", GGML_TYPE_Q3_K, GGML_TYPE_Q8_K, 1, false, k_quants::matmul<k_quants::q3_K> },
+    { "q4_k", GGML_TYPE_Q4_K, GGML_TYPE_Q8_K, 1, true, k_quants::matmul<k_quants::q4_K> },
+    { "q5_k", GGML_TYPE_Q5_K, GGML_TYPE_Q8_K, 1, false, k_quants::matmul<k_quants::q5_K> },
+    { "q6_k", GGML_TYPE_Q6_K, GGML_TYPE_Q8_K, 1, false, k_quants::matmul<k_quants::q6_K> },
+    { "f16", GGML_TYPE_F16, GGML_TYPE_F16, floats::STEP, false, floats::matmul<uint16_t> },
+    { "f32", GGML_TYPE_F32, GGML_TYPE_F32, floats::STEP, false, floats::matmul<float> },
+};
 
 // Whether a weight of this type should stay in ggml's own layout (not be repacked at load) because a
-// kernel here reads it: the repacked GEMV/GEMM would otherwise take its products.
+// kernel here reads it.
 static inline bool keeps_layout(ggml_type type) {
     if (!specgen::current().invariant) return false;
-    return (type == GGML_TYPE_Q4_0 && specgen::kernel_on("q4_0")) ||
-           (type == GGML_TYPE_Q2_K && specgen::kernel_on("q2_k")) ||  // repacked where the host has AVX-512
-           (type == GGML_TYPE_Q4_K && specgen::kernel_on("q4_k"));
-}
-
-// What this build computes with specgen's kernels, for llama.cpp's system info (`specgen doctor`):
-// the instruction set, then the weight types whose kernel is on, or "off".
-static inline const char * describe() {
-    static char text[96] = "";
-    if (!text[0]) {
-        const char * all[] = { "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-                               "f16", "f32", "q4_1x16", "q5_0x16" };
-        size_t n = (size_t) snprintf(text, sizeof(text), "%s:", SPECGEN_FEW);
-        const size_t bare = n;
-        for (const char * t : all) {
-            if (specgen::current().invariant && specgen::kernel_on(t) && n + 6 < sizeof(text)) {
-                n += (size_t) snprintf(text + n, sizeof(text) - n, " %s", t);
-            }
-        }
-        if (n == bare) snprintf(text, sizeof(text), "off");
+    for (const product & p : PRODUCTS) {
+        if (p.keeps_layout && p.weight == type && specgen::kernel_on(p.name)) return true;
     }
-    return text;
+    return false;
 }
 
 // C[ldc * j + i] = row i of A . column j of B (A: weights of type `a`, B: the columns quantized to
@@ -128,35 +85,13 @@ static inline bool matmul(int64_t m, int64_t n, int64_t k, const void * A, int64
     if (!specgen::invariant(n)) {
         return false;
     }
-    const int64_t r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
-    if (a == GGML_TYPE_Q8_0 && b == GGML_TYPE_Q8_0 && specgen::kernel_on("q8_0")) {
-        q8_0::matmul(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q4_0 && b == GGML_TYPE_Q8_0 && specgen::kernel_on("q4_0")) {
-        low_bits::matmul<low_bits::q4_0>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q5_0 && b == GGML_TYPE_Q8_0 && specgen::kernel_on("q5_0")) {
-        low_bits::matmul<low_bits::q5_0>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q4_1 && b == GGML_TYPE_Q8_1 && specgen::kernel_on("q4_1")) {
-        low_bits::matmul<low_bits::q4_1>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q5_1 && b == GGML_TYPE_Q8_1 && specgen::kernel_on("q5_1")) {
-        low_bits::matmul<low_bits::q5_1>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q2_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q2_k")) {
-        k_quants::matmul<k_quants::q2_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q3_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q3_k")) {
-        k_quants::matmul<k_quants::q3_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q4_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q4_k")) {
-        k_quants::matmul<k_quants::q4_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q6_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q6_k")) {
-        k_quants::matmul<k_quants::q6_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_Q5_K && b == GGML_TYPE_Q8_K && specgen::kernel_on("q5_k")) {
-        k_quants::matmul<k_quants::q5_K>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_F16 && b == GGML_TYPE_F16 && k % floats::STEP == 0 && specgen::kernel_on("f16")) {
-        floats::matmul<uint16_t>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else if (a == GGML_TYPE_F32 && b == GGML_TYPE_F32 && k % floats::STEP == 0 && specgen::kernel_on("f32")) {
-        floats::matmul<float>(n, k, A, lda, B, ldb, C, ldc, r0, r1);
-    } else {
-        return false;
+    for (const product & p : PRODUCTS) {
+        if (p.weight == a && p.column == b && k % p.k_step == 0 && specgen::kernel_on(p.name)) {
+            p.matmul(n, k, A, lda, B, ldb, C, ldc, m * ith / nth, m * (ith + 1) / nth);
+            return true;
+        }
     }
-    return true;
+    return false;
 }
 
 }  // namespace specgen_few

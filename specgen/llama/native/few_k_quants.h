@@ -1,6 +1,11 @@
-// specgen: K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), few columns; part of specgen_few_columns.h,
-// which includes it after its helpers (fp16, hsum8, with_count, PREFETCH_ROWS) and calls it from matmul().
+// specgen: K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), few columns; called from few_columns.h's
+// matmul(); its helpers (fp16, hsum8, with_count, PREFETCH_ROWS) are few_common.h's.
 #pragma once
+
+#include "few_common.h"
+#include "few_low_bits.h"  // low_bits::GROUP, the columns per pass
+
+#ifdef SPECGEN_FEW
 
 namespace specgen_few {
 
@@ -254,3 +259,5 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
 }  // namespace k_quants
 
 }  // namespace specgen_few
+
+#endif  // SPECGEN_FEW

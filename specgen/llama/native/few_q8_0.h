@@ -1,6 +1,10 @@
-// specgen: Q8_0 weights, few columns; part of specgen_few_columns.h, which includes it after its helpers
-// (scratch, fp16, hsum8, with_count, PREFETCH_ROWS) and calls it from matmul().
+// specgen: Q8_0 weights, few columns; called from few_columns.h's
+// matmul(); its helpers (scratch, fp16, hsum8, with_count, PREFETCH_ROWS) are few_common.h's.
 #pragma once
+
+#include "few_common.h"
+
+#ifdef SPECGEN_FEW
 
 namespace specgen_few {
 
@@ -146,3 +150,5 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
 }  // namespace q8_0
 
 }  // namespace specgen_few
+
+#endif  // SPECGEN_FEW

@@ -25,7 +25,9 @@
 //   q4_1,q8_0    batch invariance; specgen kernels only for the listed weight types (and "attention"
 //                for specgen's attention; without it, ggml's per-row loop)
 //
-// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and hooks it in.
+// This file is specgen's own; specgen.llama.build copies native/ into ggml-cpu as specgen/, and the
+// patches (specgen/llama/patches/*.patch: sgemm.cpp, repack.cpp, tiled.cpp, ops.cpp, llama-kv-cache.cpp,
+// ggml-cpu.cpp) call invariant() where llama.cpp picks a kernel by batch size. Plain C++17.
 #pragma once
 
 #include <ctype.h>

@@ -22,19 +22,13 @@
 // code 16 + 4 t + b). One 64-byte load then gives, per 32-bit lane, one row's four codes, so a
 // vpdpbusd (or vpmaddubsw) against the column's four bytes broadcast works on 16 (8) rows at once.
 //
-// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in
-// repack.cpp, where ggml_repack_get_optimal_repack_type offers it for 2-D Q4_1 weights. The kernel
-// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it alone,
-// for AVX2 and AVX-512, against a scalar statement of the arithmetic above); the part after it needs
-// repack.cpp's context.
+// This file is specgen's own; specgen.llama.build copies native/ into ggml-cpu as specgen/, where
+// packed_traits.h offers it to llama.cpp's repack buffer for 2-D Q4_1 weights. It needs only a C++17
+// compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it alone, for AVX2 and AVX-512,
+// against a scalar statement of the arithmetic above).
 #pragma once
 
-// packed_common.h: copied into ggml-cpu as specgen_packed_common.h; alone (tests), as itself.
-#if __has_include("specgen_packed_common.h")
-#include "specgen_packed_common.h"
-#else
 #include "packed_common.h"
-#endif
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define SPECGEN_PACKED 1
@@ -165,35 +159,3 @@ static inline void pack(const row_q4_1 * src, int64_t rows, int64_t nb, block_q4
 }  // namespace specgen_packed
 
 #endif  // AVX2, F16C, FMA
-
-// In ggml (repack.cpp): the repack buffer's traits for these weights (packed_traits.h).
-#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED)
-#include "specgen_packed_traits.h"
-
-namespace specgen_packed {
-
-static_assert(sizeof(row_q4_1) == sizeof(block_q4_1) && sizeof(column_q8_1) == sizeof(block_q8_1), "ggml's blocks");
-
-struct kernel {
-    static constexpr ggml_type WEIGHT = GGML_TYPE_Q4_1, COLUMN = GGML_TYPE_Q8_1;
-    static constexpr const char * NAME = "q4_1x16";
-    static constexpr int64_t ROWS = specgen_packed::ROWS;
-    static constexpr int QK = specgen_packed::QK;
-    static constexpr int EXTRA = 0;  // Q8_1 carries its d * sum
-    using row = row_q4_1;
-    using packed = block_q4_1x16;
-    static void extras(const char *, int64_t, int32_t *) {}
-    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed::pack(src, rows, nb, dst); }
-    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
-                       const int32_t *, int64_t n, float * dst, int64_t ldc) {
-        specgen_packed::matmul(nb, w, g0, g1, cols, row_bytes, n, dst, ldc);
-    }
-};
-
-static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
-    return specgen_packed_traits::traits_for<kernel>(t);
-}
-
-}  // namespace specgen_packed
-
-#endif  // SPECGEN_FEW && SPECGEN_PACKED

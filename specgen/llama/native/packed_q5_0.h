@@ -33,19 +33,13 @@
 //            the bits that cross a byte are masked off) and one AND give code vector k its bit 4
 //            (rows 8 h .. 8 h + 7 are bytes 32 h .. 32 h + 31 of every vector and of qh).
 //
-// This file is specgen's own; specgen.llama.build copies it into ggml-cpu and includes it in
-// repack.cpp, where ggml_repack_get_optimal_repack_type offers it for 2-D Q5_0 weights. The kernel
-// part needs only a C++17 compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it
-// alone, for AVX2 and AVX-512, against a scalar statement of the arithmetic above); the part after it
-// needs repack.cpp's context.
+// This file is specgen's own; specgen.llama.build copies native/ into ggml-cpu as specgen/, where
+// packed_traits.h offers it to llama.cpp's repack buffer for 2-D Q5_0 weights. It needs only a C++17
+// compiler and <immintrin.h> (tests/test_packed_kernel.py compiles it alone, for AVX2 and AVX-512,
+// against a scalar statement of the arithmetic above).
 #pragma once
 
-// packed_common.h: copied into ggml-cpu as specgen_packed_common.h; alone (tests), as itself.
-#if __has_include("specgen_packed_common.h")
-#include "specgen_packed_common.h"
-#else
 #include "packed_common.h"
-#endif
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define SPECGEN_PACKED_Q5_0 1
@@ -229,35 +223,3 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
 }  // namespace specgen_packed_q5_0
 
 #endif  // AVX2, F16C, FMA
-
-// In ggml (repack.cpp): the repack buffer's traits for these weights (packed_traits.h).
-#if defined(SPECGEN_FEW) && defined(SPECGEN_PACKED_Q5_0)
-#include "specgen_packed_traits.h"
-
-namespace specgen_packed_q5_0 {
-
-static_assert(sizeof(row_q5_0) == sizeof(block_q5_0) && sizeof(column_q8_0) == sizeof(block_q8_0), "ggml's blocks");
-
-struct kernel {
-    static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_0, COLUMN = GGML_TYPE_Q8_0;
-    static constexpr const char * NAME = "q5_0x16";
-    static constexpr int64_t ROWS = specgen_packed_q5_0::ROWS;
-    static constexpr int QK = specgen_packed_q5_0::QK;
-    static constexpr int EXTRA = 1;  // each column block's offsets()
-    using row = row_q5_0;
-    using packed = block_q5_0x16;
-    static void extras(const char * column, int64_t nb, int32_t * out) { offsets((const column_q8_0 *) column, nb, out); }
-    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q5_0::pack(src, rows, nb, dst); }
-    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
-                       const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
-        specgen_packed_q5_0::matmul(nb, w, g0, g1, cols, row_bytes, offs, n, dst, ldc);
-    }
-};
-
-static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
-    return specgen_packed_traits::traits_for<kernel>(t);
-}
-
-}  // namespace specgen_packed_q5_0
-
-#endif  // SPECGEN_FEW && SPECGEN_PACKED_Q5_0

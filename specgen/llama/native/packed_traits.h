@@ -1,21 +1,82 @@
-// specgen: what llama.cpp's repack buffer asks of specgen's packed weight types (packed_q4_1.h,
-// packed_q5_0.h), once for all of them: repack a tensor at load, size the scratch, and compute a
-// product of any number of columns (each column quantized as ggml quantizes one row, with the few
-// integers per column block a kernel needs beside it, then each thread's share of the row groups).
+// specgen: specgen's packed weight layouts (packed_q4_1.h, packed_q5_0.h) as llama.cpp's repack buffer
+// sees them, once for all of them: repack a tensor at load, size the scratch, and compute a product
+// of any number of columns (each column quantized as ggml quantizes one row, with the few integers
+// per column block a kernel needs beside it, then each thread's share of the row groups).
 //
 // A kernel K gives: WEIGHT and COLUMN (ggml types), NAME (its SPECGEN_KERNELS key), ROWS and QK,
 // `row` and `packed` (its blocks), EXTRA (int32s per column block, 0 for none), extras(column, nb,
 // out), pack(rows of blocks, rows, nb, packed) and matmul(nb, packed, g0, g1, columns, row_bytes,
-// extras, n, dst, ldc).
+// extras, n, dst, ldc). PACKED below lists them, the one list of them.
 //
-// This file is specgen's own; specgen.llama.build copies it into ggml-cpu, where the packed headers
-// include it inside repack.cpp.
+// The repack buffer's base class (ggml::cpu::repack::tensor_traits_base) is declared inside
+// repack.cpp, so it is a template parameter here: repack.cpp passes it (patches/repack.cpp.patch,
+// through kernels.h), and this header compiles with ggml's headers alone.
+//
+// This file is specgen's own; specgen.llama.build copies native/ into ggml-cpu as specgen/.
 #pragma once
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "ggml-cpu-impl.h"
+#include "traits.h"
+#include "invariant.h"
+#include "packed_q4_1.h"
+#include "packed_q5_0.h"
+
+#include <stdint.h>
+
+#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0)
+#define SPECGEN_PACKED_LAYOUTS 1
 
 namespace specgen_packed_traits {
 
-template <typename K>
-class traits : public ggml::cpu::repack::tensor_traits_base {
+// Q4_1 weights x Q8_1 columns (packed_q4_1.h).
+struct q4_1x16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q4_1, COLUMN = GGML_TYPE_Q8_1;
+    static constexpr const char * NAME = "q4_1x16";
+    static constexpr int64_t ROWS = specgen_packed::ROWS;
+    static constexpr int QK = specgen_packed::QK;
+    static constexpr int EXTRA = 0;  // Q8_1 carries its d * sum
+    using row = specgen_packed::row_q4_1;
+    using column = specgen_packed::column_q8_1;
+    using packed = specgen_packed::block_q4_1x16;
+    static void extras(const char *, int64_t, int32_t *) {}
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t *, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed::matmul(nb, w, g0, g1, cols, row_bytes, n, dst, ldc);
+    }
+};
+
+// Q5_0 weights x Q8_0 columns (packed_q5_0.h).
+struct q5_0x16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_0, COLUMN = GGML_TYPE_Q8_0;
+    static constexpr const char * NAME = "q5_0x16";
+    static constexpr int64_t ROWS = specgen_packed_q5_0::ROWS;
+    static constexpr int QK = specgen_packed_q5_0::QK;
+    static constexpr int EXTRA = 1;  // each column block's offsets()
+    using row = specgen_packed_q5_0::row_q5_0;
+    using column = specgen_packed_q5_0::column_q8_0;
+    using packed = specgen_packed_q5_0::block_q5_0x16;
+    static void extras(const char * column_blocks, int64_t nb, int32_t * out) {
+        specgen_packed_q5_0::offsets((const column *) column_blocks, nb, out);
+    }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q5_0::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q5_0::matmul(nb, w, g0, g1, cols, row_bytes, offs, n, dst, ldc);
+    }
+};
+
+template <typename... K>
+struct kernels {};
+
+// specgen's packed layouts, the one list of them, in the order they are offered a weight.
+using PACKED = kernels<q4_1x16, q5_0x16>;
+
+// The repack buffer's traits for kernel K; Base is repack.cpp's ggml::cpu::repack::tensor_traits_base.
+template <typename K, typename Base>
+class traits : public Base {
     static size_t columns_bytes(const ggml_tensor * src1) { return ggml_row_size(K::COLUMN, ggml_nelements(src1)); }
 
     // The columns' extras in wdata: from the first 64-byte boundary after the quantized columns.
@@ -62,12 +123,32 @@ class traits : public ggml::cpu::repack::tensor_traits_base {
 };
 
 // The traits for a weight that takes K's layout (2-D, whole groups of rows, the kernel on), else nullptr.
-template <typename K>
+template <typename K, typename Base>
 static inline const ggml::cpu::tensor_traits * traits_for(const ggml_tensor * t) {
-    static const traits<K> instance;
+    static const traits<K, Base> instance;
     const bool takes = t->type == K::WEIGHT && ggml_n_dims(t) == 2 && t->ne[1] % K::ROWS == 0 && t->ne[0] % K::QK == 0 &&
                        specgen::current().invariant && specgen::kernel_on(K::NAME);
+    if (takes) {  // specgen's block structs are ggml's blocks, byte for byte
+        GGML_ASSERT(ggml_type_size(K::WEIGHT) == sizeof(typename K::row) && ggml_blck_size(K::WEIGHT) == K::QK);
+        GGML_ASSERT(ggml_type_size(K::COLUMN) == sizeof(typename K::column) && ggml_blck_size(K::COLUMN) == K::QK);
+    }
     return takes ? &instance : nullptr;
 }
 
+// The first of the kernels whose layout the weight takes, else nullptr.
+template <typename Base, typename... K>
+static inline const ggml::cpu::tensor_traits * first_for(const ggml_tensor * t, kernels<K...>) {
+    const ggml::cpu::tensor_traits * found = nullptr;
+    ((found = found ? found : traits_for<K, Base>(t)), ...);
+    return found;
+}
+
+// Calls f(K::NAME) for each kernel, in order.
+template <typename F, typename... K>
+static inline void each_name(F && f, kernels<K...>) {
+    (f(K::NAME), ...);
+}
+
 }  // namespace specgen_packed_traits
+
+#endif  // SPECGEN_PACKED && SPECGEN_PACKED_Q5_0
