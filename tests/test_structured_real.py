@@ -185,6 +185,19 @@ def test_hermes_template_calls_through_its_own_tags(monkeypatch, choice):
     assert texts["plain"] == texts["auto"]
 
 
+def test_a_rollback_the_grammar_engine_cannot_take_is_one_constraint_error():
+    """Issue 67 (wrong output 5): llguidance refusing a rollback was a RuntimeError (a 500 and a
+    traceback in the server); it is the ConstraintError every grammar failure is (a 400, one line)."""
+    from specgen.errors import ConstraintError
+
+    target = session().target
+    c = target.constrain(ConstraintSpec("regex", "x(yz)?"))
+    c.consume(target.tokenize("x", add_special=False)[0])
+    with pytest.raises(ConstraintError, match=r"could not take back \d+ tokens at output token 1") as e:
+        c.rollback(3)  # more than it consumed
+    assert "\n" not in str(e.value)
+
+
 def test_rollback_undoes_consume_calls_an_ended_grammar_took_as_no_ops():
     """Once the grammar has stopped, llguidance takes an end-of-generation token as a no-op; rolling
     back must still undo exactly the consume() calls made (forced.py walks a step again by rolling
