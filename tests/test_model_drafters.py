@@ -134,3 +134,22 @@ def test_noise_keyed_by_the_step_instead_of_the_position_breaks_the_identity(mon
         events, _, *_ = run_spec(target, draft, [0, 2, 3], 6, SamplingParams(1.0, seed=seed), METHODS["chain"])
         differ += [e.token for e in events] != plain
     assert differ > 10
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_second_request_sharing_the_prompt_reads_only_its_new_tokens_into_the_draft(lazy):
+    """The draft's KV keeps the prefix a new prompt shares with the text it holds (a conversation's
+    next turn, an agent's next call), as the target's prompt cache does: it reads only what is new,
+    and every answer is still plain's."""
+    target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
+    dctx = FakeContext(NoisyDraft(target, noise=1.5), n_ctx=512, n_seq_max=64)
+    d = ModelDrafter(dctx, SamplingParams(), branching=1, max_nodes=5, min_prob=0.2, lazy_prefill=lazy)
+    first = [0, 3, 4, 5, 6, 3, 9, 8]
+    done = generated(target, FakeContext(target, n_ctx=512, n_seq_max=32), first, 12, SamplingParams(), d)
+    second = first + [e.token for e in done.token_events] + [7, 10, 3, 4]
+    dctx.calls.clear()
+    done = generated(target, FakeContext(target, n_ctx=512, n_seq_max=32), second, 12, SamplingParams(), d)
+    assert [e.token for e in done.token_events] == run_plain(target, second, 12, SamplingParams())
+    read = sorted(p for call in dctx.calls for p, seqs in zip(call.positions, call.seq_ids) if 0 in seqs)
+    assert read[0] >= len(first), f"the draft re-read the shared prompt from position {read[0]}"
+    assert committed_kv(dctx) == (second + [e.token for e in done.token_events])[:len(committed_kv(dctx))]

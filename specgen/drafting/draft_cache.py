@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specgen.core.kv import COMMITTED_SEQ, evaluate, keep_branch, prefill
+from specgen.core.kv import COMMITTED_SEQ, common_prefix, evaluate, keep_branch, prefill
 from specgen.core.protocol import Context
 
 
@@ -27,17 +27,27 @@ class DraftCache:
         self.ctx = ctx
         self.lazy = lazy  # leave the prompt to the first catch-up, which never comes if the draft is unused
         self.tokens: list[int] = []  # committed text (lazy: from where the draft started reading)
+        self.from_start = True  # whether self.tokens starts the text (a lazy restart drops its head)
         self.n_eval = 0  # committed tokens evaluated into sequence 0
         self.caught_up = False  # whether this step evaluated the root (the last committed token)
 
     def reset(self, tokens: list[int]) -> None:
-        """Prefill the prompt but its last token (the first root), as the target does (lazy: none)."""
-        if self.lazy:
-            self.ctx.clear()
+        """Prefill the prompt but its last token (the first root), as the target does (lazy: none).
+        The prefix it shares with the text already read stays (a conversation's next turn, an agent's
+        next call): only the rest is read. The draft's bits need not be a cold read's, since
+        verification decides every token."""
+        held = self.tokens[:self.n_eval] if self.from_start else []
+        keep = min(common_prefix(held, tokens), len(tokens) - 1)
+        if not self.lazy:
+            self.n_eval = len(tokens) - 1
+            prefill(self.ctx, tokens, keep=keep)
+        elif keep > 0 and self.ctx.seq_rm(COMMITTED_SEQ, keep, -1):
+            self.ctx.seq_keep(COMMITTED_SEQ)
+            self.n_eval = keep
         else:
-            prefill(self.ctx, tokens)
-        self.tokens = list(tokens)
-        self.n_eval = 0 if self.lazy else len(tokens) - 1
+            self.ctx.clear()
+            self.n_eval = 0
+        self.tokens, self.from_start = list(tokens), True
         self.caught_up = False
 
     @property
@@ -51,7 +61,7 @@ class DraftCache:
         Lazy, more than WINDOW behind: start over from the last WINDOW (positions from 0)."""
         if self.lazy and len(self.tokens) - self.n_eval > self.WINDOW:
             self.ctx.seq_rm(COMMITTED_SEQ, 0, -1)  # the only sequence between steps
-            self.tokens, self.n_eval = self.tokens[-self.WINDOW:], 0
+            self.tokens, self.n_eval, self.from_start = self.tokens[-self.WINDOW:], 0, False
         last = evaluate(self.ctx, self.tokens[self.n_eval:], self.n_eval)
         self.n_eval = len(self.tokens)
         self.caught_up = True
