@@ -176,7 +176,7 @@ class Server:
             return Reply(kind, self.model_id, self.method, request)
         w = self.worker
         return NativeReply(self.model_id, self.method, request,
-                           routes.params(w.runners.cfg, w.default_max_tokens, request), w.n_ctx)
+                           lambda ask: routes.params(w.runners.cfg, w.default_max_tokens, request, ask), w.n_ctx)
 
     async def _generate(self, body: dict, parse: Callable[..., Request], kind: str) -> Response:
         request = parse(body, self.target.chat_template)

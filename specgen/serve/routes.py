@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 from specgen import __version__
 from specgen.app import samplers
-from specgen.app.ask import sampling_values
+from specgen.app.ask import Ask, sampling_values
 from specgen.app.config import RunConfig
 from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
@@ -18,7 +19,7 @@ from specgen.errors import SpecgenError
 from specgen.serve.logprob_shapes import Shown, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
-from specgen.serve.worker import Done, Worker, sampling_of
+from specgen.serve.worker import Done, Worker
 
 SEED_RANDOM = 4294967295  # llama-server's "no seed given"
 
@@ -61,15 +62,16 @@ LLAMA_OFF = {
 }
 
 
-def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None) -> dict:
-    """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or a
-    request's: ask.sampling_values names them as llama-server does), and every setting it does not
-    implement at the value that turns it off."""
-    s = cfg.sampling if request is None else sampling_of(cfg, request)
+def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None,
+           ask: Ask | None = None) -> dict:
+    """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or the
+    Ask a request ran: ask.sampling_values names them as llama-server does), and every setting it
+    does not implement at the value that turns it off."""
+    s = cfg.sampling if ask is None else ask.sampling
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
     own = {**sampling_values(s), "seed": SEED_RANDOM if s.seed is None else s.seed,
            "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.penalties.bias]}
-    stops = (request.stop if request is not None else ()) or cfg.stops  # a request's replace serve --stop's
+    stops = cfg.stops if ask is None else ask.stop  # a request's replace serve --stop's (worker.Runners.ask)
     return {
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
@@ -214,7 +216,7 @@ class NativeReply:
     kind = "completion"
     terminator = None
 
-    def __init__(self, model_id: str, method: str, request: Request, settings: dict, n_ctx: int):
+    def __init__(self, model_id: str, method: str, request: Request, settings: Callable[[Ask], dict], n_ctx: int):
         self.model, self.method, self.request = request.model or model_id, method, request
         self.settings, self.n_ctx = settings, n_ctx
         self.created = int(time.time())
@@ -237,7 +239,7 @@ class NativeReply:
         stop_type = "limit" if done.finish_reason == "length" else "word" if done.stopping_word else "eos"
         return {"index": 0, "content": done.text, "tokens": [], "id_slot": 0, "stop": True, "model": self.model,
                 "tokens_predicted": s.n_tokens, "tokens_evaluated": s.n_prompt,
-                "generation_settings": {**self.settings, "n_ctx": self.n_ctx, "model": self.model,
+                "generation_settings": {**self.settings(done.ask), "n_ctx": self.n_ctx, "model": self.model,
                                         **({} if s.seed is None else {"seed": s.seed})},
                 "prompt": self.request.prompt.text, "has_new_line": "\n" in done.text,
                 "truncated": done.finish_reason == "length" and s.n_prompt + s.n_committed >= self.n_ctx - 1,

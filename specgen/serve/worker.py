@@ -32,6 +32,7 @@ log = logging.getLogger("specgen.serve")
 
 @dataclass(frozen=True)
 class Done:
+    ask: Ask  # what ran: the request's sampling, stop strings and limit over the server's
     text: str
     finish_reason: str  # stop | length | tool_calls
     stats: RunStats
@@ -172,7 +173,7 @@ class Worker:
         ask = self.runners.ask(request, self._limit(request))
         stats, stop, reason = RunStats(), StopText(ask.stop), "length"
         if ask.max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
-            return Done("", reason, stats)
+            return Done(ask, "", reason, stats)
         # With tools the text is read as content and calls as it is written (callstream.py).
         tools = ask.prompt.tools
         calls = None if tools is None else CallStream(tools_format(runner.session.target, ask.chat), tools)
@@ -213,7 +214,7 @@ class Worker:
         answer = None if calls is None else self._answer(job, calls, stop.text, stats)
         if answer is not None and answer.calls and reason == "stop" and not stop.hit:
             reason = "tool_calls"  # the grammar ended the answer: its calls are whole (cut: "stop"/"length")
-        return Done(stop.text, reason, stats, answer, stop.word, tuple(pending.sent), calls is not None)
+        return Done(ask, stop.text, reason, stats, answer, stop.word, tuple(pending.sent), calls is not None)
 
     @staticmethod
     def _answer(job: Job, calls: CallStream, text: str, stats: RunStats) -> ToolAnswer:
