@@ -81,3 +81,31 @@ def test_an_ask_for_a_constrained_prompt_carries_its_whole_constraint():
     with pytest.raises(ValueError, match="make it with ask_for"):
         Ask(prompt, False)
     assert ask_for(Template(), prompt, False, "free").constraint == ConstraintSpec("json_object", "", "free")
+
+
+def test_the_record_reports_the_temperature_of_the_ask_that_ran_not_the_configs():
+    """record() read RunConfig.temperature: an Ask sampled at another (bench's, a server request's)
+    was recorded at the config's."""
+    from dataclasses import replace
+
+    from fakes import fake_session
+
+    from specgen.app.runner import Runner
+
+    session, cfg = fake_session(with_draft=False)
+    runner = Runner(replace(cfg, method="plain", max_tokens=4), session)
+    ask = runner.ask(Prompt(0, "a b"))
+    assert runner.record(runner.run(ask))["temperature"] == 0.0
+    hot = replace(ask, sampling=SamplingParams(temperature=0.7, seed=3))
+    assert runner.record(runner.run(hot))["temperature"] == 0.7
+
+
+def test_the_vocabulary_check_is_one_rule_each_edge_wording_it():
+    from specgen.app.ask import check_vocabulary
+
+    with pytest.raises(ConfigError, match=r"logit_bias expects token ids in \[0, 4\), found 4"):
+        check_vocabulary(((4, 1.0),), 4)
+    with pytest.raises(ConfigError, match=r"logit bias expects at least one token left unbanned, found all 2 "
+                                          r"tokens of the vocabulary banned \(-inf\)"):
+        check_vocabulary(((0, -math.inf), (1, -math.inf)), 2, "logit bias", "fake", ban="-inf")
+    check_vocabulary(((0, -math.inf), (1, 2.0)), 2)

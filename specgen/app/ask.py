@@ -139,6 +139,22 @@ def sampling_values(s: SamplingParams) -> dict[str, Any]:
             "presence_penalty": p.presence, "logit_bias": p.bias}
 
 
+def check_vocabulary(bias: Iterable[tuple[int, float]], n_vocab: int, name: str = "logit_bias", model: str = "",
+                     ban: str = "false") -> None:
+    """The one rule for a logit bias against the model's vocabulary, whichever edge gave it: it
+    names tokens of the vocabulary (`model`'s, where named) and leaves at least one unbanned (with
+    every token banned there is nothing to choose). A ConfigError in the edge's words: its `name`
+    for the setting, its `ban` for a ban."""
+    bias = tuple(bias)
+    bad = [t for t, _ in bias if not 0 <= t < n_vocab]
+    if bad:
+        raise ConfigError(f"{name} expects token ids in [0, {n_vocab}){f' for {model}' if model else ''}, "
+                          f"found {bad[0]}")
+    if sum(b == -math.inf for _, b in bias) >= n_vocab:
+        raise ConfigError(f"{name} expects at least one token left unbanned, found all {n_vocab} tokens of the "
+                          f"vocabulary banned ({ban})")
+
+
 def why_exact_rows(sampling: SamplingParams, constrained: bool, logprobs: int | None = None) -> str | None:
     """The one rule for screening (llama/screen.py keeps exact what decides a row's choice: the
     argmax, or the race's winner and the top-k or min-p set it runs over): what in a generation

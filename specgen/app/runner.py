@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from specgen.app.ask import Ask, ask_for, tools_format
+from specgen.app.ask import Ask, ask_for, check_vocabulary, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
@@ -89,16 +89,17 @@ class Completion:
     stats: RunStats
     finish_reason: str  # length | stop | interrupted
     stopping_word: str = ""  # the stop string that ended the text, if one did
+    ask: Ask | None = None  # what ran (record() reports its sampling)
 
 
 class Transcript:
-    """A prompt's events gathered into its Completion as they come (an interrupted run keeps what
+    """An Ask's events gathered into its Completion as they come (an interrupted run keeps what
     was shown), under the Ask's stop strings (app/stops.py: the text ends before the first one)."""
 
-    def __init__(self, prompt_index: int, stops: tuple[str, ...] = ()):
-        self.prompt_index, self.stats = prompt_index, RunStats()
+    def __init__(self, ask: Ask):
+        self.ask, self.prompt_index, self.stats = ask, ask.prompt.index, RunStats()
         self.pieces: list[str] = []  # every piece as the engine gave it
-        self.stop = StopText(stops)
+        self.stop = StopText(ask.stop)
         self.reason = "interrupted"
 
     def add(self, event: Event) -> None:
@@ -113,8 +114,8 @@ class Transcript:
 
     def completion(self) -> Completion:
         done = self.reason != "interrupted"  # else what was shown: held-back text never was
-        return Completion(self.prompt_index, self.stop.text if done else self.stop.text[:self.stop.sent],
-                          self.stats, self.reason, self.stop.word)
+        return Completion(self.ask.prompt.index, self.stop.text if done else self.stop.text[:self.stop.sent],
+                          self.stats, self.reason, self.stop.word, self.ask)
 
     def follow(self, events: Iterator[Event]) -> Iterator[tuple[Event, str]]:
         """`events`, each added as it passes, with the text it lets be shown (held back while a
@@ -152,10 +153,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def check_bias(sampling: SamplingParams, target: Model) -> None:
-    """logit_bias names tokens of the target's vocabulary."""
-    bad = [t for t, _ in sampling.penalties.bias if not 0 <= t < target.n_vocab]
-    if bad:
-        raise ConfigError(f"logit bias expects token ids in [0, {target.n_vocab}) for {target.name}, found {bad[0]}")
+    """logit_bias names tokens of the target's vocabulary (ask.check_vocabulary, the command line's words)."""
+    check_vocabulary(sampling.penalties.bias, target.n_vocab, "logit bias", target.name, ban="-inf")
 
 
 def check_rows(ask: Ask, target: Model) -> None:
@@ -266,7 +265,7 @@ class Runner:
 
     def run(self, ask: Ask) -> Completion:
         """Run an Ask to the end (or its stop string). Ctrl-C raises Interrupted carrying the partial completion."""
-        with Transcript(ask.prompt.index, ask.stop).interruptible() as transcript:
+        with Transcript(ask).interruptible() as transcript:
             for _ in transcript.follow(self.stream(ask, transcript.stats)):
                 pass
         return transcript.completion()
@@ -279,7 +278,7 @@ class Runner:
             "method": self.cfg.method,
             "target": self.session.target_label,
             "draft": self.session.draft_label,
-            "temperature": self.cfg.temperature,
+            "temperature": self.cfg.temperature if result.ask is None else result.ask.sampling.temperature,
             **result.stats.record_fields(),
             "finish_reason": result.finish_reason,
             **({"stopping_word": result.stopping_word} if result.stopping_word else {}),

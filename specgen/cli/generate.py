@@ -28,7 +28,7 @@ def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
     """Run `ask`, its text streamed to `sink` as it is committed (None: not shown), up to its first
     stop string (text that may begin one is held back until it is known not to). Ctrl-C raises
     Interrupted with what was shown."""
-    with Transcript(ask.prompt.index, ask.stop).interruptible() as transcript:
+    with Transcript(ask).interruptible() as transcript:
         for event, text in transcript.follow(runner.stream(ask, transcript.stats)):
             if sink is not None:
                 sink.write(text, isinstance(event, TokenEvent) and event.from_draft)

@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from specgen.app import samplers
+from specgen.app import ask, samplers
 from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
 from specgen.app.prompts import Message, Prompt, message_from, split_turns
 from specgen.app.stops import stops_of
@@ -339,11 +339,9 @@ def completion_request(body: dict, chat_template: str | None = None) -> Request:
 
 def check_vocabulary(request: Request, n_vocab: int) -> None:
     """logit_bias names tokens of the served model's vocabulary, and leaves at least one unbanned
-    (with every token banned there is nothing to choose: the argmax of -inf everywhere is token 0)."""
-    bias = request.sampling.get("logit_bias", ())
-    bad = [t for t, _ in bias if t >= n_vocab]
-    if bad:
-        raise RequestError(400, f"logit_bias expects token ids in [0, {n_vocab}), found {bad[0]}", "logit_bias")
-    if sum(b == -math.inf for _, b in bias) >= n_vocab:
-        raise RequestError(400, f"logit_bias expects at least one token left unbanned, found all {n_vocab} tokens "
-                                "of the vocabulary banned (false)", "logit_bias")
+    (ask.check_vocabulary, the rule the runner applies to every Ask), checked before the request
+    waits in line."""
+    try:
+        ask.check_vocabulary(request.sampling.get("logit_bias", ()), n_vocab)
+    except ConfigError as e:
+        raise RequestError(400, str(e), "logit_bias") from None
