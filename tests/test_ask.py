@@ -109,3 +109,28 @@ def test_the_vocabulary_check_is_one_rule_each_edge_wording_it():
                                           r"tokens of the vocabulary banned \(-inf\)"):
         check_vocabulary(((0, -math.inf), (1, -math.inf)), 2, "logit bias", "fake", ban="-inf")
     check_vocabulary(((0, -math.inf), (1, 2.0)), 2)
+
+
+def test_a_seeded_ask_plans_from_the_fixed_curves_whatever_seed_the_models_were_loaded_with():
+    """auto's reproducibility was fixed at load from the config's seed (session.py): a server
+    started without --seed timed every request into its curves, a request's own seed too."""
+    from dataclasses import replace
+
+    from fakes import fake_session
+
+    from specgen.app.ask import ask_for
+    from specgen.app.runner import Runner
+
+    session, cfg = fake_session(with_draft=True)
+    runner = Runner(replace(cfg, method="auto", max_tokens=12), session)
+    clocked = runner.ask(Prompt(0, "a b c"))
+    seeded = ask_for(session.target, clocked.prompt, False, "compact", sampling=SamplingParams(0.8, seed=5),
+                     max_tokens=12)
+    assert not clocked.plans_from_curves and seeded.plans_from_curves
+    assert replace(seeded, sampling=replace(seeded.sampling, seed=6)).plans_from_curves  # bench's trial seeds
+    before = list(session.fixed_costs.seconds)
+    texts = {runner.run(seeded).text for _ in range(2)}
+    assert len(texts) == 1 and runner._learning(seeded).drafter.reproducible
+    assert not runner._learning(clocked).drafter.reproducible
+    assert session.fixed_costs.seconds == before and session.context_for(runner.method, True) is not \
+        session.context_for(runner.method, False)

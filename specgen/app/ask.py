@@ -193,11 +193,20 @@ class Ask:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     cache_prompt: bool = True  # False: the prompt is read whole, whatever the prompt cache holds
+    # auto plans from the curves as loaded, never from clocks, so that its trees (hence the target's
+    # batches and their numerics) repeat exactly. None: whether the sampling has a seed; ask_for
+    # fixes it from the seed the edge gave (bench's per-trial seeds do not change it).
+    reproducible: bool | None = None
 
     def __post_init__(self) -> None:
         if self.prompt.constrained and self.constraint is None:
             raise ValueError("an Ask whose prompt carries a response format or tools needs its constraint: "
                              "make it with ask_for")
+
+    @property
+    def plans_from_curves(self) -> bool:
+        """Whether a measured method plans from the fixed curves (a seed was given), not from clocks."""
+        return self.sampling.seed is not None if self.reproducible is None else self.reproducible
 
     @property
     def needs_exact_rows(self) -> bool:
@@ -211,6 +220,7 @@ class Ask:
 def ask_for(target: Model, prompt: Prompt, chat: bool, layout: str, **rest: Any) -> Ask:
     """An Ask for `prompt` as `target` reads it, its constraint made whole here with `layout`."""
     prompt = answered_in_text(prompt, tools_format(target, chat))
+    rest.setdefault("reproducible", rest.get("sampling", Ask.sampling).seed is not None)
     return Ask(prompt, chat, constraint=constraint_for(target, prompt, chat, layout), **rest)
 
 

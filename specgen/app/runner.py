@@ -194,8 +194,7 @@ class Runner:
         self.prompt_cache = prompt_cache
         self.method = M.get(cfg.method)
         self.chat = use_chat(cfg, session.target)
-        self._ctx = session.context_for(self.method)
-        self._learned: OrderedDict[tuple[bool, SamplingParams], Learned] = OrderedDict()
+        self._learned: OrderedDict[tuple[bool, SamplingParams, bool], Learned] = OrderedDict()
 
     def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None) -> Ask:
         """`prompt` as an Ask under this runner's settings (the command line's, a config file's)."""
@@ -204,9 +203,11 @@ class Runner:
                        stop=self.cfg.stops if prompt.stop is None else prompt.stop)
 
     def _learning(self, ask: Ask) -> Learned:
-        key = (ask.chat, replace(ask.sampling, seed=None))  # what is learned holds for any seed
+        # What is learned holds for any seed; a seeded Ask's planner learns apart (from the fixed curves).
+        key = (ask.chat, replace(ask.sampling, seed=None), ask.plans_from_curves)
         if key not in self._learned:
-            kept = self.method.drafter(self.session.kit(self.method, ask.sampling)) if self.method.measured else None
+            kit = self.session.kit(self.method, ask.sampling, ask.plans_from_curves)
+            kept = self.method.drafter(kit) if self.method.measured else None
             self._learned[key] = Learned(kept, CallRecord())
             while len(self._learned) > LEARNED_KEPT:
                 self._learned.popitem(last=False)
@@ -235,10 +236,11 @@ class Runner:
         learned = self._learning(ask)
         drafter = learned.drafter if self.method.measured else self.method.drafter(
             self.session.kit(self.method, ask.sampling))  # fresh per prompt
+        ctx = self.session.context_for(self.method, ask.plans_from_curves)
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS,
                                          calls=self._call_source(ask, len(tokens), learned.calls))
-        for event in generate(target, self._ctx, request, stats if stats is not None else RunStats(), drafter,
+        for event in generate(target, ctx, request, stats if stats is not None else RunStats(), drafter,
                               self.prompt_cache):
             if isinstance(event, FinishEvent) and drafter is not None:
                 drafter.finish_text()
@@ -251,7 +253,7 @@ class Runner:
         if not self.method.call_aware or prompt.tools is None:
             return None
         target = self.session.target
-        costs = self.session.costs if self.method.measured else None
+        costs = self.session.costs_for(ask.plans_from_curves) if self.method.measured else None
         calls.cost = None if costs is None else costs.given(context)
         history = call_history(prompt.messages(self.cfg.system), prompt.tools, tools_format(target, ask.chat))
         return CallSource(history, lambda text: target.tokenize(text, add_special=False, parse_special=False),

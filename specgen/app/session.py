@@ -7,6 +7,7 @@ on the raw contexts, so its decodes never move the curves. runner.py runs prompt
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,13 +48,16 @@ class Session:
     draft_label: str | None = None
     costs: CostCurve | None = None  # c_target(B), measured for `auto`
     draft_costs: CostCurve | None = None
-    # auto's view of the contexts: timed into the curves unless `reproducible`; the target's
-    # decodes at their cheapest sizes (CostAwareContext)
+    # auto's view of the contexts: timed into the curves; the target's decodes at their cheapest
+    # sizes (CostAwareContext)
     timed_target_ctx: Context | None = None
     timed_draft_ctx: Context | None = None
-    # A seed was given: auto plans from the cached curves alone, never from clocks, so its trees
-    # (hence its batches and their numerics) repeat exactly.
-    reproducible: bool = False
+    # What an Ask with a seed plans from (Ask.reproducible): the curves as loaded, never timed (no
+    # clocks: its trees, hence its batches and their numerics, repeat exactly), and the target
+    # through them at their cheapest sizes. Per Ask, not per load: a request's own seed is one.
+    fixed_costs: CostCurve | None = None
+    fixed_draft_costs: CostCurve | None = None
+    fixed_target_ctx: Context | None = None
     history: History | None = None  # other texts auto drafts from: earlier ones, the store, a corpus
 
     def forget_texts(self) -> None:
@@ -61,16 +65,25 @@ class Session:
         if self.history is not None:
             self.history.forget_texts()
 
-    def kit(self, method: M.Method, sampling: SamplingParams) -> M.DraftingKit:
-        """What `method`'s drafter is built from; a measured method (auto) gets the timed contexts."""
+    def kit(self, method: M.Method, sampling: SamplingParams, reproducible: bool = False) -> M.DraftingKit:
+        """What `method`'s drafter is built from; a measured method (auto) gets the timed contexts,
+        or (`reproducible`: the Ask has a seed) the fixed curves."""
         if not method.measured:
             return M.DraftingKit(sampling, self.draft_ctx)
+        if reproducible:
+            return M.DraftingKit(sampling, self.draft_ctx, self.fixed_costs, self.fixed_draft_costs,
+                                 reproducible=True, on_long_prompt=self.measure_context_once, history=self.history)
         return M.DraftingKit(sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
-                             reproducible=self.reproducible, on_long_prompt=self.measure_context_once,
-                             history=self.history)
+                             on_long_prompt=self.measure_context_once, history=self.history)
 
-    def context_for(self, method: M.Method) -> Context:
+    def context_for(self, method: M.Method, reproducible: bool = False) -> Context:
+        if method.measured and reproducible and self.fixed_target_ctx:
+            return self.fixed_target_ctx
         return self.timed_target_ctx if method.measured and self.timed_target_ctx else self.target_ctx
+
+    def costs_for(self, reproducible: bool) -> CostCurve | None:
+        """The target's curve a measured method prices with: the fixed one for a seeded Ask."""
+        return self.fixed_costs if reproducible else self.costs
 
     def measure_context_once(self, tokens: list[int]) -> None:
         """After the first long prompt's prefill: how much each context token adds to a decode
@@ -215,14 +228,14 @@ def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draf
     curve_of = curves or cost_curve
     costs = curve_of(target, ctx)
     draft_costs = curve_of(draft, draft_ctx) if draft is not None and draft_ctx is not None else None
-    if cfg.seed is not None:  # a seed asks for reproducible runs: no clocks
-        return replace(session, costs=costs, draft_costs=draft_costs, reproducible=True,
-                       timed_target_ctx=CostAwareContext(ctx, costs))
+    # A seeded Ask plans from a copy of the curves as loaded, which no clock moves (Session.fixed_*).
+    fixed, fixed_draft = copy.deepcopy(costs), copy.deepcopy(draft_costs)
     # Sizes whose live timings disagree with a curve's shape are re-measured, and kept in the cache.
     return replace(session, costs=costs, draft_costs=draft_costs,
                    timed_target_ctx=TimedContext(ctx, costs, live=True, on_reshape=_keep),
                    timed_draft_ctx=TimedContext(draft_ctx, draft_costs, on_reshape=_keep)
-                   if draft_costs is not None else None)
+                   if draft_costs is not None else None,
+                   fixed_costs=fixed, fixed_draft_costs=fixed_draft, fixed_target_ctx=CostAwareContext(ctx, fixed))
 
 
 def _keep(curve: CostCurve) -> None:
