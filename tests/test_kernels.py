@@ -112,8 +112,9 @@ def test_with_llama_cpps_own_kernels_the_batch_changes_the_bits():
     assert len(differing(rows_by_way(models.resolve("gemma-3-270m-q4_k_m"), "0"))) > 20
 
 
-# Every product kernel, attention through ggml's per-row loop.
+# Every product kernel with ggml's vec_dot arithmetic, attention through ggml's per-row loop.
 PRODUCTS = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32"
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +225,31 @@ def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_k
 
 
 @needs_invariance
+@pytest.mark.skipif(not (X86_WITH_KERNELS and AVX512), reason="specgen's F32 arithmetic is AVX-512 code (AVX2 keeps ggml's)")
+def test_specgens_f32_arithmetic_is_batch_invariant_and_moves_the_logits_by_rounding_only():
+    # F32 weights through specgen's 16-lane arithmetic (native/few_float.h, `lanes`), every product of
+    # smollm2's F32 copy, the output layer included: the same bits alone, in any batch and with either
+    # thread count; bits unlike ggml's vec_dot (so the kernel is in use) by F32 rounding only: it moves
+    # no argmax, and the logits less than llama.cpp as it ships moves them from vec_dot. Measured
+    # (2026-11-29, AMD EPYC, AVX-512), the largest logit moved per row: median 0.010 (max 0.023),
+    # llama.cpp's own 0.077 (max 0.099), on logits spread over ~34; argmax 16/16 for both.
+    import numpy as np
+
+    name = "smollm2-135m-instruct-f32"
+    ours = rows_by_way(models.resolve(name), PRODUCTS + ",f32x16")
+    assert len(set(ours["alone, 2 threads"])) == 16 and differing(ours) == []
+    assert set(ours["alone, 2 threads"]).isdisjoint(rows_by_way(models.resolve(name), PRODUCTS)["alone, 2 threads"])
+    vec_dot, lanes, stock = logits_by(name, PRODUCTS), logits_by(name, PRODUCTS + ",f32x16"), logits_by(name, "0")
+    moved, theirs = np.abs(lanes - vec_dot).max(axis=1), np.abs(stock - vec_dot).max(axis=1)
+    assert (moved > 0).all() and (lanes.argmax(axis=1) == vec_dot.argmax(axis=1)).all(), moved
+    assert np.median(moved) <= np.median(theirs), (moved, theirs)
+
+
+@needs_invariance
 @pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
 def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
-    isa = "avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "avx2"
-    assert f"SPECGEN_KERNELS = {isa}: {PRODUCTS.replace(',', ' ')} q4_1x16 q5_0x16 |" in info, info
+    isa = "avx512vnni" if AVX512 else "avx2"
+    names = PRODUCTS.replace("f16,f32", "f16x16,f32x16,f16,f32" if AVX512 else "f16,f32").replace(",", " ")
+    assert f"SPECGEN_KERNELS = {isa}: {names} q4_1x16 q5_0x16 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

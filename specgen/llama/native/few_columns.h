@@ -16,9 +16,10 @@
 //
 // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 have AVX-512 VNNI variants (two columns per 512-bit register;
 // few_q8_0.h, few_low_bits.h); Q2_K, Q3_K, Q4_K, Q5_K and Q6_K use 256-bit code on both AVX2 and
-// AVX-512 hosts (few_k_quants.h); F32 and F16 follow ggml's own F32 and F16 paths (512-bit where the
-// host has AVX-512, else 256-bit; few_float.h). Without AVX2, FMA and F16C there is no kernel and
-// invariance falls back to ggml's one-column code.
+// AVX-512 hosts (few_k_quants.h); F32 and F16 take specgen's own 16-lane arithmetic on AVX-512 hosts
+// (f32x16, f16x16: one chain of sums per lane, not vec_dot's bits) and follow ggml's own F32 and F16
+// paths on AVX2 hosts, or on AVX-512 ones with those two off (few_float.h). Without AVX2, FMA and F16C
+// there is no kernel and invariance falls back to ggml's one-column code.
 //
 // This file is specgen's own, as are the kernels it includes (few_*.h); specgen.llama.build copies
 // native/ into ggml-cpu as specgen/, and patches/sgemm.cpp.patch makes llamafile_sgemm call matmul()
@@ -63,6 +64,10 @@ static constexpr product PRODUCTS[] = {
     { "q4_k", GGML_TYPE_Q4_K, GGML_TYPE_Q8_K, 1, true, k_quants::matmul<k_quants::q4_K> },
     { "q5_k", GGML_TYPE_Q5_K, GGML_TYPE_Q8_K, 1, false, k_quants::matmul<k_quants::q5_K> },
     { "q6_k", GGML_TYPE_Q6_K, GGML_TYPE_Q8_K, 1, false, k_quants::matmul<k_quants::q6_K> },
+#if defined(__AVX512F__)  // specgen's 16-lane arithmetic first: where it is on, it takes F16 and F32 products
+    { "f16x16", GGML_TYPE_F16, GGML_TYPE_F16, lanes::STEP, false, lanes::matmul<uint16_t> },
+    { "f32x16", GGML_TYPE_F32, GGML_TYPE_F32, lanes::STEP, false, lanes::matmul<float> },
+#endif
     { "f16", GGML_TYPE_F16, GGML_TYPE_F16, floats::STEP, false, floats::matmul<uint16_t> },
     { "f32", GGML_TYPE_F32, GGML_TYPE_F32, floats::STEP, false, floats::matmul<float> },
 };

@@ -143,6 +143,115 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
 
 }  // namespace floats
 
+#if defined(__AVX512F__)
+// AVX-512, `lanes`: specgen's own arithmetic for F32 weights x F32 columns and F16 weights x F16 columns (F16
+// values widened exactly to F32), the same for any number of columns, any thread count and any place
+// in the batch. Per (row, column), 16 lane sums: lane l takes the products of elements l, l + 16,
+// l + 32, ... in that order, each by one fused multiply-add (so k must be a multiple of 16); then
+// lanes l and l + 8 are added, then l and l + 4, l and l + 2, and the last two.
+// Why not ggml's vec_dot_f32 (four accumulators of one register, the row read in steps of four)? Its
+// four chains make a tile of rows and columns either hold four times the sums or read each row in
+// four passes over every fourth cache line; one chain per lane reads each row front to back, once for
+// all the columns of a tile, so a few columns cost little more than one. Measured on an AMD EPYC with
+// AVX-512, one thread, gemma-3-270m F32 with its screened output layer, a decode of 1 / 2 / 4 / 8
+// tokens after 256: ggml's arithmetic (`floats`) 17.0 / 24.2 / 26.5 / 40.8 ms, this 17.6-18.4 / 19.4 /
+// 23 / 34 (one column is a little slower: one chain of sums per lane against ggml's four).
+// AVX2 hosts keep ggml's arithmetic (`floats`): the same lanes in two registers of 8 ran slower there
+// than ggml's own loop (11.2 against 12.2-13.8 ms for one column, 15 against 21 for two).
+// SPECGEN_KERNELS names it f32x16 (F32) and f16x16 (F16); without them, `floats` does these products.
+namespace lanes {
+
+#define SPECGEN_UNROLL _Pragma("GCC unroll 32")  // loops over registers, fully unrolled: they stay registers
+
+constexpr int64_t STEP = 16;  // the lanes: k must be a multiple of this
+constexpr int TC = 4;         // columns per tile, at most (tiles of 8 ran slower than two of 4)
+using vec = __m512;
+static inline vec load(const float * p) { return _mm512_loadu_ps(p); }
+static inline vec load(const uint16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
+static inline vec zero() { return _mm512_setzero_ps(); }
+
+// Rows per tile for NC columns. One or two columns: one row at a time, read as one stream (in a decode,
+// tiles of 2 to 8 rows ran slower: 19.5-22 against 18 ms for gemma-3-270m F32's one-token decode);
+// from three, where the multiply-adds set the pace, 4 rows (NC * 4 registers of sums, 4 of weights,
+// one of a column).
+template <int NC> constexpr int rows_for() { return NC <= 2 ? 1 : 4; }
+
+// l + (l + 8), then l + (l + 4), l + (l + 2), and the last two.
+static inline float reduce(vec x) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// Rows i .. i+R times columns j0 .. j0+NC, the rows read front to back once. From three columns (where
+// the multiply-adds, not memory, set the pace) the next tile's rows are fetched meanwhile.
+template <typename W, int R, int NC>
+static inline void tile(int64_t k, const W * A, int64_t lda, int64_t i, const float * B, int64_t ldb, float * C,
+                        int64_t ldc, int64_t j0) {
+    vec acc[R][NC];
+    SPECGEN_UNROLL for (int r = 0; r < R; r++)
+        SPECGEN_UNROLL for (int c = 0; c < NC; c++) acc[r][c] = zero();
+    for (int64_t s = 0; s < k; s += STEP) {
+        if (NC >= 3)
+            SPECGEN_UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *) (A + lda * (i + R + r) + s), _MM_HINT_T0);
+        vec w[R];
+        SPECGEN_UNROLL for (int r = 0; r < R; r++) {
+            w[r] = load(A + lda * (i + r) + s);
+            __asm__("" : "+v"(w[r]));  // kept in a register, not re-read from memory for each column
+        }
+        SPECGEN_UNROLL for (int c = 0; c < NC; c++) {
+            const vec y = load(B + ldb * (j0 + c) + s);
+            SPECGEN_UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], y, acc[r][c]);
+        }
+    }
+    SPECGEN_UNROLL for (int r = 0; r < R; r++)
+        SPECGEN_UNROLL for (int c = 0; c < NC; c++) C[ldc * (j0 + c) + i + r] = reduce(acc[r][c]);
+}
+
+// Rows r0 .. r1 times columns j0 .. j0+NC: tiles of rows_for<NC>() rows, then one row at a time.
+template <typename W, int NC>
+static inline void band(int64_t k, const W * A, int64_t lda, const float * B, int64_t ldb, float * C, int64_t ldc,
+                        int64_t j0, int64_t r0, int64_t r1) {
+    constexpr int R = rows_for<NC>();
+    int64_t i = r0;
+    for (; i + R <= r1; i += R) tile<W, R, NC>(k, A, lda, i, B, ldb, C, ldc, j0);
+    for (; i < r1; i++) tile<W, 1, NC>(k, A, lda, i, B, ldb, C, ldc, j0);
+}
+
+template <typename W>
+static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
+                          int64_t ldc, int64_t r0, int64_t r1) {
+    const W * a = (const W *) A;
+    const float * b = (const float *) B;
+    if constexpr (!std::is_same<W, float>::value) {  // F16 columns widened once (exactly), not once per tile
+        static thread_local std::vector<char> bytes;
+        float * wide = scratch<float>(bytes, (size_t) (n * k));
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t s = 0; s < k; s += STEP) _mm512_storeu_ps(wide + k * j + s, load((const W *) B + ldb * j + s));
+        b = wide, ldb = k;
+    }
+    // Bands of 64 rows: their weights stay in L2 while each group of columns passes over them.
+    for (int64_t i0 = r0; i0 < r1; i0 += 64) {
+        const int64_t i1 = i0 + 64 < r1 ? i0 + 64 : r1;
+        for (int64_t j0 = 0; j0 < n; j0 += TC) {
+            switch (n - j0 < TC ? n - j0 : TC) {
+                case 4: band<W, 4>(k, a, lda, b, ldb, C, ldc, j0, i0, i1); break;
+                case 3: band<W, 3>(k, a, lda, b, ldb, C, ldc, j0, i0, i1); break;
+                case 2: band<W, 2>(k, a, lda, b, ldb, C, ldc, j0, i0, i1); break;
+                default: band<W, 1>(k, a, lda, b, ldb, C, ldc, j0, i0, i1); break;
+            }
+        }
+    }
+}
+static_assert(TC == 4, "matmul() has a case for each width up to TC");
+
+#undef SPECGEN_UNROLL
+
+}  // namespace lanes
+
+#endif  // __AVX512F__
+
 }  // namespace specgen_few
 
 #endif  // SPECGEN_FEW

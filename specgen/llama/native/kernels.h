@@ -33,7 +33,7 @@ static inline bool layout(const ggml_tensor * t, const ggml::cpu::tensor_traits 
 // What this build computes with specgen's kernels, for llama.cpp's system info (`specgen doctor`):
 // the instruction set, then the names of the kernels that are on, or "off".
 static inline const char * describe() {
-    static char text[96] = "";
+    static char text[128] = "";
     if (!text[0]) {
         size_t n = (size_t) snprintf(text, sizeof(text), "%s:", SPECGEN_FEW);
         const size_t bare = n;
