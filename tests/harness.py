@@ -388,3 +388,11 @@ def serve_directory(directory: Path):
         yield f"http://127.0.0.1:{httpd.server_port}"
     finally:
         httpd.shutdown()
+
+
+def penalized(pen, *args, **kwargs):
+    """A SamplingParams carrying core's Penalties `pen` in its own fields (the bounds table's names)."""
+    from specgen.core.sampling import SamplingParams
+
+    return SamplingParams(*args, repeat_penalty=pen.repeat, repeat_last_n=pen.last_n, frequency_penalty=pen.frequency,
+                          presence_penalty=pen.presence, logit_bias=pen.bias, **kwargs)

@@ -13,7 +13,6 @@ from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.errors import ConfigError
 from specgen.serve.requests import RequestError, chat_request
-from specgen.serve.worker import sampling_of
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -39,7 +38,7 @@ def test_where_the_edges_differed_the_wider_range_holds_at_both():
     """The server refused temperature above 2 and top_k above 2^20; the command line did not."""
     assert build_config(None, {"temperature": 3.0, "top_k": 2**21}).sampling.temperature == 3.0
     request = chat_request({**CHAT, "temperature": 3, "top_k": 2**21})
-    assert sampling_of(RunConfig(), request).temperature == 3.0 and sampling_of(RunConfig(), request).top_k == 2**21
+    assert request.sampling.over(RunConfig().sampling).temperature == 3.0 and request.sampling.over(RunConfig().sampling).top_k == 2**21
 
 
 def test_a_temperature_that_is_not_a_number_is_refused_on_the_command_line():
@@ -52,10 +51,10 @@ def test_a_temperature_that_is_not_a_number_is_refused_on_the_command_line():
 def test_the_servers_ask_takes_the_requests_values_over_its_own_and_keeps_bias_pairs_exact():
     cfg = RunConfig(temperature=0.7, top_k=40, repeat_penalty=1.1, logit_bias="5+1")
     request = chat_request({**CHAT, "top_k": 3, "penalty_last_n": 16, "logit_bias": {"7": 0.1 + 0.2, "9": False}})
-    s = sampling_of(cfg, request)
+    s = request.sampling.over(cfg.sampling)
     assert (s.temperature, s.top_k) == (0.7, 3)
     assert s.penalties == Penalties(1.1, 16, 0.0, 0.0, ((7, 0.1 + 0.2), (9, -math.inf)))
-    assert sampling_of(cfg, chat_request(CHAT)) == cfg.sampling
+    assert chat_request(CHAT).sampling.over(cfg.sampling) == cfg.sampling
 
 
 @pytest.mark.parametrize("ask,why", [
@@ -63,8 +62,8 @@ def test_the_servers_ask_takes_the_requests_values_over_its_own_and_keeps_bias_p
     (dict(sampling=SamplingParams(0.8)), None),  # the race needs its contenders' logits only
     (dict(sampling=SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05)), None),
     (dict(sampling=SamplingParams(0.8, top_p=0.9)), "top-p without top-k"),  # the nucleus needs the mass
-    (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 1.0),)))), "penalties and logit bias"),
-    (dict(sampling=SamplingParams(penalties=Penalties(bias=((3, 0.0),)))), None),  # a zero bias moves nothing
+    (dict(sampling=SamplingParams(logit_bias=((3, 1.0),))), "penalties and logit bias"),
+    (dict(sampling=SamplingParams(logit_bias=((3, 0.0),))), None),  # a zero bias moves nothing
     (dict(logprobs=0), "logprobs"),
     (dict(constraint=ConstraintSpec("json_object")), "constrained output"),
 ])
@@ -134,3 +133,20 @@ def test_a_seeded_ask_plans_from_the_fixed_curves_whatever_seed_the_models_were_
     assert not runner._learning(clocked).drafter.reproducible
     assert session.fixed_costs.seconds == before and session.context_for(runner.method, True) is not \
         session.context_for(runner.method, False)
+
+
+def test_the_server_edge_returns_typed_overrides_and_merging_replaces_the_defaults_fields():
+    from dataclasses import replace
+
+    from specgen.app.ask import Overrides
+
+    request = chat_request({**CHAT, "temperature": 1, "penalty_last_n": 8, "seed": -1, "logit_bias": {"3": False},
+                            "samplers": ["top_k", "temperature"]})
+    assert request.sampling == Overrides(temperature=1.0, repeat_last_n=8, logit_bias=((3, -math.inf),),
+                                         samplers=("top_k", "temperature"))
+    defaults = SamplingParams(0.5, top_k=40, seed=9)
+    assert Overrides(temperature=1.0, repeat_last_n=8).over(defaults) == replace(defaults, temperature=1.0,
+                                                                                 repeat_last_n=8)
+    assert set(Overrides().given) == set() and Overrides().over(defaults) is not None
+    assert set(SamplingParams.__dataclass_fields__) - {"order"} == {f for f in Overrides.__dataclass_fields__} - {
+        "samplers"}, "the overrides name every sampling value"

@@ -11,7 +11,6 @@ from fakes import FakeConstraint, FakeContext, FakeModel, NoisyDraft
 from harness import generated
 from specgen.core.constraint import ConstraintSpec, masked, masked_argmax, merge_forced, prune
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
-from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
@@ -134,7 +133,7 @@ def test_logit_bias_that_bans_every_allowed_token_is_one_clear_error(method, tem
     """At position 5 every pattern allows only 15 (or 9 after 7, 8): with both at -inf there is
     nothing to write. Greedy, sampled and rejection-sampled walks all say so, by position."""
     model = FakeModel(n_vocab=V, eos=EOS, sharpness=1.0, script=LOOPY)
-    ban = SamplingParams(temperature, seed=3, penalties=Penalties(bias=((15, -np.inf), (9, -np.inf))))
+    ban = SamplingParams(temperature, seed=3, logit_bias=((15, -np.inf), (9, -np.inf)))
     with pytest.raises(ConstraintError, match=r"logit_bias bans every token the grammar allows at output token 6: "
                                               r"expected a finite logit for at least one of the [12] tokens it allows "
                                               r"\(ids (9, )?15\), found -inf for all"):

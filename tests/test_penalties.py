@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
-from harness import generated
+from harness import generated, penalized
 from specgen.core.logprobs import token_logprob
 from specgen.core.penalties import Penalties, PathRows, Scoring, adjusted
 from specgen.core.sampling import SamplingParams, distribution
@@ -78,7 +78,7 @@ def test_each_tree_node_is_scored_with_its_own_path():
 def test_greedy_with_penalties_equals_plain(method, pen):
     model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
     prompt = [0, 3, 4, 5, 6, 3, 4]
-    sampling = SamplingParams(penalties=pen)
+    sampling = penalized(pen)
     plain = [e.token for e in run(model, prompt, 40, sampling)]
     assert [e.token for e in run(model, prompt, 40, sampling, method)] == plain
     assert plain != [e.token for e in run(model, prompt, 40, SamplingParams())]  # the penalty acts
@@ -88,10 +88,10 @@ def test_a_banned_token_never_appears_and_a_bias_favours():
     model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
     prompt = [0, 3, 4, 5, 6, 3, 4]
     assert 5 in [e.token for e in run(model, prompt, 20, SamplingParams())]
-    banned = [e.token for e in run(model, prompt, 20, SamplingParams(penalties=Penalties(bias=((5, -math.inf),))),
+    banned = [e.token for e in run(model, prompt, 20, SamplingParams(logit_bias=((5, -math.inf),)),
                                    "lookup")]
     assert 5 not in banned
-    favoured = [e.token for e in run(model, prompt, 20, SamplingParams(penalties=Penalties(bias=((9, 100.0),))))]
+    favoured = [e.token for e in run(model, prompt, 20, SamplingParams(logit_bias=((9, 100.0),)))]
     assert favoured == [9] * 20
 
 
@@ -104,8 +104,8 @@ def test_sampled_with_penalties_equals_plain_under_the_same_seed(method):
     pen = Penalties(repeat=2.5, frequency=0.5, presence=1.0, last_n=3, bias=((4, 0.8),))
     texts = set()
     for seed in range(150):
-        p = [e.token for e in run(model, prompt, n, SamplingParams(1.0, seed=seed, penalties=pen))]
-        s = [e.token for e in run(model, prompt, n, SamplingParams(1.0, seed=seed, penalties=pen), method)]
+        p = [e.token for e in run(model, prompt, n, penalized(pen, 1.0, seed=seed))]
+        s = [e.token for e in run(model, prompt, n, penalized(pen, 1.0, seed=seed), method)]
         assert s == p, seed
         texts.add(tuple(p))
     assert len(texts) > 30
@@ -126,7 +126,7 @@ def test_logprobs_are_the_log_softmax_of_plain_decodings_rows(method):
     model = FakeModel(n_vocab=12, sharpness=1.5, script=LOOPY)
     prompt = [0, 3, 4, 5, 6, 3, 4]
     pen = Penalties(repeat=1.3, last_n=6, bias=((8, 1.5),))
-    events = run(model, prompt, 25, SamplingParams(penalties=pen), method, logprobs=3)
+    events = run(model, prompt, 25, penalized(pen), method, logprobs=3)
     text = list(prompt)
     for e in events:
         row = adjusted(model.logits_for(tuple(text)), pen.window(text), pen).astype(np.float64)
@@ -195,9 +195,9 @@ def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
     assert not screenable(RunConfig(logit_bias="3+1"), "cpu") and screenable(RunConfig(logit_bias="3+0"), "cpu")
     model = FakeModel(n_vocab=12)
     with pytest.raises(ConfigError, match=r"logit bias expects token ids in \[0, 12\) for fake, found 12"):
-        check_bias(SamplingParams(penalties=Penalties(bias=((12, 1.0),))), model)
+        check_bias(SamplingParams(logit_bias=((12, 1.0),)), model)
     model.screen = object()
     with pytest.raises(ConfigError, match="penalties and logit bias need the target loaded without screening"):
-        check_rows(Ask(Prompt(0, "x"), False, SamplingParams(penalties=Penalties(repeat=1.2))), model)
+        check_rows(Ask(Prompt(0, "x"), False, SamplingParams(repeat_penalty=1.2)), model)
     check_rows(Ask(Prompt(0, "x"), False, SamplingParams()), model)
-    assert Ask(Prompt(0, "x"), False, SamplingParams(penalties=Penalties(repeat=1.2))).needs_exact_rows
+    assert Ask(Prompt(0, "x"), False, SamplingParams(repeat_penalty=1.2)).needs_exact_rows

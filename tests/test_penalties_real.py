@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chisquare import goodness_of_fit
-from harness import SMOLLM2, SMOLLM2_F32, generated, run_of, session
+from harness import SMOLLM2, SMOLLM2_F32, generated, penalized, run_of, session
 from specgen.app.config import RunConfig
 
 pytestmark = pytest.mark.real
@@ -102,7 +102,7 @@ def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smoll
 
     plain_first = p_after(prompt, SamplingParams(1.0, top_k=TOP_K))
     pen = Penalties(repeat=1.8, last_n=64, presence=0.5, bias=((int(np.argmax(plain_first)), -1.0),))
-    params = SamplingParams(1.0, top_k=TOP_K, penalties=pen)
+    params = penalized(pen, 1.0, top_k=TOP_K)
     expected, first = Counter(), p_after(prompt, params)
     for x in map(int, np.flatnonzero(first)):
         if target.is_eog(x):
@@ -116,7 +116,7 @@ def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smoll
     ctx, dctx = target.new_context(256, n_seq_max=32), smollm2.new_context(256, n_seq_max=64)
     counts, accepted = Counter(), 0
     for seed in range(RUNS):  # fewer than test_sampled_real's: the bias and penalties spread p less
-        p = SamplingParams(1.0, top_k=TOP_K, seed=10_000 + seed, penalties=pen)
+        p = penalized(pen, 1.0, top_k=TOP_K, seed=10_000 + seed)
         kit = DraftingKit(p, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
                           reproducible=True)
         run = generated(target, ctx, prompt, 2, p, METHODS["auto"].drafter(kit))

@@ -12,7 +12,6 @@ from specgen.app import samplers
 from specgen.app.prompts import Prompt
 from specgen.app.structured import GENERIC, Tools, tool_constraint, tool_format
 from specgen.core.constraint import ConstraintSpec
-from specgen.core.penalties import Penalties
 from specgen.core.protocol import Model
 from specgen.core.sampling import SamplingParams
 from specgen.errors import ConfigError, ConstraintError
@@ -125,18 +124,56 @@ def sampling_params(v: Mapping[str, Any]) -> SamplingParams:
     order = None
     if v.get("samplers") is not None:
         v, order, _ = samplers.follow(v, v["samplers"])
-    pen = Penalties(float(v["repeat_penalty"]), v["repeat_last_n"], float(v["frequency_penalty"]),
-                    float(v["presence_penalty"]), tuple(v["logit_bias"]))
-    return SamplingParams(float(v["temperature"]), v["top_k"], float(v["top_p"]), v["seed"], float(v["min_p"]), pen,
-                          order)
+    return SamplingParams(**{b.name: v[b.name] if b.whole else float(v[b.name]) for b in BOUNDS},
+                          logit_bias=tuple(v["logit_bias"]), order=order)
 
 
 def sampling_values(s: SamplingParams) -> dict[str, Any]:
     """The inverse of sampling_params: what a request's own values replace."""
-    p = s.penalties
-    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "min_p": s.min_p,
-            "repeat_penalty": p.repeat, "repeat_last_n": p.last_n, "frequency_penalty": p.frequency,
-            "presence_penalty": p.presence, "logit_bias": p.bias}
+    return {**{b.name: getattr(s, b.name) for b in BOUNDS}, "logit_bias": s.logit_bias}
+
+
+def followed(s: SamplingParams, names: tuple[str, ...]) -> tuple[SamplingParams, list[str]]:
+    """`s` as llama.cpp's chain `names` applies it (samplers.follow: the samplers it leaves out
+    turned off, the order where it differs from specgen's own), and a note for each setting it
+    turned off; a ConfigError where specgen cannot follow it."""
+    v, order, notes = samplers.follow(sampling_values(s), names)
+    return replace(s, **v, order=order), notes
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The sampling values one edge was given for one generation (a request's fields), typed by
+    BOUNDS' names: None is not given, the defaults' value holds; and llama.cpp's `samplers` order
+    where one was given. over(defaults) is the Ask's sampling: the defaults with these replacing
+    their fields, then the order followed."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # (token, added logit), -inf banning
+    samplers: tuple[str, ...] | None = None  # llama.cpp's names, in the request's order
+
+    @property
+    def given(self) -> dict[str, Any]:
+        """The sampling values given, by name (not the order)."""
+        return {name: v for name in SamplingParams.__dataclass_fields__ if name != "order"
+                and (v := getattr(self, name)) is not None}
+
+    def over(self, defaults: SamplingParams) -> SamplingParams:
+        s = replace(defaults, **self.given)
+        return s if self.samplers is None else followed(s, self.samplers)[0]
+
+    def notes(self, defaults: SamplingParams) -> list[str]:
+        """What the `samplers` order turned off over `defaults`, said plainly (ConfigError: it
+        cannot be followed)."""
+        return [] if self.samplers is None else followed(replace(defaults, **self.given), self.samplers)[1]
 
 
 def check_vocabulary(bias: Iterable[tuple[int, float]], n_vocab: int, name: str = "logit_bias", model: str = "",

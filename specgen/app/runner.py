@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from specgen.app.ask import Ask, ask_for, check_vocabulary, tools_format
+from specgen.app.ask import Ask, Overrides, ask_for, check_vocabulary, tools_format
 from specgen.app.config import RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
@@ -196,11 +196,18 @@ class Runner:
         self.chat = use_chat(cfg, session.target)
         self._learned: OrderedDict[tuple[bool, SamplingParams, bool], Learned] = OrderedDict()
 
-    def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None) -> Ask:
-        """`prompt` as an Ask under this runner's settings (the command line's, a config file's)."""
-        return ask_for(self.session.target, prompt, self.chat, self.cfg.json_layout, sampling=self.cfg.sampling,
-                       max_tokens=max_tokens or self.cfg.max_tokens, logprobs=logprobs,
-                       stop=self.cfg.stops if prompt.stop is None else prompt.stop)
+    def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None,
+            overrides: Overrides = Overrides(), stop: tuple[str, ...] | None = None, chat: bool | None = None,
+            cache_prompt: bool = True) -> Ask:
+        """`prompt` as an Ask: the one builder every edge calls. This runner's settings (the command
+        line's, a config file's, the server's) with what the edge gave for this generation in their
+        place: its sampling `overrides`, `max_tokens`, `stop` strings (None: the prompt's own, else
+        the runner's), `chat` (None: the runner's)."""
+        stop = stop if stop is not None else self.cfg.stops if prompt.stop is None else prompt.stop
+        return ask_for(self.session.target, prompt, self.chat if chat is None else chat, self.cfg.json_layout,
+                       sampling=overrides.over(self.cfg.sampling),
+                       max_tokens=self.cfg.max_tokens if max_tokens is None else max_tokens, logprobs=logprobs,
+                       stop=stop, cache_prompt=cache_prompt)
 
     def _learning(self, ask: Ask) -> Learned:
         # What is learned holds for any seed; a seeded Ask's planner learns apart (from the fixed curves).

@@ -8,7 +8,7 @@ position" (see verify.py and race.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from specgen.core.penalties import Penalties
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One generation's sampling, by the names every edge reads (app/ask.BOUNDS, the flags, the
+    config keys, the server's fields), in that table's order; `penalties` is derived from them."""
+
     temperature: float = 0.0  # 0 = greedy (argmax)
     top_k: int = 0  # 0 = whole vocabulary
     top_p: float = 1.0
@@ -26,13 +29,23 @@ class SamplingParams:
     # llama.cpp's min-p: keeps the tokens whose probability (before temperature) is at least
     # min_p times the most likely one's, applied after top-p as llama.cpp's chain applies it.
     min_p: float = 0.0
-    # logit_bias and the repetition penalties, applied to each row first (penalties.py).
-    penalties: Penalties = field(default_factory=Penalties)
+    # llama.cpp's penalties over the last repeat_last_n tokens (-1: the whole context, 0: off),
+    # and logit_bias as (token, added logit) pairs, -inf banning: applied to each row first (penalties.py).
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # llama.cpp's chain order, where a request gives one (llama-server's `samplers`,
     # app/samplers.py): "top_k", "top_p", "min_p", "temperature" applied in this order, each
     # truncation over what the steps before it kept, at the temperature applied so far (1 before
     # "temperature"). None: specgen's own chain (truncated's docstring).
     order: tuple[str, ...] | None = None
+
+    @property
+    def penalties(self) -> Penalties:
+        return Penalties(self.repeat_penalty, self.repeat_last_n, self.frequency_penalty, self.presence_penalty,
+                         self.logit_bias)
 
     @property
     def greedy(self) -> bool:

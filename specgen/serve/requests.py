@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from specgen.app import ask, samplers
-from specgen.app.ask import BIAS_MAX, BY_NAME, Bound
+from specgen.app.ask import BIAS_MAX, BY_NAME, Bound, Overrides
 from specgen.app.prompts import Message, Prompt, message_from, split_turns
 from specgen.app.stops import stops_of
 from specgen.app.structured import offered_tools, read_tools, response_format, schema_spec
@@ -34,9 +34,9 @@ class Request:
     chat: bool
     prompt: Prompt
     max_tokens: int | None  # None: the server's default (-n), else until the context ends
-    # The sampling values the request gives, by ask.BOUNDS' names (and logit_bias as (token, added
-    # logit) pairs, -inf banning): they replace the server's own (worker.py makes the Ask).
-    sampling: dict[str, object]
+    # The sampling values the request gives, typed by ask.BOUNDS' names (and logit_bias as (token,
+    # added logit) pairs, -inf banning): they replace the server's own (worker.py makes the Ask).
+    sampling: Overrides
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -116,7 +116,7 @@ def _bounded(body: dict, name: str, bound: Bound):
 ALIASES = {"repeat_last_n": ("repeat_last_n", "penalty_last_n")}
 
 
-def _sampling(body: dict) -> dict[str, object]:
+def _sampling(body: dict) -> Overrides:
     """The sampling fields given, each checked against the one table (ask.BOUNDS)."""
     given: dict[str, object] = {}
     for name, bound in BY_NAME.items():
@@ -132,8 +132,8 @@ def _sampling(body: dict) -> dict[str, object]:
     if bias is not None:
         given["logit_bias"] = bias
     if body.get("samplers") is not None:
-        given["samplers"] = _samplers(body)[0]  # followed over the server's settings (worker.sampling_of)
-    return given
+        given["samplers"] = _samplers(body)[0]  # followed over the server's settings (Overrides.over)
+    return Overrides(**given)
 
 
 def _logit_bias(given: object) -> tuple[tuple[int, float], ...] | None:
@@ -342,6 +342,6 @@ def check_vocabulary(request: Request, n_vocab: int) -> None:
     (ask.check_vocabulary, the rule the runner applies to every Ask), checked before the request
     waits in line."""
     try:
-        ask.check_vocabulary(request.sampling.get("logit_bias", ()), n_vocab)
+        ask.check_vocabulary(request.sampling.logit_bias or (), n_vocab)
     except ConfigError as e:
         raise RequestError(400, str(e), "logit_bias") from None

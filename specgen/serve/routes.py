@@ -76,7 +76,7 @@ def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | No
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
         "stream": bool(request and request.stream), "n_probs": request.logprobs or 0 if request is not None else 0,
-        "samplers": list(request.sampling["samplers"]) if request is not None and "samplers" in request.sampling
+        "samplers": list(request.sampling.samplers) if request is not None and request.sampling.samplers is not None
         else samplers.reported(sampling_values(s)),
     }
 

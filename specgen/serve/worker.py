@@ -10,12 +10,10 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from specgen.app import samplers
-from specgen.app.ask import Ask, ask_for, sampling_params, sampling_values, tools_format
+from specgen.app.ask import Ask, tools_format
 from specgen.app.callstream import CallStream
 from specgen.app.config import RunConfig
 from specgen.app.runner import Runner
-from specgen.core.sampling import SamplingParams
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
 from specgen.app.stops import StopText
@@ -65,29 +63,18 @@ class Runners:
         self.runner = Runner(cfg, session, self.cache)
 
     def ask(self, request: Request, max_tokens: int) -> Ask:
-        """The request as an Ask: its own sampling values and stop strings over the server's; a chat
-        through the template where the model has one, a completion as raw text."""
-        target = self.session.target
-        return ask_for(target, request.prompt, request.chat and bool(target.chat_template), self.cfg.json_layout,
-                       sampling=sampling_of(self.cfg, request), max_tokens=max_tokens,
-                       stop=request.stop or self.cfg.stops, logprobs=request.logprobs,
-                       cache_prompt=request.cache_prompt)
-
-
-def sampling_of(cfg: RunConfig, request: Request) -> SamplingParams:
-    """The server's sampling with the values the request gives in their place (and its `samplers`
-    order followed over them: app/samplers.py)."""
-    return sampling_params({**sampling_values(cfg.sampling), **request.sampling})
+        """The request as an Ask (Runner.ask, the one builder): its own sampling values and stop
+        strings over the server's; a chat through the template where the model has one, a
+        completion as raw text."""
+        return self.runner.ask(request.prompt, max_tokens, request.logprobs, request.sampling, request.stop or None,
+                               request.chat and bool(self.session.target.chat_template), request.cache_prompt)
 
 
 def sampling_notes(cfg: RunConfig, request: Request) -> list[str]:
     """What the request's `samplers` order turned off, said plainly; a 400 where specgen cannot
     follow it (checked before the request waits in line)."""
-    values = {**sampling_values(cfg.sampling), **request.sampling}
-    if values.get("samplers") is None:
-        return []
     try:
-        return samplers.follow(values, values["samplers"])[2]
+        return request.sampling.notes(cfg.sampling)
     except SpecgenError as e:
         raise RequestError(400, str(e), "samplers") from None
 
