@@ -150,3 +150,12 @@ def test_the_server_edge_returns_typed_overrides_and_merging_replaces_the_defaul
     assert set(Overrides().given) == set() and Overrides().over(defaults) is not None
     assert set(SamplingParams.__dataclass_fields__) - {"order"} == {f for f in Overrides.__dataclass_fields__} - {
         "samplers"}, "the overrides name every sampling value"
+
+
+def test_the_flat_settings_split_into_what_loads_the_models_and_what_each_generation_starts_from():
+    from specgen.app.config import LOADING, Defaults, Loading
+
+    cfg = build_config(None, {"temperature": 0.5, "stop": ["x"], "logit_bias": "3+1", "threads": 2, "method": "plain"})
+    assert cfg.defaults == Defaults(SamplingParams(0.5, logit_bias=((3, 1.0),)), 256, ("x",))
+    assert cfg.loading == Loading("gemma-3-270m-f32", "gemma-3-270m-q2_k", "plain", 2, 4096, 0, 0, None, None, None)
+    assert not set(LOADING) & {"max_tokens", "stop", "chat", "system", "json_layout", *SamplingParams.__dataclass_fields__}

@@ -23,7 +23,49 @@ from specgen.reporter import reporter
 
 
 @dataclass(frozen=True)
+class Loading:
+    """What is fixed when the models load (session.py): the models, the method, the contexts'
+    threads and size, where layers go, and what auto drafts from besides the text."""
+
+    target: str
+    draft: str | None
+    method: str
+    threads: int | None
+    ctx: int
+    gpu_layers: int
+    draft_gpu_layers: int
+    rpc: str | None
+    corpus: str | None
+    store: bool | None
+
+    @property
+    def rpc_servers(self) -> list[str]:
+        return [s.strip() for s in self.rpc.split(",") if s.strip()] if self.rpc else []
+
+    @property
+    def corpus_files(self) -> list[Path]:
+        return [Path(p.strip()).expanduser() for p in self.corpus.split(",") if p.strip()] if self.corpus else []
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What each generation starts from, whichever edge asks (runner.Runner.ask): the sampling (an
+    edge's Overrides replace its fields), the token limit, stop strings, the chat template (None:
+    on where the target has one), the system message and the JSON layout."""
+
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    chat: bool | None = None
+    system: str | None = None
+    json_layout: str = "compact"
+
+
+@dataclass(frozen=True)
 class RunConfig:
+    """The settings as the YAML and the command line give them, one flat namespace (configs/*.yaml):
+    `loading`, fixed when the models load, and `defaults`, each generation's starting point."""
+
     target: str = "gemma-3-270m-f32"
     draft: str | None = "gemma-3-270m-q2_k"
     method: str = "auto"
@@ -52,12 +94,20 @@ class RunConfig:
     json_layout: str = "compact"  # JSON answers under a schema: compact (separators forced) | free (constraint.py)
 
     @property
+    def loading(self) -> Loading:
+        return Loading(**{name: getattr(self, name) for name in LOADING})
+
+    @property
+    def defaults(self) -> Defaults:
+        return Defaults(self.sampling, self.max_tokens, self.stops, self.chat, self.system, self.json_layout)
+
+    @property
     def rpc_servers(self) -> list[str]:
-        return [s.strip() for s in self.rpc.split(",") if s.strip()] if self.rpc else []
+        return self.loading.rpc_servers
 
     @property
     def corpus_files(self) -> list[Path]:
-        return [Path(p.strip()).expanduser() for p in self.corpus.split(",") if p.strip()] if self.corpus else []
+        return self.loading.corpus_files
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -67,6 +117,9 @@ class RunConfig:
     def sampling(self) -> SamplingParams:
         return sampling_params({**{b.name: getattr(self, b.name) for b in BOUNDS},
                                 "logit_bias": parse_logit_bias(self.logit_bias)})
+
+
+LOADING = tuple(f.name for f in dataclasses.fields(Loading))
 
 
 _BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*")

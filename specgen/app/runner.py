@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from specgen.app.ask import Ask, Overrides, ask_for, check_vocabulary, tools_format
-from specgen.app.config import RunConfig
+from specgen.app.config import Defaults, RunConfig
 from specgen.app.prompts import Prompt
 from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, Session
 from specgen.app.stops import StopText
@@ -28,9 +28,9 @@ from specgen.drafting.forced import ConstrainedDrafter
 from specgen.errors import ConfigError, ConstraintError
 
 
-def use_chat(cfg: RunConfig, model: Model) -> bool:
+def use_chat(defaults: Defaults, model: Model) -> bool:
     """--chat/--no-chat, defaulting to on exactly when the GGUF carries a chat template."""
-    return cfg.chat if cfg.chat is not None else bool(model.chat_template)
+    return defaults.chat if defaults.chat is not None else bool(model.chat_template)
 
 
 def render_prompt(model: Model, prompt: Prompt, chat: bool, system: str | None = None) -> str:
@@ -185,15 +185,16 @@ class Runner:
     """One method on a session, running Asks. auto's planner lives as long as the runner: what it
     learns about acceptance carries over prompts (per chat and sampling). `prompt_cache`: what the
     session's target context holds (one per context, shared by every runner on it): a prompt's
-    common prefix with it is not read again. `cfg` gives the method, the system message and, for
-    `ask`, the command line's (or config file's) settings of an Ask."""
+    common prefix with it is not read again. `cfg` gives the method and the request defaults
+    (RunConfig.defaults: the command line's, a config file's, the server's) every Ask starts from."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: PromptCache | None = None):
         self.cfg = cfg
+        self.defaults = cfg.defaults  # what each Ask starts from; the rest of cfg was read at load
         self.session = session
         self.prompt_cache = prompt_cache
         self.method = M.get(cfg.method)
-        self.chat = use_chat(cfg, session.target)
+        self.chat = use_chat(self.defaults, session.target)
         self._learned: OrderedDict[tuple[bool, SamplingParams, bool], Learned] = OrderedDict()
 
     def ask(self, prompt: Prompt, max_tokens: int | None = None, logprobs: int | None = None,
@@ -203,10 +204,11 @@ class Runner:
         line's, a config file's, the server's) with what the edge gave for this generation in their
         place: its sampling `overrides`, `max_tokens`, `stop` strings (None: the prompt's own, else
         the runner's), `chat` (None: the runner's)."""
-        stop = stop if stop is not None else self.cfg.stops if prompt.stop is None else prompt.stop
-        return ask_for(self.session.target, prompt, self.chat if chat is None else chat, self.cfg.json_layout,
-                       sampling=overrides.over(self.cfg.sampling),
-                       max_tokens=self.cfg.max_tokens if max_tokens is None else max_tokens, logprobs=logprobs,
+        d = self.defaults
+        stop = stop if stop is not None else d.stop if prompt.stop is None else prompt.stop
+        return ask_for(self.session.target, prompt, self.chat if chat is None else chat, d.json_layout,
+                       sampling=overrides.over(d.sampling), max_tokens=d.max_tokens if max_tokens is None else max_tokens,
+                       logprobs=logprobs,
                        stop=stop, cache_prompt=cache_prompt)
 
     def _learning(self, ask: Ask) -> Learned:
@@ -223,7 +225,7 @@ class Runner:
 
     def prompt_text(self, prompt: Prompt) -> str:
         """The text this runner's model reads for `prompt` (what another tool must be given)."""
-        return render_prompt(self.session.target, prompt, self.chat, self.cfg.system)
+        return render_prompt(self.session.target, prompt, self.chat, self.defaults.system)
 
     def constraint_for(self, prompt: Prompt) -> ConstraintSpec | None:
         """What this runner's answer to `prompt` must match (another tool must be given it too)."""
@@ -237,7 +239,7 @@ class Runner:
         target = self.session.target
         check_bias(ask.sampling, target)
         check_rows(ask, target)
-        tokens = encode_prompt(target, ask.prompt, ask.chat, self.cfg.system)
+        tokens = encode_prompt(target, ask.prompt, ask.chat, self.defaults.system)
         constraint = None if ask.constraint is None else target.constrain(ask.constraint)
         request = GenerationRequest(tokens, ask.max_tokens, ask.sampling, constraint, ask.logprobs, ask.cache_prompt)
         learned = self._learning(ask)
@@ -262,7 +264,7 @@ class Runner:
         target = self.session.target
         costs = self.session.costs_for(ask.plans_from_curves) if self.method.measured else None
         calls.cost = None if costs is None else costs.given(context)
-        history = call_history(prompt.messages(self.cfg.system), prompt.tools, tools_format(target, ask.chat))
+        history = call_history(prompt.messages(self.defaults.system), prompt.tools, tools_format(target, ask.chat))
         return CallSource(history, lambda text: target.tokenize(text, add_special=False, parse_special=False),
                           target.piece, calls)
 
@@ -287,7 +289,7 @@ class Runner:
             "method": self.cfg.method,
             "target": self.session.target_label,
             "draft": self.session.draft_label,
-            "temperature": self.cfg.temperature if result.ask is None else result.ask.sampling.temperature,
+            "temperature": (self.defaults if result.ask is None else result.ask).sampling.temperature,
             **result.stats.record_fields(),
             "finish_reason": result.finish_reason,
             **({"stopping_word": result.stopping_word} if result.stopping_word else {}),

@@ -148,7 +148,7 @@ class Server:
         return JSONResponse(routes.detokenize(self.target, body))
 
     async def apply_template(self, request: HttpRequest, body: dict) -> Response:
-        return JSONResponse(routes.apply_template(self.target, self.worker.runners.cfg, body))
+        return JSONResponse(routes.apply_template(self.target, self.worker.runners.defaults, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
         response = PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
@@ -176,12 +176,12 @@ class Server:
             return Reply(kind, self.model_id, self.method, request)
         w = self.worker
         return NativeReply(self.model_id, self.method, request,
-                           lambda ask: routes.params(w.runners.cfg, w.default_max_tokens, request, ask), w.n_ctx)
+                           lambda ask: routes.params(w.runners.defaults, w.default_max_tokens, request, ask), w.n_ctx)
 
     async def _generate(self, body: dict, parse: Callable[..., Request], kind: str) -> Response:
         request = parse(body, self.target.chat_template)
         check_vocabulary(request, self.target.n_vocab)
-        body.notes.extend(sampling_notes(self.worker.runners.cfg, request))
+        body.notes.extend(sampling_notes(self.worker.runners.defaults, request))
         job = self.worker.submit(request, asyncio.get_running_loop())
         reply = self._reply(kind, request)
         try:

@@ -11,7 +11,7 @@ from typing import Callable
 from specgen import __version__
 from specgen.app import samplers
 from specgen.app.ask import Ask, sampling_values
-from specgen.app.config import RunConfig
+from specgen.app.config import Defaults
 from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
@@ -62,16 +62,16 @@ LLAMA_OFF = {
 }
 
 
-def params(cfg: RunConfig, default_max_tokens: int | None, request: Request | None = None,
+def params(defaults: Defaults, default_max_tokens: int | None, request: Request | None = None,
            ask: Ask | None = None) -> dict:
     """Sampling settings as llama-server reports them: specgen's own (the server's defaults, or the
     Ask a request ran: ask.sampling_values names them as llama-server does), and every setting it
     does not implement at the value that turns it off."""
-    s = cfg.sampling if ask is None else ask.sampling
+    s = defaults.sampling if ask is None else ask.sampling
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
     own = {**sampling_values(s), "seed": SEED_RANDOM if s.seed is None else s.seed,
            "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.penalties.bias]}
-    stops = cfg.stops if ask is None else ask.stop  # a request's replace serve --stop's (worker.Runners.ask)
+    stops = defaults.stop if ask is None else ask.stop  # a request's replace serve --stop's (worker.Runners.ask)
     return {
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
@@ -88,7 +88,7 @@ def props(worker: Worker, model_id: str, method: str) -> dict:
     return {
         "default_generation_settings": {
             "id": 0, "id_task": -1, "n_ctx": worker.n_ctx, "speculative": True, "is_processing": worker.busy,
-            "params": params(runners.cfg, worker.default_max_tokens), "prompt": "",
+            "params": params(runners.defaults, worker.default_max_tokens), "prompt": "",
             "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0,
                            "stopping_word": ""}},
         "total_slots": 1, "model_alias": model_id, "model_path": target.source_path,
@@ -139,12 +139,12 @@ def detokenize(model: Model, body: dict) -> dict:
     return {"content": b"".join(_bytes(model, t) for t in tokens).decode("utf-8", "replace")}
 
 
-def apply_template(model: Model, cfg: RunConfig, body: dict) -> dict:
+def apply_template(model: Model, defaults: Defaults, body: dict) -> dict:
     """POST /apply-template: a chat request's `messages` (and `tools`) as the text the model would
     read, through its chat template and the server's --system, without generating: {"prompt": text}."""
     request = chat_request(body, model.chat_template)
     try:
-        return {"prompt": render_prompt(model, request.prompt, bool(model.chat_template), cfg.system)}
+        return {"prompt": render_prompt(model, request.prompt, bool(model.chat_template), defaults.system)}
     except SpecgenError as e:
         raise RequestError(400, str(e), "messages") from None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from specgen.app.ask import Ask, tools_format
 from specgen.app.callstream import CallStream
-from specgen.app.config import RunConfig
+from specgen.app.config import Defaults, RunConfig
 from specgen.app.runner import Runner
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
@@ -58,9 +58,10 @@ class Runners:
     reads it; `cache_bytes`: host memory for other conversations' prefixes, kv.PromptCache's budget)."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True, cache_bytes: int = 0):
-        self.cfg, self.session = cfg, session
+        self.session = session
         self.cache = PromptCache(reuse=prompt_cache, budget=cache_bytes)
         self.runner = Runner(cfg, session, self.cache)
+        self.defaults = self.runner.defaults  # what a request's Ask starts from
 
     def ask(self, request: Request, max_tokens: int) -> Ask:
         """The request as an Ask (Runner.ask, the one builder): its own sampling values and stop
@@ -70,11 +71,11 @@ class Runners:
                                request.chat and bool(self.session.target.chat_template), request.cache_prompt)
 
 
-def sampling_notes(cfg: RunConfig, request: Request) -> list[str]:
+def sampling_notes(defaults: Defaults, request: Request) -> list[str]:
     """What the request's `samplers` order turned off, said plainly; a 400 where specgen cannot
     follow it (checked before the request waits in line)."""
     try:
-        return request.sampling.notes(cfg.sampling)
+        return request.sampling.notes(defaults.sampling)
     except SpecgenError as e:
         raise RequestError(400, str(e), "samplers") from None
 
