@@ -380,3 +380,18 @@ def test_bench_cli_errors_are_one_line():
     assert r.returncode == 2 and "--per-group must be at least 1, found 0" in r.stderr  # a usage error
     r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--split", "both")
     assert r.returncode == 2 and "--split expects all, tune, report, found 'both'" in r.stderr
+
+
+def test_a_rival_that_wrote_nothing_leaves_the_other_methods_speeds_whole():
+    """llama.cpp's ngram-cache wrote 0 tokens on both summarization prompts of a pair A run: the
+    group's every row was left without a timed prompt and `auto` printed 0.00x there. Each method's
+    speed is over the prompts that it and plain both wrote tokens on."""
+    trials = [trial("1", "summarization", "plain", 100), trial("1", "summarization", "auto", 150),
+              trial("1", "summarization", "llama.cpp ngram-cache", 0),
+              trial("2", "summarization", "plain", 100), trial("2", "summarization", "auto", 130),
+              trial("2", "summarization", "llama.cpp ngram-cache", 0)]
+    rows = {(r.group, r.method): r for r in summary.summarize(trials, ["plain", "auto", "llama.cpp ngram-cache"],
+                                                              compare_texts=False)}
+    assert rows[("summarization", "auto")].tokens_per_s == 140 and rows[("summarization", "auto")].speedup == 1.4
+    assert rows[("summarization", "plain")].speedup == 1.0
+    assert rows[("summarization", "llama.cpp ngram-cache")].tokens_per_s == 0.0  # nothing timed: no speed

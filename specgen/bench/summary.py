@@ -76,13 +76,16 @@ def summarize(trials: Sequence[Trial], methods: Sequence[str], compare_texts: bo
 def _rows(group: str, turn: int | None, runs: dict[tuple, dict[str, tuple[RunStats, str]]], methods: Sequence[str],
           compare_texts: bool) -> list[SummaryRow]:
     """One row per method over `runs`: per prompt key, per method, its (stats, text)."""
-    # A trial that emitted nothing (the model stopped at once) has no throughput: leave that
-    # prompt out of every method's speed, or a 0 tok/s would count as a slowdown.
-    timed = [k for k, by_method in runs.items() if all(st.n_tokens > 0 for st, _ in by_method.values())]
-    plain_tps = _mean(runs[k]["plain"][0].tokens_per_s for k in timed)
-    jump_tps = _mean(runs[k][JUMP][0].tokens_per_s for k in timed) if JUMP in methods else None
+    # A trial that emitted nothing (the model stopped at once, a rival that failed) has no
+    # throughput: a method's speed is over the prompts that it and plain (and jump, where it is
+    # compared) both wrote tokens on, or a 0 tok/s would count as a slowdown, and one rival's empty
+    # trials would leave every other method without a timed prompt.
     rows = []
     for method in methods:
+        timed = [k for k, by_method in runs.items()
+                 if all(by_method[m][0].n_tokens > 0 for m in {method, "plain", *({JUMP} & set(methods))})]
+        plain_tps = _mean(runs[k]["plain"][0].tokens_per_s for k in timed)
+        jump_tps = _mean(runs[k][JUMP][0].tokens_per_s for k in timed) if JUMP in methods else None
         total = RunStats()
         for k in runs:
             total.add(runs[k][method][0])
