@@ -77,41 +77,38 @@ def test_a_figure_bound_to_a_source_files_constant_follows_the_code(tmp_path):
     assert "no key 'TWICE'" in prose.problems(page)[0]
 
 
-def test_the_interleave_table_is_what_its_script_renders_from_its_file():
-    """docs/agent-bench.md's interleave-table block (exempt from figure binding as a rendered table)
-    is what `scripts/interleave_bench.py FILE --render` prints, so each of its figures is its file's."""
+def _rendered_blocks(script_name: str, page: str, kind: str):
+    """The `kind` blocks of `page` (exempt from figure binding as rendered tables), each as (the
+    files it names, its body), and the module of scripts/SCRIPT_NAME.py that renders them."""
     import importlib.util
-    import json
     import re
 
-    spec = importlib.util.spec_from_file_location("interleave_bench", ROOT / "scripts" / "interleave_bench.py")
+    spec = importlib.util.spec_from_file_location(script_name, ROOT / "scripts" / f"{script_name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    page = ROOT / "docs" / "agent-bench.md"
-    blocks = re.findall(r"^<!-- interleave-table: (\S+) -->\n(.*?)\n<!-- interleave-table:end -->",
-                        page.read_text(encoding="utf-8"), re.S | re.M)
-    assert blocks
-    for path, body in blocks:
-        assert body == script.render(json.loads((page.parent / path).read_text(encoding="utf-8")))
+    blocks = re.findall(rf"^<!-- {kind}: ([^>]+?) -->\n(.*?)\n<!-- {kind}:end -->",
+                        (ROOT / page).read_text(encoding="utf-8"), re.S | re.M)
+    assert blocks, f"{page} has no {kind} block"
+    return script, blocks
 
+
+def test_the_interleave_table_is_what_its_script_renders_from_its_file():
+    """docs/agent-bench.md's interleave-table block is what `scripts/interleave_bench.py FILE --render`
+    prints, so each of its figures is its file's."""
+    import json
+
+    script, blocks = _rendered_blocks("interleave_bench", "docs/agent-bench.md", "interleave-table")
+    for path, body in blocks:
+        assert body == script.render(json.loads((ROOT / "docs" / path).read_text(encoding="utf-8")))
 
 
 def test_the_distance_table_is_what_its_script_renders_from_its_files():
-    """docs/screening-and-kernels.md's distance-table block (exempt from figure binding as a rendered
-    table) is what `scripts/kernel_distance.py --render FILES` prints, so each of its figures is its
-    files'."""
-    import importlib.util
-    import re
-
-    spec = importlib.util.spec_from_file_location("kernel_distance", ROOT / "scripts" / "kernel_distance.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    page = ROOT / "docs" / "screening-and-kernels.md"
-    blocks = re.findall(r"^<!-- distance-table: ([^>]+?) -->\n(.*?)\n<!-- distance-table:end -->",
-                        page.read_text(encoding="utf-8"), re.S | re.M)
-    assert blocks
+    """docs/screening-and-kernels.md's distance-table block is what `scripts/kernel_distance.py --render
+    FILES` prints, so each of its figures is its files'."""
+    script, blocks = _rendered_blocks("kernel_distance", "docs/screening-and-kernels.md", "distance-table")
     for paths, body in blocks:
-        assert body == script.render([str(page.parent / f) for f in paths.split()])
+        assert body == script.render([str(ROOT / "docs" / f) for f in paths.split()])
+
 
 def test_keys_read_selections_that_exclude_json_lines_junit_and_several_values(tmp_path):
     from specgen.bench import keys
