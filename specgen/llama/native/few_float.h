@@ -8,6 +8,24 @@
 
 namespace specgen_few {
 
+// The columns as F32: F32 columns as they are; F16 ones widened (exactly) once per product, not once
+// per tile, into per-thread scratch (`ldb` becomes k). k is a multiple of 8 wherever this is called.
+template <typename W>
+static inline const float * columns(int64_t n, int64_t k, const void * B, int64_t & ldb) {
+    if constexpr (std::is_same<W, float>::value) {
+        return (const float *) B;
+    } else {
+        static thread_local std::vector<char> bytes;
+        float * wide = scratch<float>(bytes, (size_t) (n * k));
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t s = 0; s < k; s += 8)
+                _mm256_storeu_ps(wide + k * j + s,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const W *) B + ldb * j + s))));
+        ldb = k;
+        return wide;
+    }
+}
+
 // F32 weights x F32 columns and F16 weights x F16 columns: ggml_vec_dot_f32's and ggml_vec_dot_f16's
 // arithmetic per (row, column), which is the same once F16 values are loaded as F32 (ggml's F32Cx16
 // and F32Cx8 loads), on its own AVX-512 or AVX path (simd-mappings.h): GGML_F32_ARR = GGML_F16_ARR = 4
@@ -32,7 +50,6 @@ using vec = __m512;
 constexpr int EPR = 16;
 static inline vec load(const float * p) { return _mm512_loadu_ps(p); }
 static inline vec load(const uint16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
-static inline void store(float * p, vec x) { _mm512_storeu_ps(p, x); }
 static inline vec zero() { return _mm512_setzero_ps(); }
 static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
@@ -42,7 +59,6 @@ using vec = __m256;
 constexpr int EPR = 8;
 static inline vec load(const float * p) { return _mm256_loadu_ps(p); }
 static inline vec load(const uint16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)); }
-static inline void store(float * p, vec x) { _mm256_storeu_ps(p, x); }
 static inline vec zero() { return _mm256_setzero_ps(); }
 static inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
@@ -128,14 +144,7 @@ static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, con
         for (int64_t i = r0; i < r1; i++) C[i] = dot(k, a + lda * i, (const W *) B);
         return;
     }
-    const float * b = (const float *) B;
-    if constexpr (!std::is_same<W, float>::value) {  // F16 columns widened once (exactly), not once per tile
-        static thread_local std::vector<char> bytes;
-        float * wide = scratch<float>(bytes, (size_t) (n * k));
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t s = 0; s < k; s += EPR) store(wide + k * j + s, load((const W *) B + ldb * j + s));
-        b = wide, ldb = k;
-    }
+    const float * b = columns<W>(n, k, B, ldb);
     int64_t i = r0;
     for (; i + TR <= r1; i += TR) rows<W, TR>(n, k, a, lda, i, b, ldb, C, ldc);
     for (; i < r1; i++) rows<W, 1>(n, k, a, lda, i, b, ldb, C, ldc);
@@ -223,14 +232,7 @@ template <typename W>
 static inline void matmul(int64_t n, int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C,
                           int64_t ldc, int64_t r0, int64_t r1) {
     const W * a = (const W *) A;
-    const float * b = (const float *) B;
-    if constexpr (!std::is_same<W, float>::value) {  // F16 columns widened once (exactly), not once per tile
-        static thread_local std::vector<char> bytes;
-        float * wide = scratch<float>(bytes, (size_t) (n * k));
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t s = 0; s < k; s += STEP) _mm512_storeu_ps(wide + k * j + s, load((const W *) B + ldb * j + s));
-        b = wide, ldb = k;
-    }
+    const float * b = columns<W>(n, k, B, ldb);
     // Bands of 64 rows: their weights stay in L2 while each group of columns passes over them.
     for (int64_t i0 = r0; i0 < r1; i0 += 64) {
         const int64_t i1 = i0 + 64 < r1 ? i0 + 64 : r1;
