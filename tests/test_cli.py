@@ -201,8 +201,9 @@ def test_calibrate_takes_the_model_as_m_like_every_other_command(isolated_home, 
     from specgen.costs.cache import cache_key, save_cached
     from specgen.costs.curve import CostCurve
     from specgen.host import cpu_name
+    from specgen.models.curves import build_key
 
-    key = cache_key(str(smollm2_path), tools.build_info().system_info, 1, 1024, cpu_name())
+    key = cache_key(str(smollm2_path), build_key(tools.build_info()), 1, 1024, cpu_name())
     save_cached(isolated_home / "calibration" / f"{key}.json", CostCurve([1, 2, 4], [0.010, 0.015, 0.025]))
     proc = specgen("calibrate", "-m", str(smollm2_path), "--threads", "1", "--ctx", "1024",
                    env={"SPECGEN_HOME": str(isolated_home)})
@@ -235,8 +236,9 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     from specgen.costs.cache import cache_key, save_cached
     from specgen.costs.curve import CostCurve
     from specgen.host import cpu_name
+    from specgen.models.curves import build_key
 
-    key = cache_key(str(smollm2_path), tools.build_info().system_info, 1, 1024, cpu_name())
+    key = cache_key(str(smollm2_path), build_key(tools.build_info()), 1, 1024, cpu_name())
     sizes = [1, 2, 4, 8, 16, 32]
     save_cached(isolated_home / "calibration" / f"{key}.json",
                 CostCurve(sizes, [0.010 * (1 + 0.5 * (b - 1)) for b in sizes]))

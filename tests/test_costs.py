@@ -497,3 +497,19 @@ def test_a_recheck_while_the_sizes_move_apart_changes_nothing():
     quiet = CostCurve(SIZES, [quads(b) * (2.0 if b == 12 else 1.0) for b in SIZES], between="step")
     quiet.reshape({1: [0.010] * 4, 8: [quads(8)] * 4, 12: [quads(12)] * 4}, {12: 8})
     assert quiet.base(12) == pytest.approx(quads(12))  # the reference agrees: re-costed
+
+
+@pytest.mark.real
+def test_the_calibration_cache_tells_two_builds_with_the_same_system_info_apart():
+    """A rebuilt library whose system info reads the same (faster kernels under the same names) is
+    another build: curves cached for the old one are not read for it. The key holds the loaded
+    libraries' files."""
+    from dataclasses import replace
+
+    from specgen.llama import tools
+    from specgen.models.curves import build_key
+
+    info = tools.build_info()
+    assert "libllama" in info.library and "libggml-cpu" in info.library
+    rebuilt = replace(info, library=info.library.replace(":", ":1", 1))
+    assert build_key(rebuilt) != build_key(info) and build_key(info) == build_key(tools.build_info())

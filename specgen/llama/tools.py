@@ -90,6 +90,7 @@ class BuildInfo:
     system_info: str
     machine: str
     rpc: bool
+    library: str = ""  # the loaded libraries' files (name:size:mtime): which build this is, beyond its words
 
     @property
     def accelerator(self) -> str:
@@ -102,7 +103,16 @@ class BuildInfo:
 def build_info() -> BuildInfo:
     _init()
     return BuildInfo(L.__version__, L.llama_print_system_info().decode(errors="replace").strip(),
-                     platform.machine(), bool(L.llama_supports_rpc()))
+                     platform.machine(), bool(L.llama_supports_rpc()), _library_files())
+
+
+def _library_files() -> str:
+    """The llama.cpp libraries beside the loaded libllama, as name:size:mtime: a rebuilt library whose
+    system info reads the same (faster kernels under the same names) is another build for what is
+    cached per build (the calibration cache's curves)."""
+    here = Path(L.llama_cpp._lib._name).parent
+    files = sorted(p for p in here.glob("lib*.so*") if p.is_file() and not p.is_symlink())
+    return ";".join(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in files)
 
 
 # --- llama.cpp RPC: split a model across machines running an RPC server ---------------------------

@@ -14,14 +14,19 @@ from specgen.host import cpu_name, specgen_home
 from specgen.reporter import reporter
 
 
+def build_key(info) -> str:
+    """The build, for the calibration cache: its words (system info) and its files (a rebuilt library
+    whose words read the same, faster kernels under the same names, is measured afresh)."""
+    return f"{info.system_info}|{info.library}"
+
+
 def cost_curve(model: Model, ctx: Context, refresh: bool = False, budget_s: float = MEASURE_BUDGET_S) -> CostCurve:
     """c(B) for a model on this machine: from the calibration cache, else measured (a few seconds)
     and cached, unless other processes kept the machine busy meanwhile (then it serves this run
     only, and says so on stderr)."""
     from specgen.llama import tools  # loads llama.cpp: not at start-up, for commands without a model
 
-    build = tools.build_info().system_info
-    key = cache_key(model.path, build, ctx.n_threads, ctx.n_ctx, cpu_name())
+    key = cache_key(model.path, build_key(tools.build_info()), ctx.n_threads, ctx.n_ctx, cpu_name())
     path = specgen_home() / "calibration" / f"{key}.json"
     curve = None if refresh else load_cached(path)
     if curve is None:
