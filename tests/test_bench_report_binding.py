@@ -15,7 +15,8 @@ from test_bench_report import CHECKED as TABLE_PAGES
 # Every page whose figures are all bound (or exempt, or under History): test_bench_report's pages with
 # tables, and these pages of prose.
 CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md", "docs/agent-bench.md", "docs/structured-output.md",
-                         "docs/screening-and-kernels.md"]
+                         "docs/screening-and-kernels.md", "docs/how-it-works.md", "docs/chat.md",
+                         "docs/troubleshooting.md"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
