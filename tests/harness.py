@@ -396,3 +396,23 @@ def penalized(pen, *args, **kwargs):
 
     return SamplingParams(*args, repeat_penalty=pen.repeat, repeat_last_n=pen.last_n, frequency_penalty=pen.frequency,
                           presence_penalty=pen.presence, logit_bias=pen.bias, **kwargs)
+
+
+# --- requests the server tests share (test_serve_routes.py, test_fuzz_bodies.py) ----------------
+
+KEY = {"Authorization": "Bearer sesame"}
+ASK = [{"role": "user", "content": "Name three colours."}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# A request each route answers 200.
+VALID = {**dict.fromkeys(("/v1/chat/completions", "/chat/completions"), {"messages": ASK, "max_tokens": 2}),
+         **dict.fromkeys(("/v1/completions", "/completions", "/completion"), {"prompt": "1, 2,", "max_tokens": 2}),
+         "/apply-template": {"messages": ASK}, "/tokenize": {"content": "hi"}, "/detokenize": {"tokens": [1]},
+         **dict.fromkeys(("/v1/embeddings", "/embeddings", "/embedding"), {"input": "hi"})}
+
+
+def post(served, path, body, headers=KEY):
+    """POST a JSON body; (status, the parsed JSON reply)."""
+    status, _, raw = call(served, "POST", path, body, headers)
+    return status, json.loads(raw)

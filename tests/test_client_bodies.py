@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SMOLLM2
 from specgen.serve import fields
-from test_serve import free_port
+from harness import free_port
 
 pytestmark = pytest.mark.real
 

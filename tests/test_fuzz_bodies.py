@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specgen.serve import fields
-from test_serve import Served
-from test_serve_routes import ASK, VALID, WEATHER, call, events, post
+from harness import ASK, VALID, WEATHER, Server as Served, call, events, post
 
 pytestmark = pytest.mark.real
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from clihelp import assert_one_line_error, specgen
-from harness import SMOLLM2, Server, free_port, server  # noqa: F401 (free_port, Served: names other modules import)
+from harness import SMOLLM2, Server, server  # noqa: F401 (server: a fixture)
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.real
@@ -18,8 +18,6 @@ pytestmark = pytest.mark.real
 QUESTION = "Name three colours."
 
 
-# The names test_serve_routes.py, test_fuzz_bodies.py and test_client_bodies.py import: harness.Server, free_port.
-Served = Server
 
 
 @pytest.fixture(scope="module")

@@ -10,27 +10,12 @@ import pytest
 
 from specgen.serve import fields
 from specgen.serve.ecosystem import IGNORED_HEADER, NATIVE, NOTES_HEADER
-from harness import call
-from test_serve import Served
+from harness import ASK, KEY, VALID, WEATHER, Server as Served, call, events, post
 
 pytestmark = pytest.mark.real
 
-KEY = {"Authorization": "Bearer sesame"}
-ASK = [{"role": "user", "content": "Name three colours."}]
 CTX = 160  # the small server's --ctx (llama.cpp rounds it up: /props says what it holds)
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "required": ["c"]}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather now in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
-def post(served, path, body, headers=KEY):
-    status, _, raw = call(served, "POST", path, body, headers)
-    return status, json.loads(raw)
-
-
-def events(raw: bytes) -> list[str]:
-    return [line[len("data: "):] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
 
 
 @pytest.fixture(scope="module")
@@ -616,11 +601,7 @@ def test_each_field_acts_or_is_refused_by_name(server, baseline, name):
 
 # --- a field a route does not know is refused by name ------------------------------------------
 
-# A request each route answers 200.
-VALID = {**dict.fromkeys(("/v1/chat/completions", "/chat/completions"), {"messages": ASK, "max_tokens": 2}),
-         **dict.fromkeys(("/v1/completions", "/completions", "/completion"), {"prompt": "1, 2,", "max_tokens": 2}),
-         "/apply-template": {"messages": ASK}, "/tokenize": {"content": "hi"}, "/detokenize": {"tokens": [1]},
-         **dict.fromkeys(("/v1/embeddings", "/embeddings", "/embedding"), {"input": "hi"})}
+# VALID (harness): a request each route answers 200.
 # A value of each field the routes read that asks for nothing beyond the request's own (fields.py's
 # refused, dependent and inert ones: their neutral values above).
 NEUTRAL = {"messages": ASK, "prompt": "1, 2,", "model": "m", "max_tokens": 4, "max_completion_tokens": 4,
