@@ -20,7 +20,7 @@ profile (scripts/op_profile.py) `computed.profile`, its table's cells (see _prof
 _xml): `testsuite[0].testcase[name="t"].properties.B2.max_rel_err`. Any other file that is not
 JSON reads as {"lines": its lines, each split at white space, "names": its named numbers}:
 `log:lines[3][2]` is the third word of the fourth line; `k:names.FEW_COLUMNS` a source file's
-constant (`NAME = 128` in Python or shell, `constexpr ... NAME = 128;` or `#define NAME 128` in
+constant (`NAME = 128` in Python or shell, `A, B = 16, 256` in Python, `constexpr ... NAME = 128;` or `#define NAME 128` in
 C/C++), for prose that quotes what the code fixes (a name given two values is left out, so a path
 to it fails).
 """
@@ -73,6 +73,11 @@ def read(path: Path) -> object:
 _NAMED = re.compile(r"^[ \t]*(?:(?:static[ \t]+)?(?:constexpr|const)[ \t]+[\w:]+[ \t]+(?P<c>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*"
                     r"(?P<cv>-?\d[\d_]*(?:\.\d+)?)[ \t]*;|(?P<p>[A-Z][A-Z0-9_]*)[ \t]*=[ \t]*(?P<pv>-?\d[\d_]*(?:\.\d+)?)"
                     r"[ \t]*(?:#.*)?$|#define[ \t]+(?P<d>[A-Z][A-Z0-9_]*)[ \t]+(?P<dv>-?\d+(?:\.\d+)?)[ \t]*$)", re.M)
+
+
+_NUMBER = r"-?\d[\d_]*(?:\.\d+)?"
+_TUPLE = re.compile(rf"^(?P<names>[A-Z][A-Z0-9_]*(?:[ \t]*,[ \t]*[A-Z][A-Z0-9_]*)+)[ \t]*=[ \t]*"
+                    rf"(?P<values>{_NUMBER}(?:[ \t]*,[ \t]*{_NUMBER})+)[ \t]*(?:#.*)?$", re.M)
 
 
 def _profile(data):
@@ -163,6 +168,12 @@ def _names(text: str) -> dict[str, float]:
         name = m.group("c") or m.group("p") or m.group("d")
         value = (m.group("cv") or m.group("pv") or m.group("dv")).replace("_", "")
         found.setdefault(name, set()).add(float(value) if "." in value else int(value))
+    for m in _TUPLE.finditer(text):  # Python's `A, B = 16, 256`: each name its value, in order
+        names, values = re.split(r"[ \t]*,[ \t]*", m.group("names")), re.split(r"[ \t]*,[ \t]*", m.group("values"))
+        if len(names) == len(values):
+            for name, value in zip(names, values):
+                value = value.replace("_", "")
+                found.setdefault(name, set()).add(float(value) if "." in value else int(value))
     return {name: values.pop() for name, values in found.items() if len(values) == 1}
 
 
