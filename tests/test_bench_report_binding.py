@@ -16,7 +16,8 @@ from test_bench_report import CHECKED as TABLE_PAGES
 # tables, and these pages of prose.
 CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md", "docs/agent-bench.md", "docs/structured-output.md",
                          "docs/screening-and-kernels.md", "docs/how-it-works.md", "docs/chat.md",
-                         "docs/troubleshooting.md", "docs/benchmarking.md", "docs/serve.md"]
+                         "docs/troubleshooting.md", "docs/benchmarking.md", "docs/serve.md",
+                         "docs/auto.md"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
