@@ -58,22 +58,25 @@ def truncated(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | 
     id order. With an order (params.order): its steps in turn (_chain), then softmax(logits / T)."""
     if params.order is not None:
         keep = _chain(logits, params)
-        x = (logits if keep is None else logits[keep]).astype(np.float64) / max(params.temperature, 1e-8)
-        z = np.exp(x - x.max())
-        return keep, z / z.sum()
+        return keep, _tempered(logits if keep is None else logits[keep], params.temperature)
     row, keep = logits, None
     if 0 < params.top_k < logits.shape[0]:
         keep = top_k_ids(logits, params.top_k)  # T > 0 keeps the order
         logits = logits[keep]
-    x = logits.astype(np.float64) / max(params.temperature, 1e-8)
-    z = np.exp(x - x.max())
-    z /= z.sum()
+    z = _tempered(logits, params.temperature)
     if params.top_p < 1.0:
         sel = _nucleus(z, params.top_p)
         keep, z = (sel if keep is None else keep[sel]), z[sel] / z[sel].sum()
     if params.min_p > 0.0:
         keep, z = _min_p(row, keep, z, params.min_p)
     return keep, z
+
+
+def _tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(logits / T) in float64 (T floored at 1e-8: near-greedy rows stay finite)."""
+    x = logits.astype(np.float64) / max(temperature, 1e-8)
+    z = np.exp(x - x.max())
+    return z / z.sum()
 
 
 def _nucleus(z: np.ndarray, top_p: float) -> np.ndarray:
@@ -89,19 +92,17 @@ def _chain(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
     top_p the nucleus of the softmax, min_p those within ln(min_p) of the largest, each over what
     the steps before it kept and on the logits divided by the temperature where "temperature" came
     before it. The same rule for plain decoding and verification (eligible, truncated)."""
-    keep, values, scale = None, logits, 1.0
+    keep, values, temperature = None, logits, 1.0
     for step in params.order or ():
         if step == "temperature":
-            scale = max(params.temperature, 1e-8)
+            temperature = params.temperature
             continue
         if step == "top_k" and 0 < params.top_k < values.shape[0]:
             sel = top_k_ids(values, params.top_k)
         elif step == "top_p" and params.top_p < 1.0:
-            x = values.astype(np.float64) / scale
-            z = np.exp(x - x.max())
-            sel = _nucleus(z / z.sum(), params.top_p)
+            sel = _nucleus(_tempered(values, temperature), params.top_p)
         elif step == "min_p" and params.min_p > 0.0:
-            x = values.astype(np.float64) / scale
+            x = values.astype(np.float64) / max(temperature, 1e-8)
             sel = np.flatnonzero(x >= x.max() + np.log(params.min_p))
         else:
             continue
