@@ -174,10 +174,9 @@ namespace lanes {
 
 constexpr int64_t STEP = 16;  // the lanes: k must be a multiple of this
 constexpr int TC = 4;         // columns per tile, at most (tiles of 8 ran slower than two of 4)
-using vec = __m512;
-static inline vec load(const float * p) { return _mm512_loadu_ps(p); }
-static inline vec load(const uint16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
-static inline vec zero() { return _mm512_setzero_ps(); }
+using floats::vec;  // this namespace is AVX-512 only: floats' 512-bit register, loads and zero
+using floats::load;
+using floats::zero;
 
 // Rows per tile for NC columns. One or two columns: one row at a time, read as one stream (in a decode,
 // tiles of 2 to 8 rows ran slower: 19.5-22 against 18 ms for gemma-3-270m F32's one-token decode);
