@@ -18,7 +18,8 @@ from pathlib import Path
 from specgen.models.manifest import describe, drafts_dir, remembered_sha256
 from specgen.app.session import Session
 from specgen.core.vocab import SUBSET_IDS_KEY
-from specgen.errors import SpecgenError
+from specgen.errors import ModelError, SpecgenError
+from specgen.llama.gguf_header import read_header
 from specgen.reporter import reporter
 
 WHOLE = "-d self, whole vocabulary"
@@ -38,21 +39,20 @@ def gguf_facts(path: Path) -> dict:
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as e:
-        reporter().warn(f"cannot read {path} as a GGUF ({e}): its type is not recorded")
+        header = read_header(path, ("general.file_type",), tensors=True)
+    except ModelError as e:
+        reporter().warn(f"{e}: its type is not recorded")
         return {}
-    field = reader.fields.get("general.file_type")
+    code = header.values.get("general.file_type")
     file_type = None
-    if field is not None:
+    if code is not None:
         try:
-            file_type = gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+            file_type = gguf.LlamaFileType(int(code)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
-            file_type = str(int(field.parts[-1][0]))
-    head = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    return {"file_type": file_type, "head_type": head, "n_vocab": len(tokens.data) if tokens is not None else None,
-            "vocabulary_cut": SUBSET_IDS_KEY in reader.fields}
+            file_type = str(int(code))
+    head = header.tensor_types.get("token_embd.weight")
+    return {"file_type": file_type, "head_type": gguf.GGMLQuantizationType(head).name if head is not None else None,
+            "n_vocab": header.counts.get("tokenizer.ggml.tokens"), "vocabulary_cut": SUBSET_IDS_KEY in header.keys}
 
 
 def whole_vocabulary(cut: Path, target: Path) -> Path:

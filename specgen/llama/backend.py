@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from specgen.llama.embed import Embedder
 from specgen.errors import ModelError, SpecgenError
 from specgen.llama.runtime import init as _init, last_error as _last_error
+from specgen.llama.gguf_header import read_header
 from specgen import host
 from specgen.host import default_threads
 
@@ -112,15 +113,12 @@ class LlamaModel:
 
     def _subset_map(self) -> SubsetMap | None:
         """A vocabulary-subset draft's map to its target's ids, from the GGUF's specgen.* metadata
-        (read with the gguf package: llama.cpp's metadata API renders arrays as text)."""
+        (read from the header: llama.cpp's metadata API renders arrays as text)."""
         unk = self.meta(SUBSET_UNK_KEY)
         if unk is None:
             return None
-        from gguf import GGUFReader
-
-        field = GGUFReader(self.path).get_field(SUBSET_IDS_KEY)
-        ids = np.array(field.contents() if field is not None else [], dtype=np.int64)
-        return SubsetMap(ids, int(unk))
+        ids = read_header(self.path, (SUBSET_IDS_KEY,)).values.get(SUBSET_IDS_KEY)
+        return SubsetMap(np.asarray(ids if ids is not None else [], dtype=np.int64), int(unk))
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
