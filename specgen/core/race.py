@@ -17,12 +17,14 @@ score seen at a block's maximum: on a 262,144-token vocabulary, a handful of 256
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 BLOCK = 1024
+NOISE_CACHE = 256  # positions whose noise is kept (a step's tree and its drafts span a few dozen)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _MASK = (1 << 64) - 1
@@ -63,12 +65,19 @@ class Noise:
 
     @classmethod
     def at(cls, seed: int, position: int, n_ids: int) -> "Noise":
+        """One position's noise; the same object for the same arguments while it is recent (the draft
+        proposing, the screen and the sampler each run the race at the same position)."""
+        return _noise_at(int(seed), int(position), -(-int(n_ids) // BLOCK))
+
+    @classmethod
+    def _make(cls, seed: int, position: int, n_blocks: int) -> "Noise":
         key = stream_key(seed, position)
-        blocks = np.arange(-(-n_ids // BLOCK), dtype=np.int64)
+        blocks = np.arange(n_blocks, dtype=np.int64)
         u_max = _uniform(key ^ _SALT_MAX, blocks)
         u_pos = _uniform(key ^ _SALT_POS, blocks)
         g_max = -np.log(-np.log(u_max)) + math.log(BLOCK)
         arg = blocks * BLOCK + np.minimum((u_pos * BLOCK).astype(np.int64), BLOCK - 1)
+        g_max.flags.writeable = arg.flags.writeable = False  # shared by every caller of the cache
         return cls(key, g_max, arg)
 
     def of(self, ids: np.ndarray) -> np.ndarray:
@@ -80,6 +89,11 @@ class Noise:
         u = _uniform(self.key, ids) * np.exp(-np.exp(-g_max))
         g = -np.log(-np.log(u))
         return np.where(ids == self.block_arg[b], g_max, np.minimum(g, g_max))
+
+
+@functools.lru_cache(maxsize=NOISE_CACHE)
+def _noise_at(seed: int, position: int, n_blocks: int) -> Noise:
+    return Noise._make(seed, position, n_blocks)
 
 
 def noise(seed: int, position: int, ids: np.ndarray, n_ids: int | None = None) -> np.ndarray:
@@ -144,11 +158,13 @@ def contenders(row: np.ndarray, temperature: float, nz: Noise, k: int = 1, widen
     n_blocks = len(nz.block_max)
     padded = row if n == n_blocks * BLOCK else np.concatenate(
         [row, np.full(n_blocks * BLOCK - n, -np.inf, dtype=row.dtype)])
-    upper = race_scores(padded.reshape(n_blocks, BLOCK).max(axis=1), temperature, nz.block_max) + widen
+    block_top = padded.reshape(n_blocks, BLOCK).max(axis=1)
+    upper = race_scores(block_top, temperature, nz.block_max) + widen
     at = nz.block_arg < n
     sure = race_scores(row[nz.block_arg[at]], temperature, nz.block_max[at]) - widen
     if k == 1:  # the likeliest token's own score: with a peaked row, far above a block maximum's
-        top = np.array([int(np.argmax(row))])
+        b = int(np.argmax(block_top))  # the row's argmax (its first) lies in the first block holding the maximum
+        top = np.array([b * BLOCK + int(np.argmax(padded[b * BLOCK:(b + 1) * BLOCK]))])
         sure = np.append(sure, race_scores(row[top], temperature, nz.of(top)) - widen)
     best = np.sort(sure)[-k] if len(sure) >= k else -np.inf
     if best == -np.inf:
