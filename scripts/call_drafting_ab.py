@@ -56,7 +56,7 @@ if len(sys.argv) > 2 and sys.argv[2] == "suite":
             CONVS.append((r["tools"], r["turns"]))
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 base = RunConfig(target="smollm2-135m-instruct-q4_1", draft=None, method="plain", max_tokens=96, store=False)
-s = load_session(base, ["plain", "auto", "jump"], store_default=False, screen=False)
+s = load_session(base.loading, ["plain", "auto", "jump"], store_default=False, screen=False)
 caches = {}
 def runner(label):
     m = {"auto-nocall": "auto"}.get(label, label)

@@ -63,7 +63,7 @@ def measure(target: str, max_tokens: int) -> dict:
 
     cfg = build_config(None, {"target": target, "draft": None, "method": "plain", "max_tokens": max_tokens,
                               "store": False, "temperature": 0.0})
-    session = load_session(cfg, ["plain"], store_default=False)
+    session = load_session(cfg.loading, ["plain"], store_default=False)
     _, prompts = load_suite("json")
     schemas = _suite_schemas()
     rows = []

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specgen.app.ask import why_exact_rows
 from specgen.app.config import build_config
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner, encode_prompt
@@ -147,7 +148,8 @@ def main() -> None:
     if args.seed is not None:
         settings["seed"] = args.seed
     cfg = build_config(args.config, settings)
-    session = load_session(cfg, ["plain", "auto"], store_default=False)
+    session = load_session(cfg.loading, ["plain", "auto"], store_default=False,
+                           screen=why_exact_rows(cfg.sampling, constrained=False) is None)
     plain, auto = Runner(dataclasses.replace(cfg, method="plain"), session), Runner(cfg, session)
     _, prompts = load_suite(args.suite)
     prompts = select(split_half(prompts, args.split), args.per_group)

@@ -64,7 +64,7 @@ def one(model: str, sizes: list[int], chunk: str, threads: int) -> dict[int, tup
     from specgen.app.session import TARGET_OUTPUTS, TARGET_SEQS, load_target
     from specgen.core.kv import INVARIANT_ROWS, prefill
 
-    target = load_target(RunConfig(target=model), screen_greedy=False)  # as `specgen serve` loads it
+    target = load_target(RunConfig(target=model).loading, screen_greedy=False)  # as `specgen serve` loads it
     ctx = target.new_context(max(sizes) + 64, n_seq_max=TARGET_SEQS, n_threads=threads, n_outputs=TARGET_OUTPUTS)
     size = INVARIANT_ROWS if chunk == "cache" else None
     out = {}

@@ -44,7 +44,7 @@ def main() -> None:
     from specgen.host import cpu_name
 
     cfg = RunConfig(target=a.target, draft=None, method="plain", max_tokens=a.max_tokens, threads=a.threads)
-    session = load_session(cfg, ["plain"])
+    session = load_session(cfg.loading, ["plain"])
     sampled_cfg = replace(cfg, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     runners = {"greedy": Runner(cfg, session), "sampled": Runner(sampled_cfg, session)}
     _, pool = load_suite(a.suite)

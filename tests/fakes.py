@@ -285,4 +285,4 @@ def fake_session(with_draft: bool, n_ctx: int = 512):
     cfg = RunConfig(target="fake", draft="fake-draft" if draft else None, chat=False, ctx=n_ctx)
     curves = lambda model, ctx: replace(FLAT, seconds=[s / 4 for s in FLAT.seconds]) if model is draft else replace(FLAT)  # noqa: E731
     methods = [METHODS[m] for m in FAKE_METHODS if with_draft or m not in ("chain", "tree", "staged")]
-    return open_session(cfg, methods, target, draft, curves), cfg
+    return open_session(cfg.loading, methods, target, draft, curves), cfg

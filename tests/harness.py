@@ -60,7 +60,7 @@ def session(target: str = SMOLLM2_F32, draft: str | None = SMOLLM2, screen: bool
 
     names = [m for m in M.NAMES if draft is not None or M.get(m).draft != M.NEEDS_DRAFT]
     cfg = RunConfig(target=target, draft=draft, store=False, gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers)
-    return load_session(cfg, names, store_default=False, screen=screen)
+    return load_session(cfg.loading, names, store_default=False, screen=screen)
 
 
 @dataclass

@@ -301,8 +301,8 @@ def test_long_random_conversations_give_a_cold_servers_bits(request, name, n_ctx
 
     model = request.getfixturevalue(name)
     cfg = RunConfig(target=name, draft=None, method="lookup", ctx=n_ctx, store=False)
-    warm = Runner(cfg, open_session(cfg, [M.get("lookup")], model), PromptCache(budget=(256 << 20) * (name == "smollm2")))
-    cold = Runner(cfg, open_session(cfg, [M.get("lookup")], model), PromptCache(reuse=False))
+    warm = Runner(cfg, open_session(cfg.loading, [M.get("lookup")], model), PromptCache(budget=(256 << 20) * (name == "smollm2")))
+    cold = Runner(cfg, open_session(cfg.loading, [M.get("lookup")], model), PromptCache(reuse=False))
     rng = random.Random(67)
     histories: list[tuple] = [(), ()]
     c = checked = read = kept = 0

@@ -1,5 +1,6 @@
 """Flags mean the same in every command, and help reads as Typer/Rich help does (no stray markers)."""
 
+import math
 import re
 from pathlib import Path
 
@@ -80,16 +81,34 @@ def test_every_generating_command_takes_every_sampling_option_declared_once(comm
     assert {name: given[name] for name in SAMPLING} == {name: reference[name] for name in SAMPLING}
 
 
-def test_sampling_options_arrive_as_config_settings(monkeypatch):
-    """with_sampling hands the command one dict of settings: given values as typed, --logit-bias
-    joined as the config file writes it, the rest None (the -c file or the defaults decide)."""
+def test_sampling_options_arrive_typed_as_the_servers_fields_do(monkeypatch):
+    """with_sampling hands the command one Given: the sampling values as ask.Overrides (the type the
+    server's edge makes of a request's fields), --logit-bias as (token, bias) pairs, the token limit
+    and stop strings; None where not given (the -c file or the defaults decide)."""
+    from specgen.app.ask import Overrides
+    from specgen.app.config import Given
     from specgen.cli import generate as g
 
-    seen = {}
-    monkeypatch.setattr(g, "build_config", lambda config, values: seen.update(values) or (_ for _ in ()).throw(
+    seen = []
+    monkeypatch.setattr(g, "build_config", lambda config, values, given: seen.append(given) or (_ for _ in ()).throw(
         SystemExit(0)))
     result = CliRunner().invoke(app, ["generate", "-t", "0.5", "--top-k", "7", "--logit-bias", "15+1",
-                                      "--logit-bias", "16-inf", "-n", "9", "hi"])
+                                      "--logit-bias", "16-inf,15-2", "-n", "9", "--stop", "x", "hi"])
     assert result.exit_code == 0, result.output
-    assert (seen["temperature"], seen["top_k"], seen["max_tokens"], seen["logit_bias"]) == (0.5, 7, 9, "15+1,16-inf")
-    assert seen["top_p"] is None and seen["seed"] is None and seen["min_p"] is None
+    assert seen == [Given(Overrides(temperature=0.5, top_k=7, logit_bias=((15, -2.0), (16, -math.inf))), 9, ("x",))]
+    assert seen[0].fields == {"temperature": 0.5, "top_k": 7, "logit_bias": ((15, -2.0), (16, -math.inf)),
+                              "max_tokens": 9, "stop": ("x",)}
+
+
+
+
+def test_the_command_line_and_the_server_make_one_typed_overrides():
+    """Both edges meet at ask.Overrides: the same values, from flags or from a request's fields."""
+    from specgen.cli.options import SAMPLING, read_sampling
+    from specgen.serve.requests import completion_request
+
+    cli = read_sampling({**dict.fromkeys(SAMPLING), "temperature": 0.5, "top_k": 7, "seed": 3, "min_p": 0.1,
+                         "logit_bias": ["15-2", "16-inf"]})
+    server = completion_request({"prompt": "hi", "temperature": 0.5, "top_k": 7, "seed": 3, "min_p": 0.1,
+                                 "logit_bias": {"15": -2, "16": False}})
+    assert cli.sampling == server.sampling

@@ -24,10 +24,69 @@ N = "40"
 
 
 def test_the_server_uses_the_rule_the_cli_uses():
-    from specgen.app.stops import StopText
+    from specgen.app.runner import Transcript
+    from specgen.cli import generate
     from specgen.serve import worker
 
-    assert worker.StopText is StopText
+    assert worker.Transcript is generate.Transcript is Transcript  # one loop cuts both edges' texts
+
+
+def _events(pieces, reason):
+    from specgen.core.engine import FinishEvent, TokenEvent
+
+    return [*(TokenEvent(i, piece, False) for i, piece in enumerate(pieces)), FinishEvent(reason)]
+
+
+def _stream(events):
+    def stream(ask, stats):
+        yield from events
+    return stream
+
+
+def _cli(ask, events):
+    """What `generate --stop` shows (cli/generate.shown, as its terminal sink gets it) and its Completion."""
+    from types import SimpleNamespace
+
+    from specgen.cli.generate import shown
+
+    written = []
+    result = shown(SimpleNamespace(stream=_stream(events)), ask, SimpleNamespace(write=lambda t, _: written.append(t)))
+    return [t for t in written if t], (result.text, result.finish_reason, result.stopping_word)
+
+
+def _server(ask, events):
+    """What the server streams for the same events (worker.Worker._generate's Pieces) and its Done."""
+    import threading
+    from types import SimpleNamespace
+
+    from specgen.serve.worker import Worker
+
+    runner = SimpleNamespace(stream=_stream(events), session=SimpleNamespace(target=None))
+    worker = SimpleNamespace(runners=SimpleNamespace(ask=lambda request, limit: ask, runner=runner),
+                             _limit=lambda request: 64)
+    pieces = []
+    done = Worker._generate(worker, SimpleNamespace(request=None, cancelled=threading.Event(), put=pieces.append))
+    return [p.text for p in pieces], (done.text, done.finish_reason, done.stopping_word)
+
+
+@pytest.mark.parametrize("stops, pieces, reason, streamed, whole", [
+    # a stop string split across two tokens: the first half held back, then cut
+    (("world",), ("Hello wor", "ld! Bye"), "length", ["Hello "], ("Hello ", "stop", "world")),
+    ((STOP,), ("1, 2, 3, 4", ",", " 5", ", 6"), "length", [CUT], (CUT, "stop", STOP)),
+    # held back while it may be a stop string, released once it is not one
+    (("4, 6",), ("1, 2, 3, 4", ",", " 5", ", 6"), "length", [CUT, "4, 5", ", 6"], ("1, 2, 3, 4, 5, 6", "length", "")),
+    # held back when the model ends: the end releases it (the model's own stop, no stop string)
+    ((STOP,), ("1, 2, 3, 4",), "stop", [CUT, "4"], ("1, 2, 3, 4", "stop", "")),
+    # the first of two stop strings in the text ends it, whichever is listed first
+    (("3", "2, "), ("1, 2, 3",), "length", ["1, "], ("1, ", "stop", "2, ")),
+])
+def test_generate_stop_and_the_servers_stop_cut_the_same_events_alike(stops, pieces, reason, streamed, whole):
+    from specgen.app.ask import Ask
+    from specgen.app.prompts import Prompt
+
+    ask = Ask(Prompt(0, QUESTION), False, stop=stops)
+    events = _events(pieces, reason)
+    assert _cli(ask, events) == _server(ask, events) == (streamed, whole)
 
 
 def test_a_stop_string_across_pieces_is_held_back_then_cut():

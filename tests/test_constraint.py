@@ -370,7 +370,7 @@ def test_the_runner_wraps_jump_under_a_constraint_and_leaves_it_plain_without():
 
     model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
     cfg = RunConfig(target="fake", chat=False, max_tokens=30)
-    session = open_session(cfg, [METHODS["plain"], METHODS["jump"]], model)
+    session = open_session(cfg.loading, [METHODS["plain"], METHODS["jump"]], model)
     runs = {m: Runner(RunConfig(target="fake", chat=False, max_tokens=30, method=m), session) for m in ("plain", "jump")}
     constrained = {m: r.run(r.ask(Prompt(0, "ab", constraint=SPEC))) for m, r in runs.items()}
     free = {m: r.run(r.ask(Prompt(0, "ab"))) for m, r in runs.items()}

@@ -35,7 +35,7 @@ METHODS = ["lookup", "chain", "tree", "staged", "auto"]
 @functools.lru_cache(maxsize=None)
 def loaded(target, draft):
     """Models and contexts loaded once per pair; every method runs on them (plain included)."""
-    return load_session(RunConfig(target=target, draft=draft or target), NAMES)
+    return load_session(RunConfig(target=target, draft=draft or target).loading, NAMES)
 
 
 def generate(target, draft, method, prompt, n=32, **sampling):

@@ -37,7 +37,7 @@ def test_config_validation_and_bench_defaults_come_from_the_table():
 
 def test_every_method_builds_the_drafter_its_table_row_describes():
     target = FakeModel(n_vocab=16)
-    session = open_session(RunConfig(target="t", draft="d"), list(M.METHODS.values()), target,
+    session = open_session(RunConfig(target="t", draft="d").loading, list(M.METHODS.values()), target,
                            NoisyDraft(target), lambda model, ctx: CostCurve([1, 32], [0.010, 0.012]))
     for name, method in M.METHODS.items():
         drafter = method.drafter(session.kit(method, RunConfig().sampling))
@@ -55,8 +55,8 @@ def test_a_model_that_cannot_roll_back_is_refused_for_speculation(role):
     for name in ("lookup", "chain", "tree", "staged", "auto") if role == "target" else ("chain", "auto"):
         with pytest.raises(ModelError, match=f"--method {name} needs a {role} whose cache can drop rejected "
                                              "drafts, but .* is a recurrent or hybrid model: use --method plain"):
-            open_session(cfg, [M.METHODS[name]], target, draft, lambda model, ctx: FLAT)
-    open_session(cfg, [M.METHODS["plain"]], target, draft)  # plain decoding never rolls back
+            open_session(cfg.loading, [M.METHODS[name]], target, draft, lambda model, ctx: FLAT)
+    open_session(cfg.loading, [M.METHODS["plain"]], target, draft)  # plain decoding never rolls back
 
 
 def test_an_installed_wheel_finds_the_manifest_and_the_default_config(tmp_path):

@@ -168,17 +168,29 @@ def test_options_reach_the_sampling_settings():
     from specgen.app.config import build_config
     from specgen.cli.options import with_sampling
 
-    seen = {}
+    seen = []
 
     @with_sampling
-    def command(sampling: dict = None):
-        seen.update(sampling)
+    def command(sampling=None):
+        seen.append(sampling)
 
     command(min_p=0.05, repeat_penalty=1.1, repeat_last_n=32, presence_penalty=0.5, frequency_penalty=-0.5,
             logit_bias=["15043+1.5", "2-inf"])
-    cfg = build_config(None, seen)
+    cfg = build_config(None, {}, seen[0])
     assert cfg.sampling.min_p == 0.05 and cfg.sampling.penalties == Penalties(
         repeat=1.1, last_n=32, frequency=-0.5, presence=0.5, bias=((15043, 1.5), (2, -math.inf)))
+
+
+def test_a_files_logit_bias_text_and_the_flags_pairs_are_one_setting():
+    """A -c file's text is read into (token, bias) pairs when the config is made; the flags arrive as
+    pairs (read_sampling) and replace it; reports write the pairs back as a file writes them."""
+    from specgen.app.config import Given, RunConfig, bias_text, run_config
+    from specgen.app.ask import Overrides
+
+    pairs = ((15043, 1.5), (2, -math.inf))
+    assert RunConfig(logit_bias="15043+1.5, 2-inf").logit_bias == pairs and RunConfig().logit_bias == ()
+    assert run_config({"logit_bias": "7+1"}, Given(Overrides(logit_bias=pairs))).sampling.logit_bias == pairs
+    assert bias_text(pairs) == "15043+1.5,2-inf" and bias_text(()) is None
 
 
 def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
@@ -187,12 +199,15 @@ def test_penalties_read_the_targets_own_rows_never_a_screened_copy(monkeypatch):
     from specgen.app.ask import Ask
     from specgen.app.prompts import Prompt
     from specgen.app.runner import check_bias, check_rows
-    from specgen.app.session import screenable
+    from specgen.app.ask import why_exact_rows
     from specgen.errors import ConfigError
 
     monkeypatch.setenv("SPECGEN_SCREEN", "1")
-    assert screenable(RunConfig(), "cpu") and not screenable(RunConfig(repeat_penalty=1.1), "cpu")
-    assert not screenable(RunConfig(logit_bias="3+1"), "cpu") and screenable(RunConfig(logit_bias="3+0"), "cpu")
+    def screenable(cfg):  # what load_session's callers ask before it loads (screen=...)
+        return why_exact_rows(cfg.sampling, constrained=False) is None
+
+    assert screenable(RunConfig()) and not screenable(RunConfig(repeat_penalty=1.1))
+    assert not screenable(RunConfig(logit_bias="3+1")) and screenable(RunConfig(logit_bias="3+0"))
     model = FakeModel(n_vocab=12)
     with pytest.raises(ConfigError, match=r"logit bias expects token ids in \[0, 12\) for fake, found 12"):
         check_bias(SamplingParams(logit_bias=((12, 1.0),)), model)

@@ -241,7 +241,7 @@ def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, mon
     from harness import tokens_of
 
     cfg = RunConfig(target="smollm2-135m-instruct-f32", draft=None, method="plain", chat=False)
-    load_session(cfg, ["plain"])  # the real cache holds its screened copy
+    load_session(cfg.loading, ["plain"])  # the real cache holds its screened copy
     path = models.resolve(cfg.target)
     real = screen.screened_path(path, known_sha256(cfg.target, path))
     home = tmp_path / "home"
@@ -256,13 +256,13 @@ def test_a_damaged_screened_copy_is_set_aside_made_again_and_exact(tmp_path, mon
     np.savez(copy.with_suffix(".npz"), err_l1=err_l1, q_l1=q_l1)
     monkeypatch.setenv("SPECGEN_HOME", str(home))
 
-    screened = load_session(cfg, ["plain"])
+    screened = load_session(cfg.loading, ["plain"])
     assert len(warnings) == 1 and f"{copy}: a damaged screened copy" in warnings[0]
     assert copy.with_name(copy.name + ".bad").is_symlink() and copy.with_suffix(".npz.bad").is_file()
     assert screen.is_derived(copy) and not copy.is_symlink()  # made again
     assert screened.target.screen is not None
     monkeypatch.setenv("SPECGEN_SCREEN", "0")
-    own = load_session(cfg, ["plain"])
+    own = load_session(cfg.loading, ["plain"])
     prompt = "The three primary colours are"
     assert tokens_of("plain", prompt, target=cfg.target, draft=None, n=48, on=screened) == \
         tokens_of("plain", prompt, target=cfg.target, draft=None, n=48, on=own)

@@ -117,16 +117,22 @@ def test_only_models_whose_output_layer_is_a_good_share_of_them_are_screened():
 
 
 def test_only_cpu_runs_whose_choices_need_no_whole_row_are_screened(monkeypatch):
+    from specgen.app.ask import why_exact_rows
+
     cfg = RunConfig(target="t")
-    assert screenable(cfg, "cpu")
-    assert screenable(dataclasses.replace(cfg, temperature=0.7), "cpu")  # the race needs its contenders only
-    assert screenable(dataclasses.replace(cfg, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), "cpu")
-    assert not screenable(dataclasses.replace(cfg, temperature=0.7, top_p=0.9), "cpu")  # the nucleus needs the mass
-    assert not screenable(dataclasses.replace(cfg, gpu_layers=99), "cpu")
-    assert not screenable(dataclasses.replace(cfg, rpc="10.0.0.2:50052"), "cpu")
-    assert not screenable(cfg, "cuda")  # a GPU may take another route through a Q8_0 product
+    assert screenable(cfg.loading, "cpu")
+
+    def serves(**sampling):  # what load_session's callers ask before it loads (screen=...)
+        return why_exact_rows(dataclasses.replace(cfg, **sampling).sampling, constrained=False) is None
+
+    assert serves() and serves(temperature=0.7)  # the race needs its contenders only
+    assert serves(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    assert not serves(temperature=0.7, top_p=0.9)  # the nucleus needs the mass
+    assert not screenable(dataclasses.replace(cfg, gpu_layers=99).loading, "cpu")
+    assert not screenable(dataclasses.replace(cfg, rpc="10.0.0.2:50052").loading, "cpu")
+    assert not screenable(cfg.loading, "cuda")  # a GPU may take another route through a Q8_0 product
     monkeypatch.setenv("SPECGEN_SCREEN", "0")
-    assert not screenable(cfg, "cpu")
+    assert not screenable(cfg.loading, "cpu")
 
 
 REAL_F32 = ["smollm2-135m-instruct-f32", "gemma-3-270m-f32"]
@@ -143,10 +149,10 @@ def test_screened_greedy_and_sampled_decoding_equal_the_targets_own(target, monk
     def plain(on, prompt, n=48, **sampling):
         return tokens_of("plain", prompt, target=target, draft=None, n=n, on=on, **sampling)
 
-    screened = load_session(cfg, ["plain"])
+    screened = load_session(cfg.loading, ["plain"])
     assert screened.target.screen is not None  # else this compares the target with itself
     monkeypatch.setenv("SPECGEN_SCREEN", "0")
-    own = load_session(cfg, ["plain"])
+    own = load_session(cfg.loading, ["plain"])
     assert own.target.screen is None
     for prompt in ["The three primary colours are", "def fibonacci(n):", "Once upon a time, in a valley"]:
         assert plain(screened, prompt) == plain(own, prompt), prompt
@@ -177,7 +183,7 @@ def test_the_bound_holds_on_llama_cpps_own_q8_0_products(target):
     from specgen.core.protocol import Batch
     from specgen.app.session import load_target
 
-    model = load_target(RunConfig(target=target, draft=None))
+    model = load_target(RunConfig(target=target, draft=None).loading)
     head = model.screen
     ctx = model.new_context(512, n_seq_max=2, n_outputs=32)
     ctx.screen = recorder = Recorder()
@@ -201,4 +207,4 @@ def test_the_bound_holds_on_llama_cpps_own_q8_0_products(target):
 def test_a_quantized_target_is_loaded_as_it_is():
     from specgen.app.session import load_target
 
-    assert load_target(RunConfig(target="gemma-3-270m-q4_k_m", draft=None)).screen is None
+    assert load_target(RunConfig(target="gemma-3-270m-q4_k_m", draft=None).loading).screen is None

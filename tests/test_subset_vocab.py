@@ -32,7 +32,7 @@ def session(target, draft, seed=None):
     cfg = RunConfig(target="t", draft="d", chat=False, max_tokens=40, seed=seed)
     chosen = [METHODS[m] for m in ("plain", *DRAFT_METHODS)]
     curves = lambda model, ctx: CostCurve([1, 32], [0.002, 0.0022]) if model is draft else CostCurve(FLAT.sizes, FLAT.seconds)
-    return open_session(cfg, chosen, target, draft, curves), cfg
+    return open_session(cfg.loading, chosen, target, draft, curves), cfg
 
 
 def run(sess, cfg, method, text, **kw):

@@ -98,14 +98,14 @@ SAMPLERS = {
 }
 
 
-def with_sampler(name: str | None, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (sampling settings, None where not given) with a named sampler's settings filling
-    the ones not given; a ConfigError naming the samplers for an unknown name."""
+def with_sampler(name: str | None, given: Overrides) -> Overrides:
+    """`given` (the sampling values an edge gave) with a named sampler's settings filling the ones
+    not given; a ConfigError naming the samplers for an unknown name."""
     if name is None:
-        return values
+        return given
     if name not in SAMPLERS:
         raise ConfigError(f"--sampler expects one of {', '.join(SAMPLERS)}, found {name!r}")
-    return {**values, **{k: v for k, v in SAMPLERS[name].items() if values.get(k) is None}}
+    return replace(given, **{k: v for k, v in SAMPLERS[name].items() if getattr(given, k) is None})
 
 
 def out_of_bounds(values: Mapping[str, Any]) -> Bound | None:

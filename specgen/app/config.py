@@ -8,11 +8,11 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
-from specgen.app.ask import BIAS_MAX, BOUNDS, out_of_bounds, sampling_params
+from specgen.app.ask import BIAS_MAX, BOUNDS, Overrides, out_of_bounds, sampling_params
 from specgen.app.stops import stops_of
 from specgen.core.constraint import LAYOUTS
 from specgen.core.sampling import SamplingParams
@@ -80,7 +80,9 @@ class RunConfig:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: str | None = None  # llama.cpp's syntax, comma-separated: "15043+1.5,50256-inf"
+    # (token, added logit) pairs, -inf banning; a file's text, llama.cpp's syntax ("15043+1.5,50256-inf"),
+    # is read into them when the config is made (parse_logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] | str | None = ()
     stop: str | list | None = None  # stop strings: one, or a list (--stop, repeated; app/stops.py)
     chat: bool | None = None  # None: on when the target has a chat template (instruct models)
     system: str | None = None  # system message for chat prompts
@@ -92,6 +94,10 @@ class RunConfig:
     corpus: str | None = None  # text files auto also drafts from, "a.txt,b.md" (history.py)
     store: bool | None = None  # the persistent store of past texts; None: on for generate, off for bench
     json_layout: str = "compact"  # JSON answers under a schema: compact (separators forced) | free (constraint.py)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
 
     @property
     def loading(self) -> Loading:
@@ -115,8 +121,25 @@ class RunConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        return sampling_params({**{b.name: getattr(self, b.name) for b in BOUNDS},
-                                "logit_bias": parse_logit_bias(self.logit_bias)})
+        return sampling_params({**{b.name: getattr(self, b.name) for b in BOUNDS}, "logit_bias": self.logit_bias})
+
+
+@dataclass(frozen=True)
+class Given:
+    """The request defaults one edge gave (the command line's sampling options), typed as the
+    server's requests are: the sampling Overrides (ask.py, BOUNDS' names), the token limit and the
+    stop strings; None: not given, the -c file or configs/default.yaml decides. Each was checked at
+    the edge (cli/options.py) by the rules a config file's values are checked by (check_ranges)."""
+
+    sampling: Overrides = Overrides()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The RunConfig fields given (they replace the file's)."""
+        rest = {"max_tokens": self.max_tokens, "stop": self.stop}
+        return {**self.sampling.given, **{k: v for k, v in rest.items() if v is not None}}
 
 
 LOADING = tuple(f.name for f in dataclasses.fields(Loading))
@@ -125,13 +148,14 @@ LOADING = tuple(f.name for f in dataclasses.fields(Loading))
 _BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)\s*")
 
 
-def parse_logit_bias(text: str | None) -> tuple[tuple[int, float], ...]:
-    """--logit-bias as llama.cpp writes it: TOKEN_ID+BIAS or TOKEN_ID-BIAS, comma-separated or
-    repeated; -inf bans the token. A later entry for the same token replaces an earlier one."""
+def parse_logit_bias(text: str | Sequence[str] | None) -> tuple[tuple[int, float], ...]:
+    """--logit-bias as llama.cpp writes it: TOKEN_ID+BIAS or TOKEN_ID-BIAS, comma-separated (a
+    file's text) or repeated (the flags, each maybe comma-separated too); -inf bans the token. A
+    later entry for the same token replaces an earlier one."""
     if not text:
         return ()
     out: dict[int, float] = {}
-    for item in text.split(","):
+    for item in (piece for given in ([text] if isinstance(text, str) else text) for piece in given.split(",")):
         m = _BIAS.fullmatch(item)
         if m is None:
             raise ConfigError(f"--logit-bias expects TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1.5, 50256-inf), "
@@ -144,10 +168,16 @@ def parse_logit_bias(text: str | None) -> tuple[tuple[int, float], ...]:
     return tuple(out.items())
 
 
+def bias_text(bias: tuple[tuple[int, float], ...]) -> str | None:
+    """Pairs as a file writes them (parse_logit_bias's inverse; None: none), for reports."""
+    return ",".join(f"{t}{'-' if b < 0 else '+'}{abs(b):g}" for t, b in bias) or None
+
+
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # The types a settings file may give each field, read off RunConfig's annotations (YAML's 1 is a float too).
 _TYPES = {name: tuple(t for arg in (typing.get_args(hint) or (hint,)) for t in ((int, float) if arg is float else (arg,)))
-          for name, hint in typing.get_type_hints(RunConfig).items()}
+          for name, hint in typing.get_type_hints(RunConfig).items() if name != "logit_bias"}
+_TYPES["logit_bias"] = (str, type(None))  # a file gives llama.cpp's text; RunConfig reads it into pairs
 
 
 # `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).
@@ -209,7 +239,11 @@ def check_sampling(cfg: RunConfig) -> None:
     bad = out_of_bounds({b.name: getattr(cfg, b.name) for b in BOUNDS})
     if bad is not None:
         raise ConfigError(bad.flag_error(bad.flag, getattr(cfg, bad.name)))
-    parse_logit_bias(cfg.logit_bias)
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, found {max_tokens}")
 
 
 def check_ctx(ctx: int) -> None:
@@ -219,8 +253,7 @@ def check_ctx(ctx: int) -> None:
 
 def check_ranges(cfg: RunConfig) -> None:
     methods.get(cfg.method)
-    if cfg.max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be at least 1, found {cfg.max_tokens}")
+    check_max_tokens(cfg.max_tokens)
     check_sampling(cfg)
     stops_of(cfg.stop)
     check_threads(cfg.threads)
@@ -276,12 +309,13 @@ def own_target_without_draft(given: Mapping[str, Any], from_file: Mapping[str, A
     return "target" in given and "draft" not in given and "draft" not in from_file
 
 
-def build_config(config_file: Path | None, overrides: Mapping[str, Any]) -> RunConfig:
-    """The RunConfig for `generate`: bench-only settings in a -c file are ignored here."""
-    return run_config(merged_settings(config_file, overrides))
+def build_config(config_file: Path | None, overrides: Mapping[str, Any], given: Given = Given()) -> RunConfig:
+    """The RunConfig for `generate`: bench-only settings in a -c file are ignored here; `given`
+    (the command line's sampling options) replaces the settings' fields."""
+    return run_config(merged_settings(config_file, overrides), given)
 
 
-def run_config(values: Mapping[str, Any]) -> RunConfig:
-    cfg = RunConfig(**{k: v for k, v in values.items() if k in FIELDS})
+def run_config(values: Mapping[str, Any], given: Given = Given()) -> RunConfig:
+    cfg = RunConfig(**{**{k: v for k, v in values.items() if k in FIELDS}, **given.fields})
     check_ranges(cfg)
     return cfg

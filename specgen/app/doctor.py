@@ -88,7 +88,7 @@ def speed_check(model: str, n_threads: int | None = None) -> SpeedCheck:
     """Plain decoding of a short continuation through the same loop as `generate`: tokens per second."""
     cfg = RunConfig(target=model, draft=None, method="plain", max_tokens=SPEED_CHECK_TOKENS, chat=False,
                     threads=n_threads, ctx=512)
-    session = load_session(cfg)
+    session = load_session(cfg.loading)
     runner = Runner(cfg, session)
     done = runner.run(runner.ask(Prompt(0, "The quick brown fox")))
     return SpeedCheck(Path(session.target.path).name, done.stats.n_tokens, done.stats.decode_s)

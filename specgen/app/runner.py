@@ -7,7 +7,7 @@ import contextlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from specgen.app.ask import Ask, Overrides, ask_for, check_vocabulary, tools_format
 from specgen.app.config import Defaults, RunConfig
@@ -92,9 +92,23 @@ class Completion:
     ask: Ask | None = None  # what ran (record() reports its sampling)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One event as a Transcript passed it: its piece starts at `at` in the text, `text` is what
+    the event lets be shown (held back while a stop string may be forming), `sent` how much was
+    shown before it."""
+
+    event: Event
+    text: str
+    at: int
+    sent: int
+
+
 class Transcript:
     """An Ask's events gathered into its Completion as they come (an interrupted run keeps what
-    was shown), under the Ask's stop strings (app/stops.py: the text ends before the first one)."""
+    was shown), under the Ask's stop strings (app/stops.py: the text ends before the first one).
+    The one loop both edges cut text in: the command line (cli/generate.shown) and the server
+    (serve/worker.py) each follow() the events through one."""
 
     def __init__(self, ask: Ask):
         self.ask, self.prompt_index, self.stats = ask, ask.prompt.index, RunStats()
@@ -117,14 +131,16 @@ class Transcript:
         return Completion(self.ask.prompt.index, self.stop.text if done else self.stop.text[:self.stop.sent],
                           self.stats, self.reason, self.stop.word, self.ask)
 
-    def follow(self, events: Iterator[Event]) -> Iterator[tuple[Event, str]]:
-        """`events`, each added as it passes, with the text it lets be shown (held back while a
-        stop string may be forming); a stop string ends them (the stream closed: the engine stops)."""
+    def follow(self, events: Iterator[Event], cancelled: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+        """`events`, each added as it passes, as Steps; a stop string ends them, or `cancelled()`
+        before an event is added (the stream closed: the engine stops)."""
         try:
             for event in events:
-                sent = self.stop.sent
+                if cancelled():
+                    break
+                at, sent = len(self.stop.text), self.stop.sent
                 self.add(event)
-                yield event, self.stop.text[sent:self.stop.sent]
+                yield Step(event, self.stop.text[sent:self.stop.sent], at, sent)
                 if self.stop.hit:
                     break
         finally:

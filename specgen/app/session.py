@@ -1,7 +1,8 @@
-"""From a RunConfig to loaded models: the target (screened where that is exact), the draft, their
-contexts, and, for methods that plan from measured costs (auto), the cost curves with one timing
-wrapper per context, made once at load and used by those methods alone: every other method decodes
-on the raw contexts, so its decodes never move the curves. runner.py runs prompts on a session.
+"""From the settings fixed at load (config.Loading, RunConfig.loading) to loaded models: the target
+(screened where that is exact), the draft, their contexts, and, for methods that plan from measured
+costs (auto), the cost curves with one timing wrapper per context, made once at load and used by
+those methods alone: every other method decodes on the raw contexts, so its decodes never move the
+curves. runner.py runs prompts on a session.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specgen.models import resolve as models
-from specgen.app.ask import why_exact_rows
-from specgen.app.config import RunConfig
+from specgen.app.config import Loading
 from specgen.models.curves import cost_curve
 from specgen.models.manifest import describe, known_sha256
 from specgen.app.prompts import decode_utf8
@@ -103,14 +103,15 @@ class Session:
                 save_cached(curve.cache_path, curve)
 
 
-def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, store_default: bool = True,
+def load_session(cfg: Loading, method_names: Sequence[str] | None = None, store_default: bool = True,
                  screen: bool = True) -> Session:
     """Resolve (pulling if needed) and load the target, and the draft when a method can use one.
 
     `method_names`: every method these models will run (bench runs several on one session);
     `store_default`: whether auto uses the persistent store of past texts unless cfg.store says;
-    `screen`: whether a greedy target may be loaded from its screened copy (a server, whose requests
-    may sample, says no)."""
+    `screen`: whether the target may be loaded from its screened copy: the caller says no where a
+    generation will need the target's own rows (ask.why_exact_rows: the request defaults' sampling,
+    a constraint; a server, whose requests may sample, always)."""
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up, for commands without a model
 
     chosen = [M.get(name) for name in (method_names or (cfg.method,))]
@@ -126,7 +127,7 @@ def load_session(cfg: RunConfig, method_names: Sequence[str] | None = None, stor
     return open_session(cfg, chosen, target, draft, store_default=store_default)
 
 
-def load_target(cfg: RunConfig, screen_greedy: bool = True) -> Model:
+def load_target(cfg: Loading, screen_greedy: bool = True) -> Model:
     """The target, loaded from its screened copy (screen.py; derived once, cached) when every
     choice will be an argmax that screening keeps exact: greedy decoding, on a CPU-only build,
     of a target whose output matrix is F32 or F16 and a good share of it (screen.MIN_SHARE).
@@ -179,16 +180,16 @@ def _screened_head(copy: Path, source: Path):
         return None
 
 
-def screenable(cfg: RunConfig, accelerator: str) -> bool:
-    """Whether the target's choices are all argmaxes computed on the CPU (screen.py's bound is for
-    ggml's CPU Q8_0 product; a GPU may take another route) and screening was not turned off.
-    What the generations ask must not need the target's own rows (ask.why_exact_rows)."""
-    return (why_exact_rows(cfg.sampling, constrained=False) is None and cfg.gpu_layers == 0
-            and not cfg.rpc_servers and accelerator == "cpu"
+def screenable(cfg: Loading, accelerator: str) -> bool:
+    """Whether the target's argmaxes are computed on the CPU (screen.py's bound is for ggml's CPU
+    Q8_0 product; a GPU may take another route) and screening was not turned off. What the
+    generations ask must not need the target's own rows either: load_session's caller says
+    (ask.why_exact_rows)."""
+    return (cfg.gpu_layers == 0 and not cfg.rpc_servers and accelerator == "cpu"
             and os.environ.get("SPECGEN_SCREEN", "1") != "0")
 
 
-def open_history(cfg: RunConfig, target: Model, store_default: bool) -> History:
+def open_history(cfg: Loading, target: Model, store_default: bool) -> History:
     """auto's sources beyond the current text: this process's earlier texts, the persistent store
     of the target's tokenizer (`store`: on unless cfg.store says otherwise), and --corpus files."""
     store = None
@@ -199,7 +200,7 @@ def open_history(cfg: RunConfig, target: Model, store_default: bool) -> History:
     return History(store, corpus)
 
 
-def open_session(cfg: RunConfig, chosen: Sequence[M.Method], target: Model, draft: Model | None = None,
+def open_session(cfg: Loading, chosen: Sequence[M.Method], target: Model, draft: Model | None = None,
                  curves: Callable[[Model, Context], CostCurve] | None = None, store_default: bool = True) -> Session:
     """Contexts, checks and (for auto) cost curves and timing wrappers for loaded models.
     `curves`: how a model's cost curve is had (default: the calibration cache, else measured)."""

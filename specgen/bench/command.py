@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specgen.app.ask import any_needs_exact_rows
-from specgen.app.config import run_config
+from specgen.app.config import Given, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
@@ -32,8 +32,10 @@ Progress = Callable[[int, str], AbstractContextManager[Callable[[], None]]]
 @dataclass(frozen=True)
 class BenchAsk:
     """What a bench run was asked for: the merged settings (a -c preset under the options given),
-    a constraint for every prompt without one, and llama.cpp's rows."""
+    the sampling options given (they replace the settings' fields), a constraint for every prompt
+    without one, and llama.cpp's rows."""
     values: dict
+    given: Given = Given()
     constraint: ConstraintSpec | None = None
     llama_cpp: Path | None = None
     spec_types: Sequence[str] = ()
@@ -75,7 +77,7 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
     from specgen.llama import backend, tools  # loads llama.cpp: not at start-up
 
     values = ask.values
-    cfg = run_config(values)
+    cfg = run_config(values, ask.given)
     split = values.get("split") or "all"
     suite_name, pool = load_suite(values.get("suite") or "builtin")
     prompts = select(split_half(pool, split), values.get("per_group"), values.get("limit"))
@@ -90,7 +92,7 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
         raise ConfigError(f"--stop cuts specgen's texts only: llama.cpp's rows (--llama-cpp) do not stop at a "
                           f"string, found --stop {cfg.stops[0]!r}; leave out one of the two")
     # Past runs' texts would favour auto; a screened target serves where no prompt needs exact rows.
-    session = load_session(cfg, chosen, store_default=False, screen=not any_needs_exact_rows(cfg.sampling, prompts))
+    session = load_session(cfg.loading, chosen, store_default=False, screen=not any_needs_exact_rows(cfg.sampling, prompts))
     runners = {m: Runner(dataclasses.replace(cfg, method=m), session) for m in chosen}
     info = tools.build_info()
     n_threads = cfg.threads or backend.default_threads()
@@ -99,7 +101,7 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
         their_draft = drafts.for_llama_cpp(session, ask.llama_cpp_draft)
         external = llamacpp.bench_runs(binary, ask.spec_types, session, runners["plain"], n_threads, their_draft)
         if session.target.screen:  # llama.cpp decodes the target itself: a row that does too
-            unscreened = load_session(cfg, ["plain"], store_default=False, screen=False)
+            unscreened = load_session(cfg.loading, ["plain"], store_default=False, screen=False)
             external = {UNSCREENED: in_process(Runner(dataclasses.replace(cfg, method="plain"), unscreened),
                                                prompts[0]), **external}
     columns = [*chosen, *external]

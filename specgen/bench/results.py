@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from specgen.app.config import RunConfig
+from specgen.app.config import RunConfig, bias_text
 from specgen.models.manifest import describe
 from specgen.app.session import Session
 from specgen.bench.drafts import gguf_facts
@@ -104,7 +104,8 @@ def bench_report(cfg: RunConfig, session: Session, machine: dict, columns: Seque
                   "draft": ({**describe(cfg.draft, Path(session.draft.path)), **gguf_facts(Path(session.draft.path))}
                             if session.draft else None),
                   "llama_cpp_draft": llama_cpp_draft}
-    settings = {**dataclasses.asdict(cfg), "method": None, "methods": list(columns), "suite": suite_name,
+    settings = {**dataclasses.asdict(cfg), "logit_bias": bias_text(cfg.logit_bias),  # as a -c file writes it
+                "method": None, "methods": list(columns), "suite": suite_name,
                 "n_prompts": n_prompts, "repeats": repeats, "interrupted": interrupted}
     base = {"target": cfg.target, "draft": session.draft_label, "temperature": cfg.temperature}
     calibration = {role: calibration_record(curve, calibration_at_start.get(role))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,7 +11,7 @@ import typer
 from rich.console import Console
 
 from specgen.app.ask import with_sampler
-from specgen.app.config import merged_settings
+from specgen.app.config import Given, merged_settings
 from specgen.bench import command
 from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
 from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
@@ -37,7 +38,7 @@ def bench(
     split: Optional[str] = typer.Option(None, "--split", metavar="HALF", help="all | tune | report: the suite's fixed halves, "
                               "by the number its ids end in (odd: tune, even: report); published tables use report "
                               "[all]."),
-    sampling: dict = None,  # the sampling options (with_sampling)
+    sampling: Given = Given(),  # the sampling options, typed at the edge (with_sampling)
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -85,11 +86,11 @@ def bench(
       specgen bench -c configs/bench-pair-a.yaml --suite question.jsonl --split report --per-group 2 --json a.json
       specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
     """
-    sampling = with_sampler(sampler, sampling)
+    sampling = replace(sampling, sampling=with_sampler(sampler, sampling.sampling))
     if suite == "agent":
-        return _agent({k: v for k, v in {**locals(), **sampling}.items() if k not in ("sampling", "sampler")})
+        given = {k: v for k, v in locals().items() if k not in ("sampling", "sampler")}
+        return _agent({**given, "max_tokens": sampling.max_tokens, **sampling.fields})
     values = merged_settings(config, dict(
-        **sampling,
         target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
         repeats=repeats, split=split,
@@ -98,7 +99,7 @@ def bench(
         flag = "--llama-cpp-template sets llama-server's chat template" if llama_cpp_template is not None else \
             "--answer-tool-choice sets the agent loops' answers"
         raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
-    ask = command.BenchAsk(values, constraint_option(json_schema, grammar, json_object), llama_cpp,
+    ask = command.BenchAsk(values, sampling, constraint_option(json_schema, grammar, json_object), llama_cpp,
                            tuple(spec_type or ()), llama_cpp_draft)
     command.check(ask)  # a wrong option fails before a model loads or a file is written
     if json_file is not None:

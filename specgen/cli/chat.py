@@ -7,7 +7,8 @@ import sys
 
 import typer
 
-from specgen.app.config import build_config
+from specgen.app.ask import why_exact_rows
+from specgen.app.config import Given, build_config
 from specgen.app.conversation import Conversation
 from specgen.app.runner import Interrupted, Runner
 from specgen.app.session import load_session
@@ -34,7 +35,7 @@ def chat(
     draft: Draft = None,
     method: Method = None,
     system: System = None,
-    sampling: dict = None,  # the sampling options (with_sampling)
+    sampling: Given = Given(),  # the sampling options, typed at the edge (with_sampling)
     threads: Threads = None,
     ctx: Ctx = None,
     config: Config = None,
@@ -56,11 +57,12 @@ def chat(
       printf 'Name a colour\\nAnother one\\n' | specgen chat -m smollm2-135m-instruct-q4_1
     """
     cfg = build_config(config, dict(
-        **sampling,
-        target=target, draft=draft, method=method, chat=True, system=system, threads=threads, ctx=ctx, store=store))
+        target=target, draft=draft, method=method, chat=True, system=system, threads=threads, ctx=ctx, store=store),
+        sampling)
+    screen = why_exact_rows(cfg.sampling, constrained=False) is None  # greedy: a screened target serves
     # The conversation's prefix stays in the target's KV (exact: core/kv.py); without it each turn
     # reads the whole conversation, in the decodes a cold cache reads it in (the same bits).
-    runner = Runner(cfg, load_session(cfg), PromptCache(reuse=prompt_cache))
+    runner = Runner(cfg, load_session(cfg.loading, screen=screen), PromptCache(reuse=prompt_cache))
     if not runner.session.target.chat_template:
         raise ConfigError(f"specgen chat needs a model with a chat template; {cfg.target} has none "
                           f"(try -m {CHAT_MODEL})")

@@ -10,8 +10,8 @@ from typing import Optional
 
 import typer
 
-from specgen.app.ask import Ask, any_needs_exact_rows
-from specgen.app.config import build_config, own_target_without_draft, read_yaml
+from specgen.app.ask import Ask, Overrides, any_needs_exact_rows, why_exact_rows
+from specgen.app.config import Given, build_config, own_target_without_draft, read_yaml
 from specgen.app.prompts import Prompt, collect_prompts
 from specgen.app.runner import Completion, Interrupted, Runner, Transcript
 from specgen.app.session import load_session
@@ -29,9 +29,9 @@ def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
     stop string (text that may begin one is held back until it is known not to). Ctrl-C raises
     Interrupted with what was shown."""
     with Transcript(ask).interruptible() as transcript:
-        for event, text in transcript.follow(runner.stream(ask, transcript.stats)):
+        for step in transcript.follow(runner.stream(ask, transcript.stats)):
             if sink is not None:
-                sink.write(text, isinstance(event, TokenEvent) and event.from_draft)
+                sink.write(step.text, isinstance(step.event, TokenEvent) and step.event.from_draft)
     return transcript.completion()
 
 
@@ -50,7 +50,7 @@ def generate(
     target: Target = None,
     draft: Draft = None,
     method: Method = None,
-    sampling: dict = None,  # the sampling options (with_sampling)
+    sampling: Given = Given(),  # the sampling options, typed at the edge (with_sampling)
     chat: Chat = None,
     system: System = None,
     config: Config = None,
@@ -87,10 +87,9 @@ def generate(
       specgen generate -m smollm2-135m-instruct-q4_1 -f jobs.jsonl --json   # records may carry response_format, tools
     """
     cfg = build_config(config, dict(
-        **sampling,
         target=target, draft=draft, method=method, chat=chat, system=system, threads=threads, ctx=ctx,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout,
-        corpus=",".join(map(str, corpus)) if corpus else None))
+        corpus=",".join(map(str, corpus)) if corpus else None), sampling)
     items = collect_prompts(prompt, prompts, sys.stdin)
     spec = constraint_option(json_schema, grammar, json_object)
     if spec is not None:  # for every prompt that does not carry its own response_format or tools
@@ -101,7 +100,7 @@ def generate(
     if prompt_cache_mb < 0:
         raise ConfigError(f"--prompt-cache-mb must be at least 0, found {prompt_cache_mb}")
     cache = PromptCache(reuse=prompt_cache, budget=prompt_cache_mb << 20) if len(items) > 1 else None
-    runner = Runner(cfg, load_session(cfg, screen=not any_needs_exact_rows(cfg.sampling, items)), cache)
+    runner = Runner(cfg, load_session(cfg.loading, screen=not any_needs_exact_rows(cfg.sampling, items)), cache)
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if runner.method.measured and own_target_without_draft(given, read_yaml(config) if config is not None else {}):
         # A target of one's own, and nothing said about a draft: auto can only draft from text.
@@ -184,9 +183,10 @@ def demo(
       specgen demo
       specgen demo -m my-model.gguf -d self "Once upon a time"
     """
-    cfg = build_config(config, dict(target=target, draft=draft, max_tokens=max_tokens or DEMO_TOKENS,
-                                    temperature=0.0, threads=threads, chat=False, store=False))
-    session = load_session(cfg, ["plain", "auto"], store_default=False)
+    cfg = build_config(config, dict(target=target, draft=draft, threads=threads, chat=False, store=False),
+                       Given(Overrides(temperature=0.0), max_tokens or DEMO_TOKENS))
+    session = load_session(cfg.loading, ["plain", "auto"], store_default=False,
+                           screen=why_exact_rows(cfg.sampling, constrained=False) is None)
     plain, auto = (Runner(dataclasses.replace(cfg, method=m), session) for m in ("plain", "auto"))
     item = Prompt(0, DEMO_PROMPT if prompt is None else prompt)
     for runner in (plain, auto):  # first decodes run cold: time neither of them

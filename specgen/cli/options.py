@@ -10,8 +10,11 @@ from typing import Annotated, Callable, List, Optional
 
 import typer
 
-from specgen.app.ask import BOUNDS, Bound
+from specgen.app.ask import BOUNDS, Bound, Overrides, out_of_bounds
+from specgen.app.config import Given, check_max_tokens, parse_logit_bias
+from specgen.app.stops import stops_of
 from specgen.drafting.methods import METHODS
+from specgen.errors import ConfigError
 
 
 def conventional_help(params) -> None:
@@ -74,23 +77,24 @@ Stop = Annotated[Optional[List[str]], typer.Option("--stop", metavar="TEXT", hel
                                                    "(not shown; finish reason stop); repeatable.")]
 
 
-
-
 def _sampling_option(b: Bound):
     """A sampling number's option, from its row of the one table (app/ask.BOUNDS)."""
     return Annotated[Optional[int if b.whole else float],
                      typer.Option(*filter(None, (b.short, b.flag)), metavar=b.metavar, help=b.help)]
 
 
-# The sampling options, declared once: every command that generates takes them all (with_sampling).
+# The sampling options, declared once: every command that generates takes them all (with_sampling),
+# read into one Given (read_sampling).
 SAMPLING = {"max_tokens": MaxTokens, **{b.name: _sampling_option(b) for b in BOUNDS}, "logit_bias": LogitBias,
             "stop": Stop}
 
 
 def with_sampling(command: Callable) -> Callable:
     """A command that takes the sampling options: its parameter `sampling` stands for all of
-    SAMPLING on the command line (in that place, in that order) and arrives as one dict of config
-    settings (None: not given, so the -c file or configs/default.yaml decides)."""
+    SAMPLING on the command line (in that place, in that order) and arrives as one typed Given
+    (read_sampling). A shim: Typer reads a command's options off its signature, one parameter per
+    option, and has no way to declare a group of them as one parameter, so this writes SAMPLING's
+    options into the signature Typer reads in the place of `sampling`."""
     signature = inspect.signature(command, eval_str=True)
     params = list(signature.parameters.values())
     at = [p.name for p in params].index("sampling")
@@ -100,17 +104,29 @@ def with_sampling(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(**kwargs):
-        given = {name: kwargs.pop(name, None) for name in SAMPLING}
-        if given["logit_bias"]:
-            given["logit_bias"] = ",".join(given["logit_bias"])
-        given["stop"] = list(given["stop"]) if given["stop"] else None  # as a config file lists them
-        return command(sampling=given, **kwargs)
+        return command(sampling=read_sampling({name: kwargs.pop(name, None) for name in SAMPLING}), **kwargs)
 
     del wrapper.__wrapped__  # typer reads the signature below, not the command's
     wrapper.__signature__ = signature.replace(parameters=params[:at] + options + params[at + 1:])
     # Evaluated already (eval_str): typer's get_type_hints would read strings in this module's globals.
     wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
     return wrapper
+
+
+def read_sampling(values: dict) -> Given:
+    """The command line's edge: the sampling options (SAMPLING's names; None: not given) as one
+    Given, the typed values the server's edge makes of a request's fields (ask.Overrides), checked
+    here by the rules a config file's values are checked by (ask.BOUNDS, config.check_max_tokens,
+    config.parse_logit_bias, stops.stops_of), a ConfigError in the flag's words."""
+    if values["max_tokens"] is not None:
+        check_max_tokens(values["max_tokens"])
+    bad = out_of_bounds(values)
+    if bad is not None:
+        raise ConfigError(bad.flag_error(bad.flag, values[bad.name]))
+    bias = parse_logit_bias(values["logit_bias"]) if values["logit_bias"] else None
+    stop = tuple(values["stop"]) if values["stop"] else None
+    stops_of(stop)
+    return Given(Overrides(**{b.name: values[b.name] for b in BOUNDS}, logit_bias=bias), values["max_tokens"], stop)
 
 
 Method = Annotated[Optional[str], typer.Option("--method", metavar="NAME", help="Decoding method (default: auto). "

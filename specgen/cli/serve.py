@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from specgen.app.config import build_config, read_yaml
+from specgen.app.config import Given, build_config, read_yaml
 from specgen.app.session import load_session
 from specgen.cli.options import (Config, Corpus, Ctx, Draft, DraftGpuLayers, GpuLayers, JsonLayout, Method, Rpc,
                                  Store, System, Target, Threads, with_sampling)
@@ -40,7 +40,7 @@ def serve(
     target: Target = None,
     draft: Draft = None,
     method: Method = None,
-    sampling: dict = None,  # the sampling options (with_sampling)
+    sampling: Given = Given(),  # the sampling options, typed at the edge (with_sampling)
     system: System = None,
     config: Config = None,
     threads: Threads = None,
@@ -99,16 +99,16 @@ def serve(
     if prompt_cache_mb < 0:
         raise ConfigError(f"--prompt-cache-mb must be at least 0, found {prompt_cache_mb}")
     cfg = build_config(config, dict(
-        **sampling,
         target=target, draft=draft, method=method, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None),
+        sampling)
     _check_listen(host, port)
     if not _loopback(host) and api_key is None:
         warn(f"serving on {host} without --api-key: anyone who can reach this port can use the model")
-    session = load_session(cfg, screen=False)  # requests may sample: the target's own logits, not a screened copy's
+    session = load_session(cfg.loading, screen=False)  # requests may sample: the target's own logits, not a screened copy's
     # A request without max_tokens runs until the model stops or the context ends (llama-server's
     # n_predict -1), unless -n (or the -c file) sets a default.
-    given = sampling["max_tokens"] is not None or (config is not None and "max_tokens" in read_yaml(config))
+    given = sampling.max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
     default_max = cfg.max_tokens if given else None
     worker = Worker(Runners(cfg, session, prompt_cache, prompt_cache_mb << 20), max_queue, default_max)
     warm_grammar(session.target)

@@ -81,7 +81,7 @@ def calibrate(
     gpu_layers = defaults.gpu_layers if gpu_layers is None else gpu_layers
     check_ctx(ctx)
     # What greedy generation loads (a screened copy where one helps, screen.py): the curve it plans with.
-    llm = load_target(RunConfig(target=model, gpu_layers=gpu_layers))
+    llm = load_target(RunConfig(target=model, gpu_layers=gpu_layers).loading)
     context = llm.new_context(min(ctx, llm.n_ctx_train or ctx), n_seq_max=TARGET_SEQS, n_threads=threads,
                               n_outputs=TARGET_OUTPUTS)
     curve = cost_curve(llm, context, refresh=refresh, budget_s=CALIBRATE_BUDGET_S)

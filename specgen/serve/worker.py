@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from specgen.app.ask import Ask, tools_format
 from specgen.app.callstream import CallStream
 from specgen.app.config import Defaults, RunConfig
-from specgen.app.runner import Runner
+from specgen.app.runner import Runner, Transcript
 from specgen.app.structured import ToolAnswer
 from specgen.app.session import Session
-from specgen.app.stops import StopText
 from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.core.stats import RunStats
@@ -156,12 +155,14 @@ class Worker:
                 job.put(outcome)
 
     def _generate(self, job: Job) -> Done:
-        """Run the request, putting each showable Piece of text; a cancelled job stops at the next step."""
+        """Run the request, putting each showable Piece of text; a cancelled job stops at the next step.
+        The text is cut at its stop strings by the command line's loop (runner.Transcript)."""
         request, runner = job.request, self.runners.runner
         ask = self.runners.ask(request, self._limit(request))
-        stats, stop, reason = RunStats(), StopText(ask.stop), "length"
+        transcript = Transcript(ask)
+        stats, stop = transcript.stats, transcript.stop
         if ask.max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
-            return Done(ask, "", reason, stats)
+            return Done(ask, "", "length", stats)
         # With tools the text is read as content and calls as it is written (callstream.py).
         tools = ask.prompt.tools
         calls = None if tools is None else CallStream(tools_format(runner.session.target, ask.chat), tools)
@@ -179,26 +180,18 @@ class Worker:
                               logprobs))
 
         try:
-            for event in events:
-                if job.cancelled.is_set():
-                    break
+            for step in transcript.follow(events, job.cancelled.is_set):
+                event = step.event
                 if isinstance(event, TokenEvent):
                     if event.logprob is not None:
-                        pending.add(shown(target, event.logprob, len(stop.text)))
-                    sources.add(len(stop.text), event.source, event.token)
-                    sent = stop.sent
-                    text = stop.feed(event.text)
-                    show(text, sent, tuple(pending.release(stop.sent)))
-                    if stop.hit:
-                        reason = "stop"
-                        break
+                        pending.add(shown(target, event.logprob, step.at))
+                    sources.add(step.at, event.source, event.token)
+                    show(step.text, step.sent, tuple(pending.release(stop.sent)))
                 elif isinstance(event, FinishEvent):
-                    sent = stop.sent
-                    text = stop.feed(event.tail) + stop.flush()
-                    show(text, sent, tuple(pending.release(stop.sent, inclusive=not stop.hit)))
-                    reason = "stop" if stop.hit else event.reason
+                    show(step.text, step.sent, tuple(pending.release(stop.sent, inclusive=not stop.hit)))
         finally:
             events.close()  # an early end (a stop string, a client gone): the next prefill starts clean
+        reason = "length" if transcript.reason == "interrupted" else transcript.reason  # interrupted: cancelled
         answer = None if calls is None else self._answer(job, calls, stop.text, stats)
         if answer is not None and answer.calls and reason == "stop" and not stop.hit:
             reason = "tool_calls"  # the grammar ended the answer: its calls are whole (cut: "stop"/"length")
