@@ -1,11 +1,14 @@
 """How far specgen's own arithmetic moves a model's next-token distributions from stock llama.cpp's.
 
-Decodes a text one token at a time (plain decoding's path) seven ways, each in a process of its own
+Decodes a text one token at a time (plain decoding's path) eight ways, each in a process of its own
 (SPECGEN_KERNELS is read once per process), the same build:
   specgen                 specgen's batch-invariant kernels (the default)
   specgen, attention alone   batch invariance, specgen's attention, ggml's one-row products
-  specgen, products alone    batch invariance, specgen's product kernels (its own Q4_1 arithmetic
-                          included), ggml's per-row attention loop
+  specgen, products alone    batch invariance, specgen's product kernels (its own Q4_1, Q5_0 and, on
+                          AVX-512, 16-lane F32/F16 arithmetic included), ggml's per-row attention loop
+  specgen, ggml's F32 arithmetic   specgen's kernels, but F32 and F16 weights through ggml's vec_dot
+                          arithmetic instead of specgen's 16-lane one (f32x16, f16x16): on an F32 model
+                          what that arithmetic alone adds; elsewhere the same as `specgen`
   specgen, ggml's one-row code   batch invariance with ggml's one-row code only
   llama.cpp               SPECGEN_KERNELS=0: llama.cpp's own kernels, as it ships
   llama.cpp, no repack    the same with llama.cpp's weight repacking off (use_extra_bufts = false)
@@ -13,8 +16,9 @@ Decodes a text one token at a time (plain decoding's path) seven ways, each in a
                           attention): nearer the exact sums, a second reference
 and reports, against `llama.cpp` and against the F32-cache reference, the mean, 99th percentile and
 largest KL divergence of the next-token distribution, top-1 agreement, and each one's perplexity on
-the text: specgen's distance set beside llama.cpp's own distance between repack on and off, and
-its attention's beside llama.cpp's F16 rounding (issue 69's safeguard).
+the text: specgen's distance set beside llama.cpp's own distance between repack on and off (nil on
+F32 models: llama.cpp repacks no F32 weights), and its attention's beside llama.cpp's F16 rounding
+(issue 69's safeguard).
 
     python scripts/kernel_distance.py MODEL TEXT OUT.json [--tokens N] [--threads 1]
     python scripts/kernel_distance.py --render OUT.json ...     # the table docs/ shows
@@ -37,7 +41,13 @@ import numpy as np
 
 CONFIGS = {"specgen": {"SPECGEN_KERNELS": "1"},
            "specgen, attention alone": {"SPECGEN_KERNELS": "attention"},
-           "specgen, products alone": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,q4_1x16"},
+           "specgen, products alone": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,"
+                                                          "f16,f32,q4_1x16,q5_0x16"},
+           # specgen with F32 and F16 weights through ggml's vec_dot arithmetic (`floats`) instead of its own
+           # 16-lane arithmetic (few_float.h's `lanes`, f32x16/f16x16, AVX-512 only): on an F32 model, `specgen`
+           # less that arithmetic (set beside `specgen`, what it alone moves); without F32/F16 weights, `specgen`
+           "specgen, ggml's F32 arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,"
+                                                                 "q4_1x16,q5_0x16,attention"},
            "specgen, ggml's one-row code": {"SPECGEN_KERNELS": "ggml"},
            "llama.cpp": {"SPECGEN_KERNELS": "0"},
            "llama.cpp, no repack": {"SPECGEN_KERNELS": "0", "KERNEL_DISTANCE_NO_REPACK": "1"},
