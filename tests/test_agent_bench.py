@@ -148,12 +148,13 @@ def test_a_call_cut_by_max_tokens_is_not_run_and_goes_back_as_text():
     """A reference call cut by max_tokens (streamed as far as written): a framework cannot run it,
     so the turn ends; the history keeps it as text (a history's calls must be whole JSON: llama-server
     answers 500 to one that is not)."""
-    from specgen.bench.agent_http import Reply
+    from specgen.bench.agent_http import ChatCompletion
 
-    cut = Reply(calls=[{"name": "get_forecast", "arguments": '{"city": "Ber'}], finish_reason="length")
+    cut = ChatCompletion(calls=[{"name": "get_forecast", "arguments": '{"city": "Ber'}], finish_reason="length")
     assert cut.runnable == [] and "tool_calls" not in cut.message()
     assert cut.message()["content"] == '{"name": "get_forecast", "arguments": {"city": "Ber'
-    whole = Reply(calls=[{"name": "get_forecast", "arguments": '{"city": "Bergen"}'}], finish_reason="tool_calls")
+    whole = ChatCompletion(calls=[{"name": "get_forecast", "arguments": '{"city": "Bergen"}'}],
+                           finish_reason="tool_calls")
     assert whole.runnable == whole.calls and whole.message()["tool_calls"][0]["function"]["name"] == "get_forecast"
 
 

@@ -44,13 +44,14 @@ def _stream(events):
 
 
 def _cli(ask, events):
-    """What `generate --stop` shows (cli/generate.shown, as its terminal sink gets it) and its Completion."""
+    """What `generate --stop` shows (cli/generate.run_to_sink, as its terminal sink gets it) and its Completion."""
     from types import SimpleNamespace
 
-    from specgen.cli.generate import shown
+    from specgen.cli.generate import run_to_sink
 
     written = []
-    result = shown(SimpleNamespace(stream=_stream(events)), ask, SimpleNamespace(write=lambda t, _: written.append(t)))
+    sink = SimpleNamespace(write=lambda t, _: written.append(t))
+    result = run_to_sink(SimpleNamespace(stream=_stream(events)), ask, sink)
     return [t for t in written if t], (result.text, result.finish_reason, result.stopping_word)
 
 
@@ -62,7 +63,7 @@ def _server(ask, events):
     from specgen.serve.worker import Worker
 
     runner = SimpleNamespace(stream=_stream(events), session=SimpleNamespace(target=None))
-    worker = SimpleNamespace(runners=SimpleNamespace(ask=lambda request, limit: ask, runner=runner),
+    worker = SimpleNamespace(slot=SimpleNamespace(ask=lambda request, limit: ask, runner=runner),
                              _limit=lambda request: 64)
     pieces = []
     done = Worker._generate(worker, SimpleNamespace(request=None, cancelled=threading.Event(), put=pieces.append))
@@ -158,13 +159,13 @@ def server(session):
     from starlette.testclient import TestClient
 
     from specgen.app.config import build_config
-    from specgen.serve.app import Server
-    from specgen.serve.worker import Runners, Worker
+    from specgen.serve.app import Api
+    from specgen.serve.worker import Slot, Worker
 
     cfg = build_config(None, dict(target=SMOLLM2, method="auto", store=False))
-    worker = Worker(Runners(cfg, session), max_queue=2)
+    worker = Worker(Slot(cfg, session), max_queue=2)
     try:
-        yield TestClient(Server(worker, SMOLLM2, "auto").app)
+        yield TestClient(Api(worker, SMOLLM2, "auto").app)
     finally:
         worker.close()
 
@@ -252,9 +253,9 @@ def test_a_real_run_piped_is_cut():
 def test_serve_stop_gives_the_stop_strings_of_a_request_naming_none(session):
     from specgen.app.config import build_config
     from specgen.serve.requests import chat_request
-    from specgen.serve.worker import Runners
+    from specgen.serve.worker import Slot
 
-    runners = Runners(build_config(None, dict(target=SMOLLM2, method="auto", store=False, stop=[STOP])), session)
+    slot = Slot(build_config(None, dict(target=SMOLLM2, method="auto", store=False, stop=[STOP])), session)
     messages = [{"role": "user", "content": QUESTION}]
-    assert runners.ask(chat_request({"messages": messages}), 8).stop == (STOP,)
-    assert runners.ask(chat_request({"messages": messages, "stop": "3,"}), 8).stop == ("3,",)
+    assert slot.ask(chat_request({"messages": messages}), 8).stop == (STOP,)
+    assert slot.ask(chat_request({"messages": messages, "stop": "3,"}), 8).stop == ("3,",)

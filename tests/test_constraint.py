@@ -347,12 +347,12 @@ def test_jump_is_constrained_plain_with_the_forced_tokens_batched():
     """Greedy: jump's text is constrained plain's; each forced token saves one target call (but
     where the trunk runs to the grammar's end: that step's own token is then an end-of-generation
     token, which plain decoding never decodes for, the grammar being complete)."""
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
 
     model = FakeModel(n_vocab=V, eos=EOS, sharpness=2.0, script=LOOPY)
     for prompt in ([0, 2], [0, 3, 4, 5, 6]):
         plain, plain_reason, plain_stats = constrained_run(model, SPEC, None, prompt)
-        jump_drafter = METHODS["jump"].drafter(DraftingKit(SamplingParams()))
+        jump_drafter = METHODS["jump"].drafter(DrafterInputs(SamplingParams()))
         jump, reason, stats = constrained_run(model, SPEC, jump_drafter, prompt)
         assert [e.token for e in jump] == [e.token for e in plain] and reason == plain_reason
         assert stats.forced_accepted >= 3 and stats.drafted == stats.accepted == 0

@@ -288,7 +288,7 @@ def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_say
     the guard backs off; without them it would trust the curve and never back off."""
     import specgen.drafting.auto
     from specgen.core.engine import GenerationRequest, generate
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
     from specgen.drafting.guards import PlainSpeed
     from specgen.core.sampling import SamplingParams
     from specgen.core.stats import RunStats
@@ -301,7 +301,7 @@ def test_the_guard_backs_off_when_plain_probes_are_faster_whatever_the_curve_say
         ctx = TimedFake(clock, lambda b, live: 0.010 + 0.015 * (b - 1), n_ctx=4096, n_seq_max=32)
         ctx.model = target
         stale = CostCurve([1, 32], [0.100, 0.105])
-        auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, stale))
+        auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), None, stale))
         for _ in generate(target, ctx, GenerationRequest([0, 3, 4, 5, 6, 3, 4], 2000, SamplingParams()), RunStats(), auto):
             pass
         return auto.choices
@@ -317,13 +317,13 @@ def test_a_step_that_drafts_nothing_measures_plain_decoding_and_no_probe_is_owed
     plain step forced in place of a draft) is owed only after PROBE_EVERY speculative steps with no
     plain step between. On gemma Q4_K_M half of auto's steps draft nothing, and probes were still
     forced into loops the text was copying."""
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
     from specgen.drafting.tuning import PROBE_EVERY
     from specgen.core.sampling import SamplingParams
     from specgen.core.verify import Verdict
 
     steep = CostCurve([1, 8], [0.010, 0.080])  # a batch costs what its tokens do one by one
-    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=steep))
+    auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), costs=steep))
     auto.reset([0, 3, 4, 5, 3, 4, 5])
     auto.plain.since = PROBE_EVERY - 1  # as after 15 speculative steps
     auto.propose(16)

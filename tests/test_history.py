@@ -11,7 +11,7 @@ from harness import generated
 from specgen.costs.curve import CostCurve
 from specgen.drafting.history import CORPUS, PROCESS, SEPARATOR, STORE, History, Store, TextIndex, join, store_path
 from specgen.drafting.store import FILE_HEADER, encode, parse
-from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.drafting.methods import METHODS, DrafterInputs
 from specgen.core.sampling import SamplingParams
 
 FLAT = CostCurve([1, 32], [0.010, 0.012])
@@ -108,7 +108,7 @@ def test_a_later_prompt_drafts_from_an_earlier_output_and_stays_lossless():
     ("history"), learned apart from this text's own matches; every output equals plain's."""
     script = {(9, 8): 3, (8, 3): 4, **LOOPY}
     target = FakeModel(n_vocab=16, sharpness=2.0, script=script)
-    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, FLAT, history=History()))
+    auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), None, FLAT, history=History()))
     first = run_auto(auto, target, [0, 9, 8], 24)
     before = auto.choices["history"]
     second = run_auto(auto, target, [0, 2, 9, 8], 24)
@@ -121,7 +121,7 @@ def test_a_later_prompt_drafts_from_an_earlier_output_and_stays_lossless():
 def test_a_corpus_is_drafted_from_when_the_text_itself_has_no_match():
     passage = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
     target = FakeModel(n_vocab=16, sharpness=2.0, script=LOOPY)
-    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), None, FLAT, history=History(corpus=[passage])))
+    auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), None, FLAT, history=History(corpus=[passage])))
     run_auto(auto, target, [0, 3, 4, 5], 6)
     assert auto.choices["corpus"] > 0
 

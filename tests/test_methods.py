@@ -40,7 +40,7 @@ def test_every_method_builds_the_drafter_its_table_row_describes():
     session = open_session(RunConfig(target="t", draft="d").loading, list(M.METHODS.values()), target,
                            NoisyDraft(target), lambda model, ctx: CostCurve([1, 32], [0.010, 0.012]))
     for name, method in M.METHODS.items():
-        drafter = method.drafter(session.kit(method, RunConfig().sampling))
+        drafter = method.drafter(session.drafter_inputs(method, RunConfig().sampling))
         assert (drafter is None) == (name == "plain"), name
     assert session.timed_target_ctx is not None and session.context_for(M.METHODS["auto"]) is session.timed_target_ctx
     assert session.context_for(M.METHODS["lookup"]) is session.target_ctx

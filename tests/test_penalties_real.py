@@ -89,7 +89,7 @@ def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smoll
     from specgen.core.penalties import Penalties, adjusted
     from specgen.core.sampling import SamplingParams, distribution
     from specgen.costs.curve import CostCurve
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
 
     target = smollm2_f32
     prompt = target.tokenize(COLOURS)
@@ -117,9 +117,9 @@ def test_auto_sampling_with_penalties_is_distributed_as_plain(smollm2_f32, smoll
     counts, accepted = Counter(), 0
     for seed in range(RUNS):  # fewer than test_sampled_real's: the bias and penalties spread p less
         p = penalized(pen, 1.0, top_k=TOP_K, seed=10_000 + seed)
-        kit = DraftingKit(p, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
-                          reproducible=True)
-        run = generated(target, ctx, prompt, 2, p, METHODS["auto"].drafter(kit))
+        inputs = DrafterInputs(p, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
+                               reproducible=True)
+        run = generated(target, ctx, prompt, 2, p, METHODS["auto"].drafter(inputs))
         counts[tuple(run.tokens)] += 1
         accepted += run.stats.accepted
     goodness_of_fit(counts, expected)

@@ -12,7 +12,7 @@ from specgen.costs.curve import BATCH_SIZES, CostCurve
 from specgen.costs.measure import measure, measure_context
 from specgen.costs.timed import TimedContext
 from specgen.core.engine import GenerationRequest, TokenEvent, generate
-from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.drafting.methods import METHODS, DrafterInputs
 from specgen.drafting.model import ModelDrafter
 from specgen.core.protocol import Batch
 from specgen.drafting.acceptance import AcceptanceModel, race_estimates
@@ -247,7 +247,7 @@ def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reprod
     them would make the curves meaningless), built from the method table as every run builds it."""
     ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
     dctx = FakeContext(draft, n_ctx=512, n_seq_max=64) if draft is not None else None
-    auto = METHODS["auto"].drafter(DraftingKit(sampling, dctx, curve, draft_curve, reproducible))
+    auto = METHODS["auto"].drafter(DrafterInputs(sampling, dctx, curve, draft_curve, reproducible))
     stats = RunStats()
     events = generate(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
     return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
@@ -283,7 +283,7 @@ def test_auto_uses_a_good_cheap_draft_where_lookup_has_nothing():
 
 def auto_with_draft(draft, draft_curve):
     dctx = FakeContext(draft, n_ctx=512, n_seq_max=64)
-    return METHODS["auto"].drafter(DraftingKit(SamplingParams(), dctx, FLAT, draft_curve))
+    return METHODS["auto"].drafter(DrafterInputs(SamplingParams(), dctx, FLAT, draft_curve))
 
 
 def test_a_draft_behind_on_committed_text_is_priced_at_one_output_row():
@@ -410,7 +410,7 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
     model for the guard's backoff, then tries it again."""
     target = FakeModel(n_vocab=16, sharpness=2.0)
     dctx = FakeContext(NoisyDraft(target, noise=0.3), n_ctx=512, n_seq_max=64)
-    kit = DraftingKit(SamplingParams(), dctx, FLAT, CostCurve([1, 8], [0.0005, 0.0006]), reproducible=True)
+    inputs = DrafterInputs(SamplingParams(), dctx, FLAT, CostCurve([1, 8], [0.0005, 0.0006]), reproducible=True)
 
     def choices(auto, steps):
         out = []
@@ -420,11 +420,11 @@ def test_a_benched_draft_is_not_used_until_its_backoff_ends():
             auto.observe(Verdict([], [tok]), [tok])
         return out
 
-    fresh = METHODS["auto"].drafter(kit)
+    fresh = METHODS["auto"].drafter(inputs)
     fresh.reset([0, 9, 8, 7])
     assert choices(fresh, 1) == ["staged"]  # a cheap draft on a flat target curve is worth a try
     dctx.clear()
-    benched = METHODS["auto"].drafter(kit)
+    benched = METHODS["auto"].drafter(inputs)
     benched.reset([0, 9, 8, 7])
     benched.guards.of("draft").plain_left = 3
     assert choices(benched, 4) == ["guard"] * 3 + ["staged"]  # plain, where the benched draft would have won
@@ -518,12 +518,11 @@ def test_draft_steps_whose_tree_is_pruned_to_nothing_count_against_the_draft():
     token's q: a draft unsure of everything drafts and verifies nothing, but its decodes were
     paid. Those steps count as speculation: the guards back off (the steps were invisible to them,
     and made gemma F32's plain steps 30% slower)."""
-    target = FakeModel(n_vocab=64, sharpness=2.0)
     unsure = FakeModel(n_vocab=64, sharpness=0.01)  # q ~ 1/64 for every token
     dctx = FakeContext(unsure, n_ctx=512, n_seq_max=64)
     mild = CostCurve([1, 2, 32], [0.010, 0.0112, 0.030])  # a second row costs 12% more
-    kit = DraftingKit(SamplingParams(), dctx, mild, CostCurve([1, 8], [0.002, 0.0025]), reproducible=True)
-    auto = METHODS["auto"].drafter(kit)
+    inputs = DrafterInputs(SamplingParams(), dctx, mild, CostCurve([1, 8], [0.002, 0.0025]), reproducible=True)
+    auto = METHODS["auto"].drafter(inputs)
     auto.reset([0, 9, 8, 7])
     choices, drafted = [], []
     for tok in range(10, 70):
@@ -557,7 +556,7 @@ def test_a_short_match_is_trusted_as_far_as_its_other_occurrences_agree():
              "single": [9, 3, 4, 5, 11]}
     drafted = {}
     for name, text in texts.items():
-        auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=curve, reproducible=True))
+        auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), costs=curve, reproducible=True))
         auto.reset([0, *text, 16, 3, 4])  # ends in a 2-token match ("16" is new)
         drafted[name] = auto.propose(16).tokens[1:]
     assert drafted == {"unanimous": [5], "split": [], "single": []}
@@ -591,7 +590,7 @@ def test_a_unanimous_short_match_is_drafted_as_deep_as_its_support_pays():
     passage = list(range(20, 32))
     text = [40, *passage, 41, *passage, 42, *passage, 43, 20, 21]  # ends in a 2-token match
     curve = CostCurve([1, 2, 4, 8, 16], [0.010, 0.0135, 0.020, 0.030, 0.050])
-    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=curve, reproducible=True))
+    auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), costs=curve, reproducible=True))
     auto.reset([0, *text])
     assert auto.propose(16).tokens[1:8] == passage[2:9]
 
@@ -633,7 +632,7 @@ def test_a_quoted_passage_is_drafted_as_far_as_a_flat_curve_affords_from_the_fir
     passage = list(range(100, 190))
     prompt = [1, 2, *passage, 3, *passage[:30]]
     f32 = CostCurve([1, 2, 4, 8, 16, 20, 80], [0.0397, 0.0498, 0.0632, 0.0775, 0.1068, 0.1223, 0.3417])
-    auto = METHODS["auto"].drafter(DraftingKit(SamplingParams(), costs=f32, reproducible=True))
+    auto = METHODS["auto"].drafter(DrafterInputs(SamplingParams(), costs=f32, reproducible=True))
     auto.reset(prompt)
     tree = auto.propose(79)
     assert tree.n_drafted >= 39 and tree.tokens[1:tree.n_drafted + 1] == passage[30:30 + tree.n_drafted]

@@ -8,7 +8,7 @@ from specgen.core.sampling import SamplingParams
 from specgen.core.verify import Verdict
 from specgen.costs.curve import CostCurve
 from specgen.drafting.guards import KindGuards, Overhead
-from specgen.drafting.methods import METHODS, DraftingKit
+from specgen.drafting.methods import METHODS, DrafterInputs
 from specgen.drafting.plans import LOOKUP, PLAIN, StepPlan, plain_plan
 from specgen.drafting.value import best_subtree
 
@@ -69,8 +69,8 @@ def test_a_benched_lookup_leaves_the_draft_running():
     """Lookup's losses bench lookup only: a draft that wins goes on (one global guard benched both)."""
     target = FakeModel(n_vocab=16, sharpness=2.0)
     dctx = FakeContext(NoisyDraft(target, noise=0.3), n_ctx=512, n_seq_max=64)
-    kit = DraftingKit(SamplingParams(), dctx, FLAT, CostCurve([1, 8], [0.0005, 0.0006]), reproducible=True)
-    auto = METHODS["auto"].drafter(kit)
+    inputs = DrafterInputs(SamplingParams(), dctx, FLAT, CostCurve([1, 8], [0.0005, 0.0006]), reproducible=True)
+    auto = METHODS["auto"].drafter(inputs)
     auto.reset([0, 9, 8, 7, 9, 8, 7, 9, 8])  # lookup has a continuation to offer
     auto.guards.of("lookup").plain_left = 5
     auto.propose(16)
@@ -78,8 +78,8 @@ def test_a_benched_lookup_leaves_the_draft_running():
 
 
 def test_auto_reads_no_clock_for_its_overhead_when_reproducible():
-    kit = DraftingKit(SamplingParams(), None, FLAT, None, reproducible=True)
-    auto = METHODS["auto"].drafter(kit)
+    inputs = DrafterInputs(SamplingParams(), None, FLAT, None, reproducible=True)
+    auto = METHODS["auto"].drafter(inputs)
     auto.reset([0, 3, 4, 5, 3, 4, 5, 3, 4])
     for tok in (5, 3, 4, 5, 3, 4):
         auto.propose(8)

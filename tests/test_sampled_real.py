@@ -71,7 +71,7 @@ def compare_with_plain(target, draft_ctx, prompt_text, temperature=1.0, draft_s=
     from specgen.core.sampling import SamplingParams
     from specgen.core.stats import RunStats
     from specgen.costs.curve import CostCurve
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
 
     prompt = target.tokenize(prompt_text)
     ctx = target.new_context(256, n_seq_max=32)
@@ -83,9 +83,9 @@ def compare_with_plain(target, draft_ctx, prompt_text, temperature=1.0, draft_s=
 
     for seed in range(RUNS):
         params = SamplingParams(temperature, top_k=TOP_K, seed=10_000 + seed)
-        kit = DraftingKit(params, draft_ctx, CostCurve([1, 32], [0.010, 0.012]),
-                          CostCurve([1, 8], [draft_s, 1.5 * draft_s]), reproducible=True)
-        drafter = METHODS["auto"].drafter(kit)
+        inputs = DrafterInputs(params, draft_ctx, CostCurve([1, 32], [0.010, 0.012]),
+                               CostCurve([1, 8], [draft_s, 1.5 * draft_s]), reproducible=True)
+        drafter = METHODS["auto"].drafter(inputs)
         stats = RunStats()
         plain = tokens_of(params)
         assert tokens_of(params, drafter, stats) == plain, seed

@@ -120,7 +120,7 @@ def test_speculation_under_an_order_writes_plains_tokens(smollm2_f32, smollm2):
     from specgen.core.engine import GenerationRequest, TokenEvent, generate
     from specgen.core.stats import RunStats
     from specgen.costs.curve import CostCurve
-    from specgen.drafting.methods import METHODS, DraftingKit
+    from specgen.drafting.methods import METHODS, DrafterInputs
 
     target, prompt = smollm2_f32, smollm2_f32.tokenize("The three primary colors are")
     ctx, dctx = target.new_context(256, n_seq_max=32), smollm2.new_context(256, n_seq_max=64)
@@ -138,9 +138,9 @@ def test_speculation_under_an_order_writes_plains_tokens(smollm2_f32, smollm2):
     for order in (("top_k", "top_p", "min_p", "temperature"), None):
         for seed in range(8):
             params = SamplingParams(1.5, top_k=40, top_p=0.8, min_p=0.02, seed=seed, order=order)
-            kit = DraftingKit(params, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
-                              reproducible=True)
+            inputs = DrafterInputs(params, dctx, CostCurve([1, 32], [0.010, 0.012]), CostCurve([1, 8], [0.002, 0.003]),
+                                   reproducible=True)
             texts[order, seed] = tokens(params)
-            assert tokens(params, METHODS["auto"].drafter(kit)) == texts[order, seed], (order, seed)
+            assert tokens(params, METHODS["auto"].drafter(inputs)) == texts[order, seed], (order, seed)
     assert any(texts[ORDERS[0], s] != texts[None, s] for s in range(8))
     assert sum(accepted) > 50, accepted

@@ -107,7 +107,7 @@ class Step:
 class Transcript:
     """An Ask's events gathered into its Completion as they come (an interrupted run keeps what
     was shown), under the Ask's stop strings (app/stops.py: the text ends before the first one).
-    The one loop both edges cut text in: the command line (cli/generate.shown) and the server
+    The one loop both edges cut text in: the command line (cli/generate.run_to_sink) and the server
     (serve/worker.py) each follow() the events through one."""
 
     def __init__(self, ask: Ask):
@@ -231,8 +231,8 @@ class Runner:
         # What is learned holds for any seed; a seeded Ask's planner learns apart (from the fixed curves).
         key = (ask.chat, replace(ask.sampling, seed=None), ask.plans_from_curves)
         if key not in self._learned:
-            kit = self.session.kit(self.method, ask.sampling, ask.plans_from_curves)
-            kept = self.method.drafter(kit) if self.method.measured else None
+            inputs = self.session.drafter_inputs(self.method, ask.sampling, ask.plans_from_curves)
+            kept = self.method.drafter(inputs) if self.method.measured else None
             self._learned[key] = Learned(kept, CallRecord())
             while len(self._learned) > LEARNED_KEPT:
                 self._learned.popitem(last=False)
@@ -260,7 +260,7 @@ class Runner:
         request = GenerationRequest(tokens, ask.max_tokens, ask.sampling, constraint, ask.logprobs, ask.cache_prompt)
         learned = self._learning(ask)
         drafter = learned.drafter if self.method.measured else self.method.drafter(
-            self.session.kit(self.method, ask.sampling))  # fresh per prompt
+            self.session.drafter_inputs(self.method, ask.sampling))  # fresh per prompt
         ctx = self.session.context_for(self.method, ask.plans_from_curves)
         if constraint is not None and drafter is not None:
             drafter = ConstrainedDrafter(drafter, constraint, max_nodes=TARGET_OUTPUTS, max_leaves=TARGET_SEQS,

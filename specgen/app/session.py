@@ -65,16 +65,18 @@ class Session:
         if self.history is not None:
             self.history.forget_texts()
 
-    def kit(self, method: M.Method, sampling: SamplingParams, reproducible: bool = False) -> M.DraftingKit:
+    def drafter_inputs(self, method: M.Method, sampling: SamplingParams,
+                       reproducible: bool = False) -> M.DrafterInputs:
         """What `method`'s drafter is built from; a measured method (auto) gets the timed contexts,
         or (`reproducible`: the Ask has a seed) the fixed curves."""
         if not method.measured:
-            return M.DraftingKit(sampling, self.draft_ctx)
+            return M.DrafterInputs(sampling, self.draft_ctx)
         if reproducible:
-            return M.DraftingKit(sampling, self.draft_ctx, self.fixed_costs, self.fixed_draft_costs,
-                                 reproducible=True, on_long_prompt=self.measure_context_once, history=self.history)
-        return M.DraftingKit(sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
-                             on_long_prompt=self.measure_context_once, history=self.history)
+            return M.DrafterInputs(sampling, self.draft_ctx, self.fixed_costs, self.fixed_draft_costs,
+                                   reproducible=True, on_long_prompt=self.measure_context_once,
+                                   history=self.history)
+        return M.DrafterInputs(sampling, self.timed_draft_ctx or self.draft_ctx, self.costs, self.draft_costs,
+                               on_long_prompt=self.measure_context_once, history=self.history)
 
     def context_for(self, method: M.Method, reproducible: bool = False) -> Context:
         if method.measured and reproducible and self.fixed_target_ctx:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from specgen.bench.agent_http import Reply, Server, chat
+from specgen.bench.agent_http import ChatCompletion, Server, chat
 from specgen.bench.agent_suite import AgentConversation, call_valid, tool_result
 from specgen.drafting.methods import JUMP
 
@@ -65,7 +65,7 @@ class Exchange:
     prompt_id: str
     turn: int  # from 1
     kind: str  # CALL or ANSWER
-    replies: dict[str, Reply] = field(default_factory=dict)
+    replies: dict[str, ChatCompletion] = field(default_factory=dict)
 
 
 ANSWER_CHOICES = ("auto", "none")  # the answers' tool_choice (--answer-tool-choice)

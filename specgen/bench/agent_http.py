@@ -80,7 +80,7 @@ def _last_line(log: Path) -> str:
 
 
 @dataclass
-class Reply:
+class ChatCompletion:
     """One request's answer and timings (client clock for ttft_s and wall_s; the server's for the rest)."""
     content: str | None = None
     calls: list[dict] = field(default_factory=list)  # {"name", "arguments"} (arguments: JSON text)
@@ -96,7 +96,7 @@ class Reply:
     target_calls: int | None = None  # specgen's: the target's decodes (its `speculative` numbers)
     forced_accepted: int | None = None  # ... and the tokens a grammar forced among those committed
 
-    def same_as(self, other: "Reply") -> bool:
+    def same_as(self, other: "ChatCompletion") -> bool:
         """The same content and the same calls (names and arguments, as JSON values)."""
         return ((self.content or "") == (other.content or "") and len(self.calls) == len(other.calls)
                 and all(a["name"] == b["name"] and _json(a["arguments"]) == _json(b["arguments"])
@@ -132,12 +132,12 @@ def _json(text: str):
         return text
 
 
-def chat(url: str, body: dict) -> Reply:
-    """POST a streamed /v1/chat/completions and read it to its end; an HTTP error is kept in the Reply."""
+def chat(url: str, body: dict) -> ChatCompletion:
+    """POST a streamed /v1/chat/completions and read it to its end; an HTTP error is kept in the ChatCompletion."""
     data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
     request = urllib.request.Request(url + "/v1/chat/completions", data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
-    reply, content, calls = Reply(), [], {}
+    reply, content, calls = ChatCompletion(), [], {}
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as stream:
@@ -159,7 +159,7 @@ def chat(url: str, body: dict) -> Reply:
     return reply
 
 
-def _read_chunk(chunk: dict, reply: Reply, content: list, calls: dict, at_s: float) -> None:
+def _read_chunk(chunk: dict, reply: ChatCompletion, content: list, calls: dict, at_s: float) -> None:
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
         if delta.get("content"):

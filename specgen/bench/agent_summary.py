@@ -51,7 +51,7 @@ def _ttft(r: dict) -> float:
 def _held_reply(r: dict) -> int:
     """The tokens of a reply that the next request's history holds as written: the row's reply
     where it was the baseline's, unless it was a call cut short (the history keeps that as other
-    text: agent_http.Reply.message)."""
+    text: agent_http.ChatCompletion.message)."""
     cut_call = bool(r.get("calls")) and r.get("finish_reason") != "tool_calls"
     return r["completion_tokens"] if r["identical"] and not cut_call else 0
 

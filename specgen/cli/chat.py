@@ -3,6 +3,7 @@ streamed (drafted tokens dimmed) with its stats line; piped stdin is one message
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
@@ -12,7 +13,7 @@ from specgen.app.config import Given, build_config
 from specgen.app.conversation import Conversation
 from specgen.app.runner import Interrupted, Runner
 from specgen.app.session import load_session
-from specgen.cli.generate import shown, stats_of
+from specgen.cli.generate import run_to_sink, stats_of
 from specgen.cli.options import (Config, Ctx, Draft, EXIT_INTERRUPTED, EXIT_SOME_FAILED, Method, Store, System,
                                  Target, Threads, with_sampling)
 from specgen.cli.render import TextSink, error, stats_line
@@ -69,7 +70,7 @@ def chat(
     interactive = sys.stdin.isatty()
     if interactive:
         try:
-            import readline  # noqa: F401  (input() gains line editing and history)
+            importlib.import_module("readline")  # input() gains line editing and history
         except ImportError:
             pass
         print(f"specgen chat: {cfg.target}" + (f" <- {runner.session.draft_label}" if runner.session.draft_label
@@ -95,7 +96,7 @@ def chat(
             continue
         prompt = conversation.ask(line)
         try:
-            result = shown(runner, runner.ask(prompt), sink)
+            result = run_to_sink(runner, runner.ask(prompt), sink)
         except Interrupted as stop:
             result = stop.partial  # kept: the conversation goes on from what was said
         except SpecgenError as e:  # e.g. the conversation outgrew --ctx: say so, the chat goes on

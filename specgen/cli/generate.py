@@ -24,7 +24,7 @@ from specgen.core.kv import PromptCache
 from specgen.errors import ConfigError, SpecgenError
 
 
-def shown(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
+def run_to_sink(runner: Runner, ask: Ask, sink: TextSink | None) -> Completion:
     """Run `ask`, its text streamed to `sink` as it is committed (None: not shown), up to its first
     stop string (text that may begin one is held back until it is known not to). Ctrl-C raises
     Interrupted with what was shown."""
@@ -112,7 +112,7 @@ def generate(
     for item in items:
         try:
             ask = runner.ask(item)
-            result = shown(runner, ask, None if json_out else sink)
+            result = run_to_sink(runner, ask, None if json_out else sink)
         except Interrupted as stop:
             result = stop.partial  # keep what was generated: it is written below, then we exit 130
         except SpecgenError as e:
@@ -197,7 +197,7 @@ def demo(
     reference = plain.run(plain.ask(item))
     sink = TextSink()
     sink.write(item.text)
-    result = shown(auto, auto.ask(item), sink)
+    result = run_to_sink(auto, auto.ask(item), sink)
     sink.end()
     print(demo_summary(reference.stats.tokens_per_s, result.stats.tokens_per_s, reference.text == result.text),
           file=sys.stderr)

@@ -87,8 +87,8 @@ def serve(
     """
     import uvicorn
 
-    from specgen.serve.app import Server
-    from specgen.serve.worker import Runners, Worker
+    from specgen.serve.app import Api
+    from specgen.serve.worker import Slot, Worker
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port expects 1..65535, found {port}")
@@ -110,17 +110,17 @@ def serve(
     # n_predict -1), unless -n (or the -c file) sets a default.
     given = sampling.max_tokens is not None or (config is not None and "max_tokens" in read_yaml(config))
     default_max = cfg.max_tokens if given else None
-    worker = Worker(Runners(cfg, session, prompt_cache, prompt_cache_mb << 20), max_queue, default_max)
+    worker = Worker(Slot(cfg, session, prompt_cache, prompt_cache_mb << 20), max_queue, default_max)
     warm_grammar(session.target)
     model_id = alias or session.target_label
-    server = Server(worker, model_id, cfg.method, api_key, tuple(cors or ()))
+    api = Api(worker, model_id, cfg.method, api_key, tuple(cors or ()))
     note(f"serving {model_id} ({cfg.method}) at http://{host}:{port}/v1")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler
     # it found: a quiet one makes that a clean exit 0 rather than death by signal.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     try:
-        uvicorn.run(server.app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(api.app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         worker.close()
     note("server stopped")

@@ -24,7 +24,7 @@ JUMP = "jump"  # jump-forward: constrained benches' second baseline (bench table
 
 
 @dataclass(frozen=True)
-class DraftingKit:
+class DrafterInputs:
     """What a drafter may be built from, handed out by the session for one method."""
 
     sampling: SamplingParams
@@ -41,9 +41,9 @@ class Method:
     name: str
     summary: str
     draft: str  # NO_DRAFT | NEEDS_DRAFT | DRAFT_IF_GIVEN
-    build: Callable[[dict[str, Any], DraftingKit], Drafter | None]  # (params, kit) -> drafter
+    build: Callable[[dict[str, Any], DrafterInputs], Drafter | None]  # (params, inputs) -> drafter
     params: dict[str, Any] = field(default_factory=dict)  # the drafter's hyperparameters
-    # Plans from measured costs: its kit carries the cost curves, timed contexts and other texts
+    # Plans from measured costs: its inputs carry the cost curves, timed contexts and other texts
     # to draft from, and its drafter lives as long as the runner, so what it learns carries over.
     measured: bool = False
     # A baseline of constrained benches: bench runs it (after plain) wherever prompts carry a
@@ -57,46 +57,46 @@ class Method:
     def speculative(self) -> bool:
         return self.name != "plain"
 
-    def drafter(self, kit: DraftingKit) -> Drafter | None:
-        return self.build(dict(self.params), kit)
+    def drafter(self, inputs: DrafterInputs) -> Drafter | None:
+        return self.build(dict(self.params), inputs)
 
 
-def _lookup(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+def _lookup(params: dict[str, Any], inputs: DrafterInputs) -> Drafter:
     from specgen.drafting.lookup import LookupDrafter
 
     return LookupDrafter(**params)
 
 
-def _model(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+def _model(params: dict[str, Any], inputs: DrafterInputs) -> Drafter:
     from specgen.drafting.model import ModelDrafter, Staged
 
     if not params.pop("lookup", False):
-        return ModelDrafter(kit.draft_ctx, kit.sampling, **params)
-    return Staged.build(kit.draft_ctx, kit.sampling, **params)
+        return ModelDrafter(inputs.draft_ctx, inputs.sampling, **params)
+    return Staged.build(inputs.draft_ctx, inputs.sampling, **params)
 
 
-def _jump(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+def _jump(params: dict[str, Any], inputs: DrafterInputs) -> Drafter:
     from specgen.drafting.forced import JumpDrafter
 
     return JumpDrafter()
 
 
-def _auto(params: dict[str, Any], kit: DraftingKit) -> Drafter:
+def _auto(params: dict[str, Any], inputs: DrafterInputs) -> Drafter:
     from specgen.drafting.auto import AutoDrafter
     from specgen.drafting.lookup import LookupDrafter
     from specgen.drafting.model import ModelDrafter
 
     draft_params, lookup, model = params.pop("draft"), LookupDrafter(), None
-    if kit.draft_ctx is not None:
+    if inputs.draft_ctx is not None:
         # A chain, as the planner's cost model assumes (one draft decode per drafted token, fewer
         # where the lookup stage hits); the planner sets its length each step. Greedy: the draft's
         # argmax. Sampling: the draft's winner of the race the target will run (core/race.py),
         # with its runner-up as a leaf beside it where the margin makes that worth a row.
         # The draft reads the prompt only when auto first uses it (as a catch-up the planner
         # prices): on a long prompt where lookup does the work, it never does.
-        model = ModelDrafter(kit.draft_ctx, kit.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
-    return AutoDrafter(kit.costs, lookup, model, kit.draft_costs if model is not None else None,
-                       reproducible=kit.reproducible, on_long_prompt=kit.on_long_prompt, history=kit.history,
+        model = ModelDrafter(inputs.draft_ctx, inputs.sampling, lookup=lookup, lazy_prefill=True, **draft_params)
+    return AutoDrafter(inputs.costs, lookup, model, inputs.draft_costs if model is not None else None,
+                       reproducible=inputs.reproducible, on_long_prompt=inputs.on_long_prompt, history=inputs.history,
                        **params)
 
 
@@ -106,7 +106,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("auto", "per step, whatever measured costs and learned acceptance say is fastest", DRAFT_IF_GIVEN,
            _auto, dict(max_nodes=AUTO_NODES, max_depth=AUTO_NODES - 1, lookup_matches=AUTO_LOOKUP_MATCHES,
                        draft=dict(branching=1, max_depth=AUTO_DRAFT_MAX_DEPTH, leaves=1)), measured=True, call_aware=True),
-    Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, kit: None),
+    Method("plain", "one target decode per token (the baseline)", NO_DRAFT, lambda params, inputs: None),
     # jump stays forced tokens alone, without call-aware drafting: it is the jump-forward decoding
     # SGLang and vLLM ship, the baseline whose ratio to auto says what drafting adds.
     Method(JUMP, "jump-forward: plain decoding that batches a grammar's forced tokens into the next decode, "

@@ -114,7 +114,8 @@ def short(value: str) -> str:
     return value[:12] + "…" if is_sha256(value) else value
 
 
-def shown(path: Path) -> str:
+def tilde_path(path: Path) -> str:
+    """The path with the home directory written as ~."""
     home = str(Path.home())
     return "~" + str(path)[len(home):] if str(path).startswith(home + os.sep) else str(path)
 
@@ -126,7 +127,7 @@ def fix(entry: ModelEntry) -> str:
 
 def mismatch_message(entry: ModelEntry, found: Finding) -> str:
     """One line: the file, the entry, what was expected and found, and the fix."""
-    return (f"{shown(entry.path)} is not the {entry.name} of {manifest_path().name} ({found.what} expected "
+    return (f"{tilde_path(entry.path)} is not the {entry.name} of {manifest_path().name} ({found.what} expected "
             f"{short(found.expected)}, found {short(found.found)}): it changed since it was pulled; {fix(entry)}")
 
 

@@ -140,7 +140,7 @@ def greedy_predictions(ctx: Context, texts: Sequence[tuple[list[int], int]]) -> 
 
 
 @dataclass(frozen=True)
-class Candidate:
+class DraftVariant:
     """One way to derive the draft, and what it measured against the target."""
 
     qtype: str  # llama.cpp quantize type of the body
@@ -209,7 +209,7 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str | None = None
             usage = count_use(backend.LlamaModel(first), prompts, texts, on_prompt=done)
         table = TokenTable.read(first)  # quantizing leaves the tokenizer as it was
         vocabs = [vocab] if vocab else [v for v in VOCAB_CHOICES if v is None or v < 0.75 * table.n_normal]
-        chosen = Candidate(*bodies[0], vocabs[0])
+        chosen = DraftVariant(*bodies[0], vocabs[0])
         if len(bodies) * len(vocabs) > 1:
             candidates = choose(backend.LlamaModel(target), quantized, table, vocabs, usage, Path(tmp))
             for c in candidates:
@@ -235,7 +235,7 @@ def candidate_bodies(qtype: str | None, head: str | None) -> list[tuple[str, str
 
 
 def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: TokenTable,
-           vocabs: Sequence[int | None], usage: Usage, tmp: Path) -> list[Candidate]:
+           vocabs: Sequence[int | None], usage: Usage, tmp: Path) -> list[DraftVariant]:
     """Measure every (type, head type) x vocabulary size: c_q(1), greedy agreement with the target on the
     held-out continuations (vocabularies ranked without them), and the chain speed both give with
     the target's measured cost curve."""
@@ -246,7 +246,7 @@ def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: 
     reference = greedy_predictions(target_ctx, usage.texts)
     del target_ctx
     ranked = usage.ranked(everything=False)
-    found: list[tuple[Candidate, Context]] = []
+    found: list[tuple[DraftVariant, Context]] = []
     with reporter().progress("measuring the candidates", len(quantized) * len(vocabs)) as done:
         for (t, h), src in quantized.items():
             for v in vocabs:
@@ -259,7 +259,7 @@ def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: 
                 if model.subset_of_target is not None:
                     ctx = SubsetContext(ctx, model.subset_of_target, target.n_vocab)
                 agreement = float(np.mean(np.array(greedy_predictions(ctx, usage.texts)) == reference))
-                found.append((Candidate(t, h, v, agreement=agreement), ctx))
+                found.append((DraftVariant(t, h, v, agreement=agreement), ctx))
                 done()
     # Costs last, in turns: a moment the machine is busy (writing the cuts out) then slows every
     # candidate alike instead of whichever was being timed.

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from specgen.app.callstream import CallHead
 from specgen.serve import ecosystem, fields, routes
 from specgen.serve.embeddings import Embeddings
-from specgen.serve.logprob_shapes import Shown, chat_content, completion_logprobs
+from specgen.serve.logprob_shapes import EmittedLogprob, chat_content, completion_logprobs
 from specgen.serve.marks import Piece
 from specgen.serve.body import RequestError, body_json
 from specgen.serve.requests import Request, chat_request, check_vocabulary, completion_request
@@ -52,7 +52,7 @@ def usage(done: Done) -> dict:
             "prompt_tokens_details": {"cached_tokens": s.n_cached}}
 
 
-class Server:
+class Api:
     """Routes over one Worker; `model_id` is what /v1/models lists and responses name; `cors`: the
     origins browsers may call from ("*": any; none: cross-origin calls are refused)."""
 
@@ -65,7 +65,7 @@ class Server:
     def __init__(self, worker: Worker, model_id: str, method: str, api_key: str | None = None,
                  cors: tuple[str, ...] = ()):
         self.worker, self.model_id, self.method, self.api_key = worker, model_id, method, api_key
-        self.target = worker.runners.session.target
+        self.target = worker.slot.session.target
         self.embedder = Embeddings(self.target, model_id, worker.n_ctx)
         post, key = ["POST"], self._keyed
         self.app = routes.Cors(Starlette(routes=[
@@ -148,7 +148,7 @@ class Server:
         return JSONResponse(routes.detokenize(self.target, body))
 
     async def apply_template(self, request: HttpRequest, body: dict) -> Response:
-        return JSONResponse(routes.apply_template(self.target, self.worker.runners.defaults, body))
+        return JSONResponse(routes.apply_template(self.target, self.worker.slot.defaults, body))
 
     async def metrics(self, request: HttpRequest) -> Response:
         response = PlainTextResponse(routes.metrics(self.worker), media_type="text/plain; version=0.0.4")
@@ -171,17 +171,17 @@ class Server:
         """llama-server's native /completion."""
         return await self._generate(body, completion_request, "completion")
 
-    def _reply(self, kind: str, request: Request) -> Reply | NativeReply:
+    def _reply(self, kind: str, request: Request) -> OpenAIReply | NativeReply:
         if kind != "completion":
-            return Reply(kind, self.model_id, self.method, request)
+            return OpenAIReply(kind, self.model_id, self.method, request)
         w = self.worker
         return NativeReply(self.model_id, self.method, request,
-                           lambda ask: routes.params(w.runners.defaults, w.default_max_tokens, request, ask), w.n_ctx)
+                           lambda ask: routes.params(w.slot.defaults, w.default_max_tokens, request, ask), w.n_ctx)
 
     async def _generate(self, body: dict, parse: Callable[..., Request], kind: str) -> Response:
         request = parse(body, self.target.chat_template)
         check_vocabulary(request, self.target.n_vocab)
-        body.notes.extend(sampling_notes(self.worker.runners.defaults, request))
+        body.notes.extend(sampling_notes(self.worker.slot.defaults, request))
         job = self.worker.submit(request, asyncio.get_running_loop())
         reply = self._reply(kind, request)
         try:
@@ -205,7 +205,7 @@ class Server:
             raise
         return JSONResponse(reply.whole(done))
 
-    async def _events(self, job: Job, reply: Reply | NativeReply, first: Piece | Done) -> AsyncIterator[str]:
+    async def _events(self, job: Job, reply: OpenAIReply | NativeReply, first: Piece | Done) -> AsyncIterator[str]:
         async def items() -> AsyncIterator[Piece | Done]:
             yield first
             if not isinstance(first, Done):
@@ -259,7 +259,7 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-class Reply:
+class OpenAIReply:
     """One response's shapes: OpenAI's chat.completion / text_completion, whole or as chunks."""
 
     terminator = "data: [DONE]\n\n"
@@ -274,14 +274,14 @@ class Reply:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
     def _choice(self, content: str | dict, finish_reason: str | None, whole: bool,
-                logprobs: tuple[Shown, ...] | None = None) -> dict:
+                logprobs: tuple[EmittedLogprob, ...] | None = None) -> dict:
         if self.kind == "chat.completion":
             key = "message" if whole else "delta"
             body = {"role": "assistant", "content": content} if whole else content
             return {"index": 0, key: body, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
         return {"index": 0, "text": content, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
 
-    def _logprobs(self, items: tuple[Shown, ...] | None) -> dict | None:
+    def _logprobs(self, items: tuple[EmittedLogprob, ...] | None) -> dict | None:
         """The tokens' log-probabilities in this API's shape; None where none were asked (or none here)."""
         if self.request.logprobs is None or items is None:
             return None
@@ -318,7 +318,7 @@ class Reply:
             out.append(self.chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}))
         return out
 
-    def chunk(self, piece: str | dict, logprobs: tuple[Shown, ...] | None = None) -> dict:
+    def chunk(self, piece: str | dict, logprobs: tuple[EmittedLogprob, ...] | None = None) -> dict:
         name = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         content = ({"content": piece} if isinstance(piece, str) else piece) if self.kind == "chat.completion" else piece
         return {**self._head(name), "choices": [self._choice(content, None, False, logprobs)]}

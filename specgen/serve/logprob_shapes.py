@@ -18,7 +18,9 @@ FLOOR = -9999.0
 
 
 @dataclass(frozen=True)
-class Candidate:
+class LogprobEntry:
+    """A token as the logprobs answers write it, the chosen one or a top alternative."""
+
     token: int
     piece: bytes  # the token's bytes (a piece of a multi-byte character is not text on its own)
     logprob: float
@@ -29,33 +31,33 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Shown:
-    """One emitted token: its own Candidate, where its text starts in the answer (characters), the
+class EmittedLogprob:
+    """One emitted token: its own LogprobEntry, where its text starts in the answer (characters), the
     alternatives most likely first."""
 
-    chosen: Candidate
+    chosen: LogprobEntry
     offset: int
-    top: tuple[Candidate, ...]
+    top: tuple[LogprobEntry, ...]
 
 
-def shown(model: Model, lp: TokenLogprob, offset: int) -> Shown:
-    def candidate(token: int, logprob: float) -> Candidate:
-        return Candidate(token, model.piece(token), max(logprob, FLOOR) if not math.isnan(logprob) else FLOOR)
+def emitted_logprob(model: Model, lp: TokenLogprob, offset: int) -> EmittedLogprob:
+    def entry(token: int, logprob: float) -> LogprobEntry:
+        return LogprobEntry(token, model.piece(token), max(logprob, FLOOR) if not math.isnan(logprob) else FLOOR)
 
-    return Shown(candidate(lp.token, lp.logprob), offset, tuple(candidate(a.token, a.logprob) for a in lp.top))
+    return EmittedLogprob(entry(lp.token, lp.logprob), offset, tuple(entry(a.token, a.logprob) for a in lp.top))
 
 
 class Pending:
-    """Shown tokens waiting for the text that shows them (a stop string may hold text back)."""
+    """Emitted tokens' log-probabilities waiting for the text that shows them (a stop string may hold text back)."""
 
     def __init__(self) -> None:
-        self.waiting: list[Shown] = []
-        self.sent: list[Shown] = []
+        self.waiting: list[EmittedLogprob] = []
+        self.sent: list[EmittedLogprob] = []
 
-    def add(self, item: Shown) -> None:
+    def add(self, item: EmittedLogprob) -> None:
         self.waiting.append(item)
 
-    def release(self, upto: int, inclusive: bool = False) -> list[Shown]:
+    def release(self, upto: int, inclusive: bool = False) -> list[EmittedLogprob]:
         """Those whose text starts before character `upto` of the answer (`inclusive`: at it too,
         the answer's end, where a token may have brought no text of its own)."""
         n = 0
@@ -66,21 +68,21 @@ class Pending:
         return out
 
 
-def chat_content(items: list[Shown]) -> dict:
+def chat_content(items: list[EmittedLogprob]) -> dict:
     """OpenAI chat: choices[i].logprobs = {"content": [...]}."""
     return {"content": [{"token": s.chosen.text, "logprob": s.chosen.logprob, "bytes": list(s.chosen.piece),
                          "top_logprobs": [{"token": c.text, "logprob": c.logprob, "bytes": list(c.piece)}
                                           for c in s.top]} for s in items]}
 
 
-def completion_logprobs(items: list[Shown]) -> dict:
+def completion_logprobs(items: list[EmittedLogprob]) -> dict:
     """OpenAI completions (legacy): parallel lists; top_logprobs one {token text: logprob} per token."""
     return {"tokens": [s.chosen.text for s in items], "token_logprobs": [s.chosen.logprob for s in items],
             "top_logprobs": [{c.text: c.logprob for c in s.top} for s in items],
             "text_offset": [s.offset for s in items]}
 
 
-def native_probabilities(items: list[Shown]) -> list[dict]:
+def native_probabilities(items: list[EmittedLogprob]) -> list[dict]:
     """llama-server's completion_probabilities (n_probs, post_sampling_probs false)."""
     return [{"id": s.chosen.token, "token": s.chosen.text, "logprob": s.chosen.logprob, "bytes": list(s.chosen.piece),
              "top_logprobs": [{"id": c.token, "token": c.text, "logprob": c.logprob, "bytes": list(c.piece)}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from specgen.app.callstream import CallArguments, CallHead
 from specgen.core.stats import RunStats
-from specgen.serve.logprob_shapes import Shown
+from specgen.serve.logprob_shapes import EmittedLogprob
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Piece:
     marks: tuple[Mark, ...]
     live: Live
     tokens: tuple[int, ...] = ()  # the ids of the tokens whose text starts in this piece
-    logprobs: tuple["Shown", ...] = ()  # those tokens' log-probabilities, when the request asked for them
+    logprobs: tuple["EmittedLogprob", ...] = ()  # those tokens' log-probabilities, when the request asked for them
     calls: tuple[CallHead | CallArguments, ...] = ()  # with tools: the calls' fragments written meanwhile
 
     def extension(self) -> dict:

@@ -16,7 +16,7 @@ from specgen.app.runner import render_prompt
 from specgen.core.protocol import Model
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
-from specgen.serve.logprob_shapes import Shown, native_probabilities
+from specgen.serve.logprob_shapes import EmittedLogprob, native_probabilities
 from specgen.serve.marks import Piece
 from specgen.serve.requests import Request, RequestError, chat_request
 from specgen.serve.worker import Done, Worker
@@ -71,7 +71,7 @@ def params(defaults: Defaults, default_max_tokens: int | None, request: Request 
     n_predict = default_max_tokens if request is None or request.max_tokens is None else request.max_tokens
     own = {**sampling_values(s), "seed": SEED_RANDOM if s.seed is None else s.seed,
            "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.penalties.bias]}
-    stops = defaults.stop if ask is None else ask.stop  # a request's replace serve --stop's (worker.Runners.ask)
+    stops = defaults.stop if ask is None else ask.stop  # a request's replace serve --stop's (worker.Slot.ask)
     return {
         "n_predict": -1 if n_predict is None else n_predict, **LLAMA_OFF, **own,
         "stop": list(stops), "max_tokens": -1 if n_predict is None else n_predict,
@@ -83,12 +83,12 @@ def params(defaults: Defaults, default_max_tokens: int | None, request: Request 
 
 def props(worker: Worker, model_id: str, method: str) -> dict:
     """GET /props: what llama.cpp's web UI reads at start (context size, defaults, chat template)."""
-    runners, target = worker.runners, worker.runners.session.target
+    slot, target = worker.slot, worker.slot.session.target
     token = getattr(target, "token_text", None)
     return {
         "default_generation_settings": {
             "id": 0, "id_task": -1, "n_ctx": worker.n_ctx, "speculative": True, "is_processing": worker.busy,
-            "params": params(runners.defaults, worker.default_max_tokens), "prompt": "",
+            "params": params(slot.defaults, worker.default_max_tokens), "prompt": "",
             "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0,
                            "stopping_word": ""}},
         "total_slots": 1, "model_alias": model_id, "model_path": target.source_path,
@@ -224,7 +224,7 @@ class NativeReply:
     def opening(self) -> list[dict]:
         return []
 
-    def chunk(self, piece: str, logprobs: tuple[Shown, ...] = ()) -> dict:
+    def chunk(self, piece: str, logprobs: tuple[EmittedLogprob, ...] = ()) -> dict:
         out = {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
         if self.request.logprobs is not None:
             out["completion_probabilities"] = native_probabilities(list(logprobs))

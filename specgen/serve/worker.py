@@ -20,7 +20,7 @@ from specgen.core.engine import FinishEvent, TokenEvent
 from specgen.core.kv import PromptCache
 from specgen.core.stats import RunStats
 from specgen.errors import SpecgenError
-from specgen.serve.logprob_shapes import Pending, Shown, shown
+from specgen.serve.logprob_shapes import EmittedLogprob, Pending, emitted_logprob
 from specgen.serve.marks import Live, Piece, Sources
 from specgen.serve.requests import Request, RequestError
 
@@ -35,7 +35,7 @@ class Done:
     stats: RunStats
     answer: ToolAnswer | None = None  # with tools: the text as content and calls
     stopping_word: str = ""  # the stop string that ended it, if one did
-    logprobs: tuple[Shown, ...] = ()  # every shown token's, when the request asked for them
+    logprobs: tuple[EmittedLogprob, ...] = ()  # every shown token's, when the request asked for them
     streamed: bool = False  # with tools: the answer went out as Pieces, as it was read (nothing more to send)
 
 
@@ -50,11 +50,12 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
-class Runners:
-    """The server's one Runner on its one session (it keeps what auto learns per chat and sampling),
-    and the server's settings that a request's Ask starts from. Its prompt cache is the session's
-    one target context (`prompt_cache` False: nothing is reused, every prompt read as a cold cache
-    reads it; `cache_bytes`: host memory for other conversations' prefixes, kv.PromptCache's budget)."""
+class Slot:
+    """The server's one slot (llama-server's word): its one Runner on its one session (it keeps what
+    auto learns per chat and sampling), and the server's settings that a request's Ask starts from.
+    Its prompt cache is the session's one target context (`prompt_cache` False: nothing is reused,
+    every prompt read as a cold cache reads it; `cache_bytes`: host memory for other conversations'
+    prefixes, kv.PromptCache's budget)."""
 
     def __init__(self, cfg: RunConfig, session: Session, prompt_cache: bool = True, cache_bytes: int = 0):
         self.session = session
@@ -97,8 +98,8 @@ class Metrics:
 class Worker:
     """`default_max_tokens`: a request's limit when it gives none (None: until the context ends)."""
 
-    def __init__(self, runners: Runners, max_queue: int, default_max_tokens: int | None = None):
-        self.runners, self.max_queue, self.default_max_tokens = runners, max_queue, default_max_tokens
+    def __init__(self, slot: Slot, max_queue: int, default_max_tokens: int | None = None):
+        self.slot, self.max_queue, self.default_max_tokens = slot, max_queue, default_max_tokens
         self.metrics = Metrics()
         self.busy = False  # a request is being decoded
         self._jobs: queue.Queue[Job | None] = queue.Queue()
@@ -119,7 +120,7 @@ class Worker:
 
     @property
     def n_ctx(self) -> int:
-        return self.runners.session.target_ctx.n_ctx
+        return self.slot.session.target_ctx.n_ctx
 
     @property
     def deferred(self) -> int:
@@ -157,8 +158,8 @@ class Worker:
     def _generate(self, job: Job) -> Done:
         """Run the request, putting each showable Piece of text; a cancelled job stops at the next step.
         The text is cut at its stop strings by the command line's loop (runner.Transcript)."""
-        request, runner = job.request, self.runners.runner
-        ask = self.runners.ask(request, self._limit(request))
+        request, runner = job.request, self.slot.runner
+        ask = self.slot.ask(request, self._limit(request))
         transcript = Transcript(ask)
         stats, stop = transcript.stats, transcript.stop
         if ask.max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
@@ -170,7 +171,8 @@ class Worker:
         events = runner.stream(ask, stats)
         sources = Sources()
 
-        def show(text: str, sent: int, logprobs: tuple[Shown, ...]) -> None:  # text: stop.text[sent:sent + len(text)]
+        def show(text: str, sent: int, logprobs: tuple[EmittedLogprob, ...]) -> None:
+            # text: stop.text[sent:sent + len(text)]
             if calls is not None:
                 if text and (delta := calls.feed(stop.text[:stop.sent])):
                     job.put(Piece(delta.content, (), Live.of(stats), calls=delta.calls))
@@ -184,7 +186,7 @@ class Worker:
                 event = step.event
                 if isinstance(event, TokenEvent):
                     if event.logprob is not None:
-                        pending.add(shown(target, event.logprob, step.at))
+                        pending.add(emitted_logprob(target, event.logprob, step.at))
                     sources.add(step.at, event.source, event.token)
                     show(step.text, step.sent, tuple(pending.release(stop.sent)))
                 elif isinstance(event, FinishEvent):
