@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specgen.bench.agent import ANSWER, CALL, Row, request_body, start_all, stop_all
-from specgen.bench.agent_http import Reply, chat
+from specgen.bench.agent_http import ChatCompletion, chat
 from specgen.bench.agent_suite import AgentConversation, load_agent_suite, tool_result
 from specgen.bench.results import machine_info
 from specgen.host import cpu_sample, others_cores
@@ -42,7 +42,7 @@ def requests_of(conv: AgentConversation) -> Iterator[dict]:
     for user in conv.turns:
         messages.append({"role": "user", "content": user})
         for kind in (CALL, ANSWER):
-            reference: Reply = yield request_body(conv, messages, kind, MAX_TOKENS, "none")
+            reference: ChatCompletion = yield request_body(conv, messages, kind, MAX_TOKENS, "none")
             messages.append(reference.message())
             for i, call in enumerate(reference.runnable):
                 messages.append({"role": "tool", "tool_call_id": f"call_{i}", "name": call["name"],
