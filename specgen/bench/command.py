@@ -1,18 +1,20 @@
 """`specgen bench`'s run apart from its options: settings into a run of every method (and llama.cpp's
-rows) on the same prompts, interleaved, and what the command prints and writes, as one BenchRun.
+rows) on the same prompts, interleaved, and what the command prints and writes, as one BenchRun;
+the --json and --plot files written; --suite agent's options checked.
 
 cli/bench.py turns options into a BenchAsk and shows the BenchRun; nothing here prints."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from specgen.app.ask import any_needs_exact_rows
-from specgen.app.config import Given, run_config
+from specgen.app.config import Given, merged_settings, run_config
 from specgen.app.runner import Runner
 from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
@@ -20,9 +22,11 @@ from specgen.bench.results import bench_report as results_of_run, header, machin
 from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
 from specgen.bench.suites import SPLITS, load_suite, select, split_half
 from specgen.bench.summary import HeadToHead, SummaryRow, head_to_head, summarize
+from specgen.bench.view import check_plot_path, write_plot
 from specgen.core.constraint import ConstraintSpec
 from specgen.drafting import methods as M
 from specgen.errors import ConfigError
+from specgen.files import check_writable, write_text
 from specgen.host import cpu_sample, others_cores
 
 # (total trials, label) -> a context yielding advance(): the CLI's progress bar, or none.
@@ -33,13 +37,15 @@ Progress = Callable[[int, str], AbstractContextManager[Callable[[], None]]]
 class BenchAsk:
     """What a bench run was asked for: the merged settings (a -c preset under the options given),
     the sampling options given (they replace the settings' fields), a constraint for every prompt
-    without one, and llama.cpp's rows."""
+    without one, llama.cpp's rows, and the files to write."""
     values: dict
     given: Given = Given()
     constraint: ConstraintSpec | None = None
     llama_cpp: Path | None = None
     spec_types: Sequence[str] = ()
     llama_cpp_draft: str | None = None
+    json_file: Path | None = None  # --json
+    plot: Path | None = None  # --plot
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,53 @@ class BenchRun:
     interrupted: bool
 
 
+# The options that are settings (keys of a -c file too); the others are the run's own.
+SETTINGS = ("target", "draft", "chat", "system", "threads", "ctx", "gpu_layers", "draft_gpu_layers", "rpc", "methods",
+            "suite", "limit", "per_group", "repeats", "split", "store", "json_layout", "corpus")
+
+
+@dataclass(frozen=True)
+class Unwritten:
+    """A file the run could not write (checked before the run, a write may still fail: a full disk)."""
+    option: str  # --json | --plot
+    path: Path
+    reason: str
+
+
+def settings_of(options: dict) -> dict:
+    """The command's options (every one, by parameter name) as the run's settings: defaults.yaml,
+    the -c file, then the options given. The agent suite's own options are refused here."""
+    o = options
+    corpus = ",".join(map(str, o["corpus"])) if o["corpus"] else None
+    values = merged_settings(o["config"], {**{k: o[k] for k in SETTINGS}, "corpus": corpus})
+    if o["llama_cpp_template"] is not None or o["answer_tool_choice"] is not None:
+        flag = "--llama-cpp-template sets llama-server's chat template" if o["llama_cpp_template"] is not None else \
+            "--answer-tool-choice sets the agent loops' answers"
+        raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
+    return values
+
+
+# What --suite agent reads (bench/agent.py: servers, greedy); any other option given is refused.
+AGENT_OPTIONS = {"target", "draft", "suite", "limit", "split", "max_tokens", "threads", "ctx", "json_file",
+                 "llama_cpp", "spec_type", "llama_cpp_draft", "llama_cpp_template", "answer_tool_choice", "config"}
+
+
+def check_agent(given: dict) -> None:
+    """Refuse a --suite agent run given an option it does not read, or without what it needs."""
+    unused = [k for k, v in given.items() if k not in AGENT_OPTIONS and v not in (None, False, [], ())
+              and not k.startswith("_") and k not in ("backend", "tools")]
+    if unused or given.get("config") is not None:
+        name = "config" if given.get("config") is not None else unused[0]
+        raise ConfigError(f"--suite agent runs servers greedily with its own rows: it takes -m, -d, --split, --limit, "
+                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type, --llama-cpp-draft, "
+                          f"--llama-cpp-template and --answer-tool-choice, found --"
+                          f"{name.replace('_', '-')}")
+    if given["limit"] is not None and given["limit"] < 1:
+        raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
+    if not given["target"]:
+        raise ConfigError("--suite agent needs a target model (-m MODEL), found none")
+
+
 def check(ask: BenchAsk) -> None:
     """Refuse a bench that cannot run as asked, in one line, before anything is loaded."""
     values = ask.values
@@ -69,6 +122,10 @@ def check(ask: BenchAsk) -> None:
     if (ask.spec_types or ask.llama_cpp_draft) and ask.llama_cpp is None:
         raise ConfigError(f"{'--spec-type' if ask.spec_types else '--llama-cpp-draft'} runs llama.cpp's speculative "
                           "decoding: give --llama-cpp DIR too")
+    if ask.json_file is not None:
+        check_writable(ask.json_file, "--json")
+    if ask.plot is not None:
+        check_plot_path(ask.plot)
 
 
 def run(ask: BenchAsk, progress: Progress) -> BenchRun:
@@ -134,3 +191,22 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
                             their_draft.record if their_draft is not None else None, run_at_start)
     report["settings"].update(split=split, per_group=values.get("per_group"), limit=values.get("limit"))
     return BenchRun(rows, columns, rivals, title, n_repeats, versus, report, interrupted)
+
+
+def write(ask: BenchAsk, done: BenchRun) -> list[Unwritten]:
+    """Write --json (the report) and --plot (the speedup chart); the files that could not be written."""
+    failed = []
+    if ask.json_file is not None:
+        text = json.dumps(done.report, indent=1, ensure_ascii=False) + "\n"
+        failed += _written(lambda: write_text(ask.json_file, text), "--json", ask.json_file)
+    if ask.plot is not None and done.rows:
+        failed += _written(lambda: write_plot(done.rows, ask.plot, done.title), "--plot", ask.plot)
+    return failed
+
+
+def _written(write: Callable[[], None], option: str, path: Path) -> list[Unwritten]:
+    try:
+        write()
+        return []
+    except OSError as e:
+        return [Unwritten(option, path, str(e.strerror or e))]

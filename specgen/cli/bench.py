@@ -11,15 +11,15 @@ import typer
 from rich.console import Console
 
 from specgen.app.ask import with_sampler
-from specgen.app.config import Given, merged_settings
+from specgen.app.config import Given
 from specgen.bench import command
-from specgen.bench.view import check_plot_path, head_to_head_line, summary_table, write_plot
+from specgen.bench.view import head_to_head_line, summary_table
 from specgen.cli.options import (Chat, Config, Corpus, Ctx, Draft, DraftGpuLayers, EXIT_INTERRUPTED,
                                  EXIT_WRITE_FAILED, GpuLayers, Grammar, JsonLayout, JsonObject, JsonSchema, Rpc,
                                  Store, System, Target, Threads, constraint_option, with_sampling)
 from specgen.cli.render import count_progress, error
 from specgen.errors import ConfigError
-from specgen.files import check_writable, write_text
+from specgen.files import write_text
 
 
 @with_sampling
@@ -87,27 +87,25 @@ def bench(
       specgen bench -c configs/bench-pair-b.yaml --methods auto --llama-cpp ~/llama.cpp/build/bin --spec-type ngram-mod
     """
     sampling = replace(sampling, sampling=with_sampler(sampler, sampling.sampling))
+    options = {k: v for k, v in locals().items() if k not in ("sampling", "sampler")}
     if suite == "agent":
-        given = {k: v for k, v in locals().items() if k not in ("sampling", "sampler")}
-        return _agent({**given, "max_tokens": sampling.max_tokens, **sampling.fields})
-    values = merged_settings(config, dict(
-        target=target, draft=draft, chat=chat, system=system, threads=threads, ctx=ctx, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers, rpc=rpc, methods=methods, suite=suite, limit=limit, per_group=per_group,
-        repeats=repeats, split=split,
-        store=store, json_layout=json_layout, corpus=",".join(map(str, corpus)) if corpus else None))
-    if llama_cpp_template is not None or answer_tool_choice is not None:
-        flag = "--llama-cpp-template sets llama-server's chat template" if llama_cpp_template is not None else \
-            "--answer-tool-choice sets the agent loops' answers"
-        raise ConfigError(f"{flag}: it goes with --suite agent, found --suite {values.get('suite') or 'builtin'}")
-    ask = command.BenchAsk(values, sampling, constraint_option(json_schema, grammar, json_object), llama_cpp,
-                           tuple(spec_type or ()), llama_cpp_draft)
+        return _agent({**options, "max_tokens": sampling.max_tokens, **sampling.fields})
+    ask = command.BenchAsk(command.settings_of(options), sampling, constraint_option(json_schema, grammar, json_object),
+                           llama_cpp, tuple(spec_type or ()), llama_cpp_draft, json_file, plot)
     command.check(ask)  # a wrong option fails before a model loads or a file is written
-    if json_file is not None:
-        check_writable(json_file, "--json")
-    if plot is not None:
-        check_plot_path(plot)
     done = command.run(ask, count_progress)
+    _show(done)
+    failed = command.write(ask, done)  # the table above stays whatever the writes do
+    for f in failed:
+        error(f"could not write {f.option} {f.path}: {f.reason}; the table above is what was measured")
+    if done.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if failed:
+        raise typer.Exit(EXIT_WRITE_FAILED)
 
+
+def _show(done: command.BenchRun) -> None:
+    """The table, and llama.cpp's head-to-head lines under it."""
     console = Console()
     if not console.is_terminal:
         # Piped: never truncated (a cell's widest line, "0.98-1.38 med 1.28", with padding and border).
@@ -115,38 +113,12 @@ def bench(
     console.print(summary_table(done.rows, done.columns, done.title, done.n_repeats))
     for h in done.versus:
         console.print(head_to_head_line(h, done.rivals), markup=False, highlight=False)
-    failed = []  # checked before the run, a write may still fail (a full disk): the table above stays
-    if json_file is not None:
-        text = json.dumps(done.report, indent=1, ensure_ascii=False) + "\n"
-        failed += _written(lambda: write_text(json_file, text), "--json", json_file)
-    if plot is not None and done.rows:
-        failed += _written(lambda: write_plot(done.rows, plot, done.title), "--plot", plot)
-    if done.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
-    if failed:
-        raise typer.Exit(EXIT_WRITE_FAILED)
-
-
-# What --suite agent reads (bench/agent.py: servers, greedy); any other option given is refused.
-_AGENT_OPTIONS = {"target", "draft", "suite", "limit", "split", "max_tokens", "threads", "ctx", "json_file",
-                  "llama_cpp", "spec_type", "llama_cpp_draft", "llama_cpp_template", "answer_tool_choice", "config"}
 
 
 def _agent(given: dict) -> None:
     from specgen.cli.agentbench import run_agent_bench
 
-    unused = [k for k, v in given.items() if k not in _AGENT_OPTIONS and v not in (None, False, [], ())
-              and not k.startswith("_") and k not in ("backend", "tools")]
-    if unused or given.get("config") is not None:
-        name = "config" if given.get("config") is not None else unused[0]
-        raise ConfigError(f"--suite agent runs servers greedily with its own rows: it takes -m, -d, --split, --limit, "
-                          f"-n, --threads, --ctx, --json, --llama-cpp, --spec-type, --llama-cpp-draft, "
-                          f"--llama-cpp-template and --answer-tool-choice, found --"
-                          f"{name.replace('_', '-')}")
-    if given["limit"] is not None and given["limit"] < 1:
-        raise ConfigError(f"--limit must be at least 1, found {given['limit']}")
-    if not given["target"]:
-        raise ConfigError("--suite agent needs a target model (-m MODEL), found none")
+    command.check_agent(given)
     try:
         run_agent_bench(given["target"], given["split"] or "all", given["limit"], given["max_tokens"],
                         given["threads"], given["ctx"], given["draft"], given["json_file"], given["llama_cpp"],
