@@ -513,3 +513,34 @@ def test_the_calibration_cache_tells_two_builds_with_the_same_system_info_apart(
     assert "libllama" in info.library and "libggml-cpu" in info.library
     rebuilt = replace(info, library=info.library.replace(":", ":1", 1))
     assert build_key(rebuilt) != build_key(info) and build_key(info) == build_key(tools.build_info())
+
+
+@pytest.mark.real
+def test_timings_at_a_texts_start_leave_its_prompt_where_plain_decodings_starts(monkeypatch, gemma):
+    """clear() re-times suspect sizes in the spare sequence before the next prompt; those decodes
+    take cells, and specgen's build never moves the cache's head back. Left so, auto's prompt was
+    read from a later cell than plain decoding's, and a prompt of more rows than specgen's own
+    attention takes goes through ggml's, whose sums depend on where the cells lie: gemma's greedy
+    auto then wrote other text than plain (seen under load, when rechecks run). Now the prompt
+    starts at cell 0 either way, and its logits are plain's bit for bit."""
+    import json
+    from pathlib import Path
+
+    from specgen.core.kv import prefill
+
+    monkeypatch.setattr(CostCurve, "suspects", lambda self: [4, 8])
+    lines = (Path(__file__).parent.parent / "specgen" / "suites" / "builtin.jsonl").read_text().splitlines()
+    text = next(q for q in map(json.loads, lines) if q["question_id"] == "summarization-2")["turns"][0]
+    tokens = gemma.tokenize(text)
+    assert len(tokens) > 128  # read in a decode of more rows than specgen's attention takes
+    rows = []
+    for timed in (False, True):
+        ctx = gemma.new_context(1024, n_seq_max=8, n_threads=1, n_outputs=16)
+        curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+        live = TimedContext(ctx, curve, live=True) if timed else ctx
+        prefill(live, tokens)
+        assert ctx.cells_written == len(tokens) - 1  # the prompt from cell 0, nothing before it
+        if timed:
+            assert curve.rechecked  # the timings ran
+        rows.append(np.array(live.decode(Batch([tokens[-1]], [len(tokens) - 1], [(0,)], [True]))[0], copy=True))
+    assert np.array_equal(rows[0], rows[1])

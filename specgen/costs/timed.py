@@ -105,6 +105,11 @@ class TimedContext(CostAwareContext):
         self.text_decode_s = 0.0
         self.retime()
         self.recheck()
+        # The timings took cells, and specgen's build never moves the head back (kv.py): cleared
+        # again, the next prompt starts at cell 0, where plain decoding's does. A prompt read in
+        # decodes of more rows than specgen's attention takes goes through ggml's, whose sums
+        # depend on where the cells lie (greedy auto once differed from plain there).
+        self.inner.clear()
 
     def retime(self) -> None:
         """After a change of thread count never timed before: a coarse shape for it, from
