@@ -4,8 +4,8 @@ when the run ends; what a method writes (`tokens_of` and `run_of` through a Runn
 `generated` through the engine on any model and context, fakes included); raw HTTP to a server.
 
 Test modules import what they share from here (and from fakes.py, clihelp.py, chisquare.py,
-invariance.py), never from one another. tests/conftest.py offers the models and servers as
-session fixtures too."""
+invariance.py, token_tree.py), never from one another. tests/conftest.py offers the models and
+servers as session fixtures too."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 SMOLLM2 = "smollm2-135m-instruct-q4_1"
 SMOLLM2_F32 = "smollm2-135m-instruct-f32"
@@ -118,15 +117,16 @@ def tokens_of(method: str, prompt, **kw) -> list[int]:
 
 
 def generated(model, ctx, prompt: list[int], n: int, sampling=None, drafter=None, *, cache=None,
-              stop_after: int | None = None, **request) -> Run:
+              stop_after: int | None = None, stats=None, **request) -> Run:
     """One generation through the engine (core/engine.py) on any model and context, fakes included:
     `request` is GenerationRequest's other fields (constraint, logprobs, cache_prompt). With
-    `stop_after`, the caller stops after that many tokens (the generator is closed)."""
+    `stop_after`, the caller stops after that many tokens (the generator is closed); `stats`: the
+    RunStats to count into (a fresh one if None)."""
     from specgen.core.engine import GenerationRequest, TokenEvent, generate
     from specgen.core.sampling import SamplingParams
     from specgen.core.stats import RunStats
 
-    stats = RunStats()
+    stats = RunStats() if stats is None else stats
     events = generate(model, ctx, GenerationRequest(prompt, n, sampling or SamplingParams(), **request), stats,
                       drafter, cache)
     out, count = [], 0
@@ -137,69 +137,6 @@ def generated(model, ctx, prompt: list[int], n: int, sampling=None, drafter=None
             events.close()
             break
     return Run(out, stats)
-
-
-# --- a token tree on a real model (test_backend.py, test_device_check.py) --------------------------------
-
-# A tree as a parent array, parents before children: root 0 (the last prompt token), two children,
-# and three leaves. Each root-to-leaf branch is one sequence id (1..3); seq 0 holds the prompt.
-PARENTS = [-1, 0, 0, 1, 1, 2]
-LEAF_SEQ = {3: 1, 4: 2, 5: 3}
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def tree_tokens(model) -> tuple[list[int], list[int]]:
-    prompt = model.tokenize("The best way to learn a new language is", add_special=True)
-    words = [model.tokenize(w, add_special=False)[0] for w in (" to", " by", " practice", " speak", " reading")]
-    return prompt[:-1], [prompt[-1], *words]
-
-
-def node_seqs(node: int) -> tuple[int, ...]:
-    """Sequence ids of every branch (leaf) whose root-to-leaf path passes through `node`."""
-    out = []
-    for leaf, seq in LEAF_SEQ.items():
-        v = leaf
-        while v != -1 and v != node:
-            v = PARENTS[v]
-        if v == node:
-            out.append(seq)
-    return tuple(out)
-
-
-def path_to(node: int) -> list[int]:
-    path = []
-    while node != -1:
-        path.append(node)
-        node = PARENTS[node]
-    return path[::-1]
-
-
-def fresh_logits(model, committed: list[int], path: list[int], pad_to: int,
-                 then: int | None = None) -> np.ndarray:
-    """The reference: `committed + path` alone in a fresh context, in batches of the same shapes as
-    the tree run (llama.cpp picks different kernels for different batch sizes, which moves logits by
-    ~1e-2 on quantized weights and would hide the attention check in noise). Padding tokens sit in
-    a separate sequence, which `path` cannot see. With `then`, returns the logits after one more
-    single-token decode of `then`."""
-    from specgen.core.kv import evaluate
-    from specgen.core.protocol import Batch
-
-    ctx = model.new_context(256, n_seq_max=2)
-    evaluate(ctx, committed, last_logits=False)
-    ctx.seq_cp(0, 1, -1, -1)
-    n_past = len(committed)
-    batch = Batch()
-    for k, tok in enumerate(path):
-        batch.add(tok, n_past + k, (0,), True)
-    for k in range(pad_to - len(path)):
-        batch.add(path[0], n_past + k, (1,), True)
-    out = ctx.decode(batch)[len(path) - 1].copy()  # rows are views into ctx, freed on return
-    if then is None:
-        return out
-    return ctx.decode(Batch([then], [n_past + len(path)], [(0,)], [True]))[0].copy()
 
 
 # --- `specgen serve`, a real process -------------------------------------------------------------------
@@ -214,22 +151,23 @@ def free_port() -> int:
 class Server:
     """`specgen serve -m MODEL --no-store ARGS` in a subprocess, ready when /health answers; `client`
     is OpenAI's own Python client for it, `post` a raw POST (with the API key, when there is one,
-    unless the caller's headers say otherwise)."""
+    unless the caller's headers say otherwise). `log`: a file for its stderr, which a test reads."""
 
-    def __init__(self, *args, api_key=None, model=SMOLLM2):
+    def __init__(self, *args, api_key=None, model=SMOLLM2, log: Path | None = None):
         import openai
 
         self.port = free_port()
-        self.api_key = api_key
+        self.api_key, self.log = api_key, log
         key = ["--api-key", api_key] if api_key else []
+        out = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE) if log is None else \
+            dict(stdout=subprocess.DEVNULL, stderr=log.open("w"))
         self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", model, "--no-store",
-                                      "--port", str(self.port), *key, *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                      "--port", str(self.port), *key, *args], text=True, **out)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while True:  # ready when /health answers; a poll with a deadline, not a guessed delay
             if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited: {self.proc.stderr.read()}")
+                raise AssertionError(f"the server exited: {self.log.read_text() if log else self.proc.stderr.read()}")
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)
                 break
@@ -396,6 +334,13 @@ def penalized(pen, *args, **kwargs):
 
     return SamplingParams(*args, repeat_penalty=pen.repeat, repeat_last_n=pen.last_n, frequency_penalty=pen.frequency,
                           presence_penalty=pen.presence, logit_bias=pen.bias, **kwargs)
+
+
+# --- published pages (test_bench_report.py, test_bench_report_binding.py) -----------------------
+
+# The pages with bench tables whose every figure is bound (or exempt, or under History): `specgen
+# bench-report --check` passes on each.
+CHECKED_PAGES = ["README.md", "docs/measurements.md"]
 
 
 # --- requests the server tests share (test_serve_routes.py, test_fuzz_bodies.py) ----------------

@@ -10,7 +10,7 @@ from specgen.errors import ModelError
 from specgen.core.kv import evaluate
 from specgen.core.protocol import Batch
 
-from harness import LEAF_SEQ, PARENTS, fresh_logits, node_seqs, path_to, rel_err, tree_tokens
+from token_tree import LEAF_SEQ, PARENTS, fresh_logits, node_seqs, path_to, rel_err, tree_tokens
 
 pytestmark = pytest.mark.real
 

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clihelp import assert_one_line_error, specgen
+from harness import CHECKED_PAGES as CHECKED
 from specgen.bench import llamacpp, prose, published
 from specgen.cli import app
 
@@ -26,8 +27,6 @@ def test_the_published_tables_are_rendered_from_the_checked_in_results(page):
                                f"specgen bench-report --update {page}")
 
 
-# The pages whose every figure is bound (or exempt, or under History): `--check` passes on each.
-CHECKED = ["README.md", "docs/measurements.md"]
 # Pages with passages whose figures outside them are not all bound yet: their passages must check
 # (bound passages by key; agent-bench's, screening-and-kernels' and gpu's are not bound yet and get
 # the value-alone check: bindings drafted by matching values named wrong keys, so they were not kept).

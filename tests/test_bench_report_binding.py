@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from harness import CHECKED_PAGES as TABLE_PAGES
 from specgen.bench import numbers, prose
 from specgen.cli import app
-from test_bench_report import CHECKED as TABLE_PAGES
 
-# Every page whose figures are all bound (or exempt, or under History): test_bench_report's pages with
-# tables, and these pages of prose.
+# Every page whose figures are all bound (or exempt, or under History): the pages with tables
+# (harness.CHECKED_PAGES), and these pages of prose.
 CHECKED = TABLE_PAGES + ["docs/losslessness.md", "docs/gpu.md", "docs/agent-bench.md", "docs/structured-output.md",
                          "docs/screening-and-kernels.md", "docs/how-it-works.md", "docs/chat.md",
                          "docs/troubleshooting.md", "docs/benchmarking.md", "docs/serve.md",

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from clihelp import assert_one_line_error, gen, specgen
-from conftest import SMOLLM2
+from harness import SMOLLM2
 
 pytestmark = pytest.mark.real
 

@@ -7,19 +7,12 @@ reasoning on a model that writes none is answered, and says so; chat_template_kw
 chat template."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import SMOLLM2
+from harness import Server, call, events
 from specgen.serve import fields
-from harness import free_port
 
 pytestmark = pytest.mark.real
 
@@ -30,51 +23,22 @@ LIMIT = 8  # the recorded token limits (300, 4096) cut to this; bodies without o
 IGNORED, NOTES = "X-Specgen-Ignored-Fields", "X-Specgen-Notes"
 
 
-class Server:
-    """`specgen serve` in a subprocess, its log (stderr) in a file the tests read."""
-
-    def __init__(self, log: Path):
-        self.port, self.log = free_port(), log
-        self.proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", SMOLLM2, "--no-store",
-                                      "--method", "plain", "-n", str(LIMIT), "--port", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=log.open("w"))
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while True:  # ready when /health answers: a poll with a deadline, not a guessed delay
-            assert self.proc.poll() is None, f"the server exited: {log.read_text()}"
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not answer /health within 120 s"
-                time.sleep(0.1)
-
-    def post(self, path: str, body: dict):
-        """(status, headers, raw bytes)."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, r.headers, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.headers, e.read()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    served = Server(tmp_path_factory.mktemp("serve") / "stderr.log")
+    """Its own: its log (stderr) is a file the tests read."""
+    served = Server("--method", "plain", "-n", str(LIMIT), log=tmp_path_factory.mktemp("serve") / "stderr.log")
     yield served
-    served.proc.send_signal(signal.SIGTERM)
-    served.proc.wait(timeout=30)
+    served.stop()
+
+
+def post(server, path: str, body: dict):
+    """(status, headers, raw bytes)."""
+    return call(server, "POST", path, body)
 
 
 def _capped(body: dict) -> dict:
     return {**body, **{k: LIMIT for k in ("max_tokens", "n_predict", "max_completion_tokens")
                        if isinstance(body.get(k), int) and body[k] > LIMIT}}
-
-
-def _events(raw: bytes) -> list[str]:
-    return [line[len("data: "):] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
 
 
 def _text(route: str, body: dict, raw: bytes) -> str:
@@ -86,13 +50,13 @@ def _text(route: str, body: dict, raw: bytes) -> str:
     if not body.get("stream"):
         r = json.loads(raw)
         return r["content"] if route == "/completion" else r["choices"][0]["message"]["content"]
-    events = _events(raw)
+    streamed = events(raw)
     if route == "/completion":  # llama-server's stream: pieces, then the whole object with stop true, no [DONE]
-        chunks = [json.loads(e) for e in events]
+        chunks = [json.loads(e) for e in streamed]
         assert chunks[-1]["stop"] is True and chunks[-1]["stop_type"] in ("eos", "limit", "word")
         return "".join(c["content"] for c in chunks)
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    assert streamed[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in streamed[:-1]]
     assert [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     if body.get("stream_options", {}).get("include_usage"):
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
@@ -103,7 +67,7 @@ def _text(route: str, body: dict, raw: bytes) -> str:
 def test_every_recorded_body_is_answered(server, client, index):
     request = CLIENTS[client]["requests"][index]
     route, body = request["route"], _capped(request["body"])
-    status, headers, raw = server.post(route, body)
+    status, headers, raw = post(server, route, body)
     assert status == 200, (client, raw[:300])
     text = _text(route, body, raw)
     assert text.strip(), (client, raw[:300])
@@ -121,12 +85,12 @@ def test_sillytavern_keys_of_other_backends_are_ignored_and_named(server):
     sampler order (llama.cpp's default, temperature last) is followed; the names in it that
     llama-server does not know (tfs_z, typical_p) are skipped, as llama-server skips them, and said."""
     body = _capped(CLIENTS["sillytavern"]["requests"][0]["body"])
-    status, headers, _ = server.post("/completion", body)
+    status, headers, _ = post(server, "/completion", body)
     named = headers[IGNORED].split(", ")
     assert status == 200 and {"truncation_length", "top_a", "api_server", "typical"} <= set(named)
     assert "temperature" not in named and "n_predict" not in named and "samplers" not in named
     assert 'llama-server knows no sampler \\"tfs_z\\", \\"typical_p\\": skipped' in headers[NOTES], headers[NOTES]
-    status, _, raw = server.post("/completion", {**body, "stream": False})
+    status, _, raw = post(server, "/completion", {**body, "stream": False})
     settings = json.loads(raw)["generation_settings"]
     assert settings["samplers"] == ["top_k", "top_p", "min_p", "temperature"], settings
     logged = [line for line in server.log.read_text().splitlines() if "POST /completion" in line]
@@ -134,10 +98,10 @@ def test_sillytavern_keys_of_other_backends_are_ignored_and_named(server):
 
 
 def test_tokenize_ignores_a_model_key(server):
-    status, headers, raw = server.post("/tokenize", {"content": "hi there", "model": "llama"})
+    status, headers, raw = post(server, "/tokenize", {"content": "hi there", "model": "llama"})
     assert status == 200 and json.loads(raw)["tokens"] and headers[IGNORED] == "model"
     assert any("POST /tokenize: ignored model" in line for line in server.log.read_text().splitlines())
-    status, headers, _ = server.post("/detokenize", {"tokens": [1, 2], "with_pieces": True})
+    status, headers, _ = post(server, "/detokenize", {"tokens": [1, 2], "with_pieces": True})
     assert status == 200 and headers[IGNORED] == "with_pieces"
 
 
@@ -147,35 +111,35 @@ def test_a_misspelt_field_is_still_refused_on_openai_routes(server):
     for route, body in (("/v1/chat/completions", {**webui, "stream": False}),
                         ("/chat/completions", {"messages": webui["messages"]}),
                         ("/v1/completions", {"prompt": "1, 2,"})):
-        status, _, raw = server.post(route, {**body, "max_tokens": 2, "temprature": 0.5})
+        status, _, raw = post(server, route, {**body, "max_tokens": 2, "temprature": 0.5})
         e = json.loads(raw)["error"]
         assert status == 400 and e["param"] == "temprature" and e["code"] == "unknown_parameter", (route, e)
         assert e["message"].startswith("Unrecognized request argument supplied: temprature"), e
-    status, headers, _ = server.post("/completion", {"prompt": "1, 2,", "n_predict": 2, "temprature": 0.5})
+    status, headers, _ = post(server, "/completion", {"prompt": "1, 2,", "n_predict": 2, "temprature": 0.5})
     assert status == 200 and headers[IGNORED] == "temprature"
 
 
 def test_reasoning_asked_of_a_model_without_it_is_answered_and_said(server):
     """smollm2's template writes no reasoning: each way of asking for it asks for nothing here."""
     ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
-    status, _, raw = server.post("/v1/chat/completions", ask)
+    status, _, raw = post(server, "/v1/chat/completions", ask)
     plain = json.loads(raw)["choices"][0]["message"]["content"]
     asking = {"reasoning_format": "deepseek", "reasoning_control": True, "reasoning_effort": "high",
               "thinking_budget_tokens": 256, "chat_template_kwargs": {"enable_thinking": True}}
     for name, value in asking.items():
-        status, headers, raw = server.post("/v1/chat/completions", {**ask, name: value})
+        status, headers, raw = post(server, "/v1/chat/completions", {**ask, name: value})
         assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == plain, (name, raw)
         assert "writes no reasoning" in headers[NOTES] and name in headers[NOTES], (name, headers[NOTES])
     for name, value in (("reasoning_control", "yes"), ("thinking_budget_tokens", 1.5),
                         ("chat_template_kwargs", ["enable_thinking"]),
                         ("chat_template_kwargs", {"messages": []})):
-        status, _, raw = server.post("/v1/chat/completions", {**ask, name: value})
+        status, _, raw = post(server, "/v1/chat/completions", {**ask, name: value})
         assert status == 400 and json.loads(raw)["error"]["param"] == name, (name, raw)
 
 
 def test_apply_template_takes_chat_template_kwargs(server):
     messages = [{"role": "user", "content": "Hi"}]
-    status, headers, raw = server.post("/apply-template", {"messages": messages,
+    status, headers, raw = post(server, "/apply-template", {"messages": messages,
                                                            "chat_template_kwargs": {"enable_thinking": False}})
     assert status == 200 and json.loads(raw)["prompt"].endswith("<|im_start|>assistant\n")
     assert "the chat template reads no enable_thinking" in headers[NOTES]
@@ -243,13 +207,13 @@ def test_special_tokens_in_a_completion_prompt_are_parsed(server):
     them unless told parse_special false."""
     body = CLIENTS["continue"]["requests"][0]["body"]
     prompt = body["prompt"]
-    parsed = json.loads(server.post("/tokenize", {"content": prompt})[2])["tokens"]  # parse_special true
-    plain = json.loads(server.post("/tokenize", {"content": prompt, "parse_special": False})[2])["tokens"]
+    parsed = json.loads(post(server, "/tokenize", {"content": prompt})[2])["tokens"]  # parse_special true
+    plain = json.loads(post(server, "/tokenize", {"content": prompt, "parse_special": False})[2])["tokens"]
     assert len(plain) > len(parsed)  # "<|im_start|>" as text is several tokens
-    status, _, raw = server.post("/completion", {**body, "stream": False, "n_predict": 4, "temperature": 0})
+    status, _, raw = post(server, "/completion", {**body, "stream": False, "n_predict": 4, "temperature": 0})
     answer = json.loads(raw)
     assert status == 200 and answer["tokens_evaluated"] == len(parsed) and answer["content"].strip(), answer
-    status, _, raw = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+    status, _, raw = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
     answer = json.loads(raw)
     assert status == 200 and answer["usage"]["prompt_tokens"] == len(parsed), answer
     assert answer["choices"][0]["text"].strip(), answer

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-import harness
+import token_tree
 from harness import run_of, session
 from specgen.core.kv import evaluate
 from specgen.core.protocol import Batch
@@ -96,7 +96,7 @@ def test_rows_of_a_batch_against_one_token_decodes(target, record_property):
         ctx = model.new_context(128, n_outputs=size)
         evaluate(ctx, committed, last_logits=False)
         rows = ctx.decode(Batch(tokens[:size], [n + k for k in range(size)], [(0,)] * size, [True] * size))
-        errs = [harness.rel_err(rows[k], alone[k]) for k in range(size)]
+        errs = [token_tree.rel_err(rows[k], alone[k]) for k in range(size)]
         same = sum(bool(np.array_equal(rows[k], alone[k])) for k in range(size))
         flips = sum(int(np.argmax(rows[k])) != int(np.argmax(alone[k])) for k in range(size))
         record_property(f"B{size}", f"max_rel_err={max(errs):.3g} bit_identical={same}/{size} argmax_changed={flips}")
@@ -109,23 +109,23 @@ def test_rows_of_a_batch_against_one_token_decodes(target, record_property):
 def test_a_tree_batch_gives_each_node_its_paths_logits_and_keeps_a_branch(target, record_property):
     model, tol = load(target)
     exact = bit_exact()
-    committed, tree = harness.tree_tokens(model)
+    committed, tree = token_tree.tree_tokens(model)
     n_past = len(committed)
-    depth = [len(harness.path_to(i)) - 1 for i in range(len(harness.PARENTS))]
+    depth = [len(token_tree.path_to(i)) - 1 for i in range(len(token_tree.PARENTS))]
 
     ctx = model.new_context(256, n_seq_max=4)
     evaluate(ctx, committed, last_logits=False)
-    for seq in harness.LEAF_SEQ.values():
+    for seq in token_tree.LEAF_SEQ.values():
         ctx.seq_cp(0, seq, -1, -1)
     batch = Batch()
     for i, tok in enumerate(tree):
-        batch.add(tok, n_past + depth[i], harness.node_seqs(i), True)
+        batch.add(tok, n_past + depth[i], token_tree.node_seqs(i), True)
     logits = ctx.decode(batch).copy()
     errs = []
     for i in range(len(tree)):
-        ref = harness.fresh_logits(model, committed, [tree[j] for j in harness.path_to(i)], len(tree))
-        errs.append(harness.rel_err(logits[i], ref))
-        assert harness.rel_err(logits[i], ref) < tol, f"node {i}: {harness.rel_err(logits[i], ref):.2e} from its path alone"
+        ref = token_tree.fresh_logits(model, committed, [tree[j] for j in token_tree.path_to(i)], len(tree))
+        errs.append(token_tree.rel_err(logits[i], ref))
+        assert errs[-1] < tol, f"node {i}: {errs[-1]:.2e} from its path alone"
         if exact:
             assert np.array_equal(logits[i], ref), f"node {i}: not bit-identical on specgen's CPU build"
         assert int(np.argmax(logits[i])) == int(np.argmax(ref)), f"node {i}: another argmax than its path alone"
@@ -135,12 +135,12 @@ def test_a_tree_batch_gives_each_node_its_paths_logits_and_keeps_a_branch(target
     ctx.seq_keep(keep_seq)
     ctx.seq_cp(keep_seq, 0, -1, -1)
     ctx.seq_keep(0)
-    path = [tree[j] for j in harness.path_to(v)]
+    path = [tree[j] for j in token_tree.path_to(v)]
     nxt = model.tokenize(" every", add_special=False)[0]
     after = ctx.decode(Batch([nxt], [n_past + len(path)], [(0,)], [True]))[0]
-    ref = harness.fresh_logits(model, committed, path, len(tree), then=nxt)
-    record_property("tree", f"max_rel_err={max(errs):.3g} after_keep={harness.rel_err(after, ref):.3g}")
-    assert harness.rel_err(after, ref) < tol
+    ref = token_tree.fresh_logits(model, committed, path, len(tree), then=nxt)
+    record_property("tree", f"max_rel_err={max(errs):.3g} after_keep={token_tree.rel_err(after, ref):.3g}")
+    assert token_tree.rel_err(after, ref) < tol
     if exact:
         assert np.array_equal(after, ref), "after seq_keep: not bit-identical on specgen's CPU build"
     assert int(np.argmax(after)) == int(np.argmax(ref))

@@ -8,20 +8,18 @@ builds the patch) that absence fails it, elsewhere it is skipped (tests/invarian
 patch, any difference on a quantized target is a bug, not rounding."""
 
 import functools
-import json
 
 import pytest
 
-from invariance import invariant_build, needs_invariance  # noqa: F401 (a fixture, and the mark that uses it)
+import invariance
+from harness import run_of
+from invariance import needs_invariance
 from specgen.app.config import RunConfig
-from specgen.core.engine import TokenEvent
-from specgen.app.prompts import Prompt
 from specgen.drafting.methods import NAMES
-from specgen.app.runner import Runner
 from specgen.app.session import load_session
-from specgen.core.stats import RunStats
 
 pytestmark = pytest.mark.real
+invariant_build = invariance.invariant_build  # the fixture needs_invariance names
 
 PROMPTS = [
     "The three primary colours are",
@@ -39,11 +37,8 @@ def loaded(target, draft):
 
 
 def generate(target, draft, method, prompt, n=32, **sampling):
-    cfg = RunConfig(target=target, draft=draft, method=method, max_tokens=n, chat=False, **sampling)
-    runner = Runner(cfg, loaded(target, draft))
-    stats = RunStats()
-    tokens = [e.token for e in runner.stream(runner.ask(Prompt(0, prompt)), stats) if isinstance(e, TokenEvent)]
-    return tokens, stats, runner
+    run = run_of(method, prompt, target=target, draft=draft, n=n, on=loaded(target, draft), **sampling)
+    return run.tokens, run.stats
 
 
 @pytest.mark.parametrize("target,draft", [("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1"),
@@ -51,16 +46,16 @@ def generate(target, draft, method, prompt, n=32, **sampling):
                                           ("gemma-3-270m-f32", "gemma-3-270m-f32-self")])
 def test_every_method_equals_plain_on_f32_targets(target, draft):
     for prompt in PROMPTS:
-        plain, _, _ = generate(target, draft, "plain", prompt)
+        plain, _ = generate(target, draft, "plain", prompt)
         for method in METHODS:
-            tokens, stats, _ = generate(target, draft, method, prompt)
+            tokens, stats = generate(target, draft, method, prompt)
             assert tokens == plain, f"{method} on {prompt!r}"
             assert stats.target_calls <= len(plain) + 1
 
 
 def test_self_draft_accepts_every_drafted_token():
     target = "smollm2-135m-instruct-f32"
-    tokens, stats, _ = generate(target, target, "chain", PROMPTS[0], n=40)
+    tokens, stats = generate(target, target, "chain", PROMPTS[0], n=40)
     assert stats.drafted > 20 and stats.accepted == stats.drafted
 
 
@@ -69,9 +64,9 @@ def test_self_draft_accepts_every_drafted_token():
                                           ("gemma-3-270m-q4_k_m", "gemma-3-270m-q2_k")])
 def test_every_method_equals_plain_on_quantized_targets(target, draft):
     for prompt in PROMPTS:
-        plain, _, _ = generate(target, draft, "plain", prompt)
+        plain, _ = generate(target, draft, "plain", prompt)
         for method in METHODS:
-            tokens, _, _ = generate(target, draft, method, prompt)
+            tokens, _ = generate(target, draft, method, prompt)
             assert tokens == plain, f"{method} on {prompt!r}: differs from plain on a batch-invariant build, a bug"
 
 
@@ -85,9 +80,9 @@ def test_every_method_samples_plains_text_under_the_same_seed(target, draft):
     for i, (prompt, temperature) in enumerate(zip(PROMPTS, (0.3, 0.7, 1.0, 1.5))):
         for seed in (i, 1000 + i):
             sampling = dict(temperature=temperature, seed=seed)
-            plain, _, _ = generate(target, draft, "plain", prompt, n=16, **sampling)
+            plain, _ = generate(target, draft, "plain", prompt, n=16, **sampling)
             texts.add(tuple(plain))
             for method in METHODS:
-                tokens, _, _ = generate(target, draft, method, prompt, n=16, **sampling)
+                tokens, _ = generate(target, draft, method, prompt, n=16, **sampling)
                 assert tokens == plain, f"{method} on {prompt!r} at T={temperature}, seed {seed}"
     assert len(texts) >= 6  # the seeds sample different texts (at T = 0.3 two seeds may agree)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, NoisyDraft
+from harness import generated
 import specgen.costs.measure as costs_measure
 from specgen.costs.curve import BATCH_SIZES, CostCurve
 from specgen.costs.measure import measure, measure_context
 from specgen.costs.timed import TimedContext
-from specgen.core.engine import GenerationRequest, TokenEvent, generate
 from specgen.drafting.methods import METHODS, DrafterInputs
 from specgen.drafting.model import ModelDrafter
 from specgen.core.protocol import Batch
@@ -19,7 +19,6 @@ from specgen.drafting.acceptance import AcceptanceModel, race_estimates
 from specgen.drafting.guards import Guard, PlainSpeed
 from specgen.drafting.value import best_chain_length, best_subtree, reach_probabilities
 from specgen.core.sampling import SamplingParams
-from specgen.core.stats import RunStats
 from specgen.core.tree import DraftTree
 from specgen.core.verify import Verdict
 
@@ -248,15 +247,12 @@ def auto_run(target, draft, prompt, n, sampling, curve, draft_curve=None, reprod
     ctx = FakeContext(target, n_ctx=512, n_seq_max=32)
     dctx = FakeContext(draft, n_ctx=512, n_seq_max=64) if draft is not None else None
     auto = METHODS["auto"].drafter(DrafterInputs(sampling, dctx, curve, draft_curve, reproducible))
-    stats = RunStats()
-    events = generate(target, ctx, GenerationRequest(prompt, n, sampling), stats, auto)
-    return [e.token for e in events if isinstance(e, TokenEvent)], stats, auto
+    run = generated(target, ctx, prompt, n, sampling, auto)
+    return run.tokens, run.stats, auto
 
 
 def plain_tokens(target, prompt, n, sampling):
-    ctx = FakeContext(target, n_ctx=512, n_seq_max=1)
-    return [e.token for e in generate(target, ctx, GenerationRequest(prompt, n, sampling), RunStats())
-            if isinstance(e, TokenEvent)]
+    return generated(target, FakeContext(target, n_ctx=512, n_seq_max=1), prompt, n, sampling).tokens
 
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}

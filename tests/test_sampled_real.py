@@ -67,7 +67,7 @@ def compare_with_plain(target, draft_ctx, prompt_text, temperature=1.0, draft_s=
     so that auto drafts; planned from the curves alone), RUNS seeds each: auto's tokens equal
     plain's for every seed, and plain's follow the target's p. Returns (counts, auto's choices,
     tokens accepted)."""
-    from specgen.core.engine import GenerationRequest, TokenEvent, generate
+    from harness import generated
     from specgen.core.sampling import SamplingParams
     from specgen.core.stats import RunStats
     from specgen.costs.curve import CostCurve
@@ -78,8 +78,7 @@ def compare_with_plain(target, draft_ctx, prompt_text, temperature=1.0, draft_s=
     counts, choices, accepted = Counter(), Counter(), 0
 
     def tokens_of(params, drafter=None, stats=None):
-        events = generate(target, ctx, GenerationRequest(prompt, 2, params), stats or RunStats(), drafter)
-        return tuple(e.token for e in events if isinstance(e, TokenEvent))
+        return tuple(generated(target, ctx, prompt, 2, params, drafter, stats=stats).tokens)
 
     for seed in range(RUNS):
         params = SamplingParams(temperature, top_k=TOP_K, seed=10_000 + seed)
@@ -128,9 +127,8 @@ def test_the_fit_has_the_power_the_docstring_states_and_fails_a_wrong_sampler(sm
     sampler off by 0.12 on its two likeliest tokens fail the first-token fit in about 83 of 100
     experiments of RUNS draws (at least 290 of 400 here), draws from p itself in about 1 of 1,000
     (at most 4 of 400); and the real sampler with a defect (top_k not applied) fails the fit."""
-    from specgen.core.engine import GenerationRequest, TokenEvent, generate
+    from harness import generated
     from specgen.core.sampling import SamplingParams
-    from specgen.core.stats import RunStats
 
     prompt = smollm2_f32.tokenize(COLOURS)
     expected = reference(smollm2_f32, prompt, 1.0)
@@ -148,7 +146,6 @@ def test_the_fit_has_the_power_the_docstring_states_and_fails_a_wrong_sampler(sm
     counts = Counter()
     for seed in range(RUNS):
         params = SamplingParams(1.0, seed=10_000 + seed)  # the defect: top_k = 4 forgotten
-        events = generate(smollm2_f32, ctx, GenerationRequest(prompt, 2, params), RunStats())
-        counts[tuple(e.token for e in events if isinstance(e, TokenEvent))] += 1
+        counts[tuple(generated(smollm2_f32, ctx, prompt, 2, params).tokens)] += 1
     with pytest.raises(AssertionError):
         goodness_of_fit(counts, expected)

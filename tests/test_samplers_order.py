@@ -117,8 +117,7 @@ def test_speculation_under_an_order_writes_plains_tokens(smollm2_f32, smollm2):
     """auto with a draft model, under llama.cpp's default order (temperature last: the nucleus and
     min-p on the untempered logits), writes plain decoding's tokens seed by seed; the order changes
     the text (specgen's own order, temperature before the nucleus, writes others)."""
-    from specgen.core.engine import GenerationRequest, TokenEvent, generate
-    from specgen.core.stats import RunStats
+    from harness import generated
     from specgen.costs.curve import CostCurve
     from specgen.drafting.methods import METHODS, DrafterInputs
 
@@ -128,11 +127,9 @@ def test_speculation_under_an_order_writes_plains_tokens(smollm2_f32, smollm2):
     accepted = []
 
     def tokens(params, drafter=None):
-        stats = RunStats()
-        out = tuple(e.token for e in generate(target, ctx, GenerationRequest(prompt, 12, params), stats, drafter)
-                    if isinstance(e, TokenEvent))
-        accepted.append(stats.accepted if drafter else 0)
-        return out
+        run = generated(target, ctx, prompt, 12, params, drafter)
+        accepted.append(run.stats.accepted if drafter else 0)
+        return tuple(run.tokens)
 
     texts = {}
     for order in (("top_k", "top_p", "min_p", "temperature"), None):

@@ -9,17 +9,15 @@ import pytest
 
 import chisquare
 from fakes import FakeModel, SubsetDraft
-from harness import generated
+from harness import generated, run_of
 from specgen.app.config import RunConfig
 from specgen.costs.curve import CostCurve
-from specgen.core.engine import TokenEvent
 from specgen.errors import ModelError
 from specgen.drafting.methods import METHODS
 from specgen.app.prompts import Prompt
 from specgen.core.protocol import Batch
 from specgen.app.runner import Runner
 from specgen.app.session import open_session
-from specgen.core.stats import RunStats
 from specgen.core.vocab import SubsetContext, SubsetMap, check_subset
 
 LOOPY = {(3, 4): 5, (4, 5): 6, (5, 6): 3, (6, 3): 4}
@@ -41,11 +39,12 @@ def run(sess, cfg, method, text, **kw):
 
 
 def tokens(sess, cfg, method, text, **kw):
-    """The generated token ids (and the run's stats): a text can hide tokens with empty pieces."""
-    stats = RunStats()
-    runner = Runner(replace(cfg, method=method, **kw), sess)
-    events = runner.stream(runner.ask(Prompt(0, text)), stats)
-    return [e.token for e in events if isinstance(e, TokenEvent)], stats
+    """The generated token ids (and the run's stats): a text can hide tokens with empty pieces.
+    `kw`: RunConfig's fields over session()'s `cfg`."""
+    settings = {"seed": cfg.seed, **kw}
+    n = settings.pop("max_tokens", cfg.max_tokens)
+    run = run_of(method, text, on=sess, target=cfg.target, draft=cfg.draft, n=n, chat=cfg.chat, **settings)
+    return run.tokens, run.stats
 
 
 @pytest.mark.parametrize("text", ["\x03\x04\x05\x06\x03", "\x09\x08\x07\x0a", "\x0b"])
