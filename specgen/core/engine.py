@@ -19,7 +19,7 @@ import numpy as np
 
 from specgen.errors import PromptError
 from specgen.core.constraint import Constraint
-from specgen.core.kv import COMMITTED_SEQ, INVARIANT_ROWS, PromptCache, keep_branch, prefill
+from specgen.core.kv import COMMITTED_SEQ, INVARIANT_ROWS, PromptCache, keep_branch, prefill, reread, wraps_soon
 from specgen.core.logprobs import TokenLogprob, token_logprob
 from specgen.core.penalties import Scoring
 from specgen.core.protocol import Batch, Context, Drafter, Model
@@ -134,7 +134,8 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         cache.forget()
     # With a cache, decodes whose every token gets the same bits in any batch; without, the size
     # that reads this model's prompts fastest (backend.prompt_chunk; None: n_batch).
-    keep = prefill(ctx, tokens, keep, getattr(ctx, "prompt_chunk", None) if cache is None else INVARIANT_ROWS)
+    chunk = getattr(ctx, "prompt_chunk", None) if cache is None else INVARIANT_ROWS
+    keep = prefill(ctx, tokens, keep, chunk)
     sampler = Sampler(request.sampling)
     stats.seed = None if request.sampling.greedy else sampler.seed
     if (choose_with := getattr(ctx, "choose_with", None)) is not None:
@@ -151,6 +152,9 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     reason = "length"
     t0 = clock()
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
+        if wraps_soon(ctx, n_past):
+            reread(ctx, text, len(tokens), n_past, chunk)  # before the head comes round (kv.py)
+            stats.rereads += 1
         # 1. Draft. Tokens beyond what may still be emitted (or fit, in the context or in one
         # batch) would be wasted work.
         if drafter is None:

@@ -70,6 +70,28 @@ def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = 
     return keep
 
 
+def wraps_soon(ctx: Context, n_past: int) -> bool:
+    """Whether the next decodes (up to n_batch cells, a quarter of a small cache: a step's tree, its
+    padding, auto's timings take fewer) could take the cache's head round to its start, where cells left by rejected drafts and
+    timings would take committed tokens before earlier ones, out of position order: specgen's build never moves the
+    head back (`cells_written`: backend.py), and attention sums a row's cells in cell order. False
+    where the text itself leaves no such room (it will fill the context first), or where the
+    context does not count its cells (a test's fake)."""
+    written = getattr(ctx, "cells_written", None)
+    if written is None:
+        return False
+    headroom = min(ctx.n_batch, ctx.n_ctx // 4)
+    return written + headroom > ctx.n_ctx and n_past + headroom <= ctx.n_ctx
+
+
+def reread(ctx: Context, text: list[int], n_prompt: int, n_past: int, chunk: int | None) -> None:
+    """Sequence 0 anew from cell 0, in position order, with the same bits: the prompt `text[:n_prompt]`
+    as the generation's prefill read it (`chunk`, from an empty cache), then the committed tokens
+    up to `n_past` in decodes of INVARIANT_ROWS, whose rows have the bits of any other batch."""
+    prefill(ctx, text[:n_prompt], 0, chunk)
+    evaluate(ctx, text[n_prompt - 1:n_past], start_pos=n_prompt - 1, last_logits=False, chunk=INVARIANT_ROWS)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))

@@ -25,6 +25,7 @@ class RunStats:
     n_tokens: int = 0  # tokens emitted as text (a final stop token is not text)
     n_committed: int = 0  # tokens the target committed, a final stop token included
     target_calls: int = 0  # target decodes after prefill
+    rereads: int = 0  # times the committed text was read anew before the cache's head came round (kv.reread)
     drafted: int = 0  # draft tree nodes the drafters proposed, root and forced nodes excluded
     accepted: int = 0  # of those, nodes on accepted paths
     prefill_s: float = 0.0
