@@ -88,3 +88,12 @@ def test_every_specgen_import_names_a_module_that_exists():
                     and not (parent == "specgen" and hasattr(specgen, name)):  # from specgen import __version__
                 missing.append(f"{path.relative_to(root)}:{line} imports {module}")
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+MAX_LINES = 400  # the house's rule: a module a reader can hold
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
