@@ -233,7 +233,7 @@ def test_a_poisoned_cache_is_re_measured_where_live_decodes_disagree(monkeypatch
     poisoned = CostCurve(SIZES, [linear(b) * (0.5 if b == 8 else 1.0) for b in SIZES])
     path = tmp_path / "curve.json"
     saved = []
-    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=512, n_seq_max=4)
+    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=1 << 16, n_seq_max=4)
     ctx.decode(Batch([3, 4], [0, 1], [(0,), (0,)], [False, True]))  # the prompt
     timed = TimedContext(ctx, poisoned, live=True, on_reshape=lambda c: (saved.append(c), save_cached(path, c)))
     for _ in range(80):  # a text long enough to afford the recheck within it (see the next test)
@@ -253,7 +253,7 @@ def test_a_recheck_waits_for_the_end_of_a_text_that_cannot_afford_it(monkeypatch
     clock = Clock()
     patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     poisoned = CostCurve(SIZES, [linear(b) * (0.5 if b == 8 else 1.0) for b in SIZES])
-    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=512, n_seq_max=4)
+    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=1 << 16, n_seq_max=4)
     ctx.decode(Batch([3, 4], [0, 1], [(0,), (0,)], [False, True]))  # the prompt
     timed = TimedContext(ctx, poisoned, live=True)
     for _ in range(12):  # 0.6 s of decoding; the recheck would take about 0.25 s
@@ -271,7 +271,7 @@ def test_a_size_that_keeps_disagreeing_is_rechecked_only_so_often(monkeypatch):
     keep the machine re-measuring."""
     clock = Clock()
     patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
-    ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and b == 8 else 1.0), n_ctx=512, n_seq_max=4)
+    ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and b == 8 else 1.0), n_ctx=1 << 16, n_seq_max=4)
     curve = CostCurve(SIZES, [linear(b) for b in SIZES])
     timed = TimedContext(ctx, curve, live=True)
     for _ in range(100):
@@ -372,7 +372,7 @@ def test_a_thread_count_never_timed_gets_a_coarse_shape_at_once(monkeypatch):
     clock = Clock()
     patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     one_thread = lambda b: 0.010 * (1 + 0.6 * (b - 1))
-    ctx = TimedFake(clock, lambda b, live: linear(b) if ctx.n_threads == 2 else one_thread(b), n_ctx=512, n_seq_max=4)
+    ctx = TimedFake(clock, lambda b, live: linear(b) if ctx.n_threads == 2 else one_thread(b), n_ctx=1 << 16, n_seq_max=4)
     ctx.n_threads = 2
     curve = CostCurve(SIZES, [linear(b) for b in SIZES])
     timed = TimedContext(ctx, curve, live=True)
@@ -394,7 +394,7 @@ def test_rechecks_take_a_bounded_share_of_the_decoding_time(monkeypatch):
     clock = Clock()
     patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     monkeypatch.setattr(costs_timed, "RECHECK_SHARE", 0.1)
-    ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and 5 <= b <= 12 else 1.0), n_ctx=512,
+    ctx = TimedFake(clock, lambda b, live: linear(b) * (2.0 if live and 5 <= b <= 12 else 1.0), n_ctx=1 << 16,
                     n_seq_max=4)
     curve = CostCurve(SIZES, [linear(b) for b in SIZES])
     timed = TimedContext(ctx, curve, live=True)
@@ -465,7 +465,7 @@ def test_padded_decodes_are_observed_at_the_size_decoded(monkeypatch):
     clock = Clock()
     patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
     curve = CostCurve(SIZES, [quads(b) for b in SIZES], between="step")
-    ctx = TimedFake(clock, lambda b, live: quads(b), n_ctx=512, n_seq_max=4)
+    ctx = TimedFake(clock, lambda b, live: quads(b), n_ctx=1 << 16, n_seq_max=4)
     timed = TimedContext(ctx, curve, live=True)
     for _ in range(20):
         step(timed, 0, 6)
@@ -544,3 +544,25 @@ def test_timings_at_a_texts_start_leave_its_prompt_where_plain_decodings_starts(
             assert curve.rechecked  # the timings ran
         rows.append(np.array(live.decode(Batch([tokens[-1]], [len(tokens) - 1], [(0,)], [True]))[0], copy=True))
     assert np.array_equal(rows[0], rows[1])
+
+
+def test_timings_and_padding_never_take_the_head_past_the_caches_end(monkeypatch):
+    """specgen's build never moves the KV head back, so a cell taken is taken until the text is read
+    anew (core/kv.py reread): within a text, timings and padding rows that would take the head past
+    the cache's end are left for the next clear() (where the cache is empty), not made."""
+    clock = Clock()
+    patch_time(monkeypatch, types.SimpleNamespace(perf_counter=clock, time=lambda: 1.0e9))
+    ctx = TimedFake(clock, lambda b, live: linear(b), n_ctx=64, n_seq_max=4)
+    curve = CostCurve(SIZES, [linear(b) for b in SIZES])
+    monkeypatch.setattr(CostCurve, "suspects", lambda self: [8])
+    monkeypatch.setattr(CostCurve, "padded", lambda self, b: 4 if b < 4 else b)
+    timed = TimedContext(ctx, curve, live=True)
+    ctx.decode(Batch(list(range(40)), list(range(40)), [(0,)] * 40, [False] * 39 + [True]))  # the prompt
+    timed.decode_s = 1.0  # decoding enough for a recheck to be affordable
+    step(timed, 40, 1)
+    assert curve.rechecked == {} and ctx.cells_written <= ctx.n_ctx  # refused: 3 x (1 + 7 + 8) rows
+    ctx.cells_written = ctx.n_ctx - 2
+    step(timed, 40, 1)
+    assert ctx.cells_written == ctx.n_ctx - 1  # one row, unpadded
+    timed.clear()
+    assert curve.rechecked == {8: 1}  # made at the text's end, in an empty cache

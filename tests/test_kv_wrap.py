@@ -19,10 +19,13 @@ def small_cache():
     from specgen.app.session import load_session
 
     cfg = RunConfig(target=harness.GEMMA, draft="gemma-3-270m-q2_k", store=False, ctx=256, threads=1)
-    return load_session(cfg.loading, ["plain", "tree"], store_default=False)
+    return load_session(cfg.loading, ["plain", "tree", "auto"], store_default=False)
 
 
-def test_a_long_tree_text_is_plains_and_the_head_never_comes_round(small_cache, monkeypatch):
+@pytest.mark.parametrize("method,n", [("tree", 180), ("tree", 240), ("auto", 240)])
+def test_a_long_text_is_plains_and_the_head_never_comes_round(small_cache, monkeypatch, method, n):
+    """180 tokens: re-read once or more; 240: into the last quarter of the context, where plain
+    steps (one cell each) finish it."""
     prompt = "The history of the city begins with a small settlement on the river."
     ctx = small_cache.target_ctx
     most = [0]
@@ -35,10 +38,10 @@ def test_a_long_tree_text_is_plains_and_the_head_never_comes_round(small_cache, 
         return out
 
     monkeypatch.setattr(type(ctx), "decode", counted)
-    kw = dict(target=harness.GEMMA, draft="gemma-3-270m-q2_k", n=180, on=small_cache, threads=1)
+    kw = dict(target=harness.GEMMA, draft="gemma-3-270m-q2_k", n=n, on=small_cache, threads=1)
     plain = harness.run_of("plain", prompt, **kw)
     most[0] = 0
-    tree = harness.run_of("tree", prompt, **kw)
+    tree = harness.run_of(method, prompt, **kw)
     assert most[0] <= ctx.n_ctx  # never past the cache's end...
     assert tree.stats.rereads >= 1  # ...though its trees took more cells than the cache has
     assert tree.tokens == plain.tokens

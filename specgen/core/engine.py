@@ -151,13 +151,16 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     root = tokens[-1]
     reason = "length"
     t0 = clock()
+    last_stretch = False  # no room left to re-read into: plain steps, one cell each (kv.wraps_soon)
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
-        if wraps_soon(ctx, n_past):
-            reread(ctx, text, len(tokens), n_past, chunk)  # before the head comes round (kv.py)
-            stats.rereads += 1
+        if not last_stretch and (soon := wraps_soon(ctx, n_past)) is not None:
+            if soon or getattr(ctx, "cells_written", n_past) > n_past:
+                reread(ctx, text, len(tokens), n_past, chunk)  # before the head comes round (kv.py)
+                stats.rereads += 1
+            last_stretch = not soon
         # 1. Draft. Tokens beyond what may still be emitted (or fit, in the context or in one
         # batch) would be wasted work.
-        if drafter is None:
+        if drafter is None or last_stretch:
             tree = None
         else:
             room = min(request.max_tokens - stats.n_tokens, ctx.n_ctx - n_past - 1, ctx.n_batch) - 1
@@ -183,7 +186,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
         root = committed[-1]
         scoring.commit(committed)
         text.extend(committed)
-        if drafter is not None:
+        if drafter is not None and not last_stretch:
             t_draft = clock()
             drafter.observe(verdict, committed)  # under a grammar, it may mark more nodes forced (forced.py)
             stats.draft_s += clock() - t_draft

@@ -70,18 +70,20 @@ def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = 
     return keep
 
 
-def wraps_soon(ctx: Context, n_past: int) -> bool:
+def wraps_soon(ctx: Context, n_past: int) -> bool | None:
     """Whether the next decodes (up to n_batch cells, a quarter of a small cache: a step's tree, its
-    padding, auto's timings take fewer) could take the cache's head round to its start, where cells left by rejected drafts and
-    timings would take committed tokens before earlier ones, out of position order: specgen's build never moves the
-    head back (`cells_written`: backend.py), and attention sums a row's cells in cell order. False
-    where the text itself leaves no such room (it will fill the context first), or where the
-    context does not count its cells (a test's fake)."""
+    padding, auto's timings take fewer) could take the cache's head round to its start, where cells
+    left by rejected drafts and timings would take committed tokens before earlier ones, out of the
+    position order plain decoding's lie in: specgen's build never moves the head back
+    (`cells_written`: backend.py), and attention sums a row's cells in cell order. None: no such
+    risk (or a context that does not count its cells: a test's fake). True: a re-read of the text
+    from cell 0 (reread) leaves that room. False: the text itself leaves no such room (the last
+    quarter of a nearly full context): after one re-read, steps must take one cell each."""
     written = getattr(ctx, "cells_written", None)
-    if written is None:
-        return False
-    headroom = min(ctx.n_batch, ctx.n_ctx // 4)
-    return written + headroom > ctx.n_ctx and n_past + headroom <= ctx.n_ctx
+    headroom = min(ctx.n_batch, ctx.n_ctx // 4) if written is not None else 0
+    if written is None or written + headroom <= ctx.n_ctx:
+        return None
+    return n_past + headroom <= ctx.n_ctx
 
 
 def reread(ctx: Context, text: list[int], n_prompt: int, n_past: int, chunk: int | None) -> None:

@@ -43,10 +43,16 @@ class CostAwareContext:
     def _spare_free(self, batch: Batch) -> bool:
         return self._spare > 0 and all(self._spare not in ids for ids in batch.seq_ids)
 
+    def _fits(self, cells: int) -> bool:
+        """Whether `cells` more cells keep the cache's head short of its end (kv.wraps_soon: past it,
+        committed tokens would land before earlier ones); True where the context does not count."""
+        written = getattr(self.inner, "cells_written", None)
+        return written is None or written + cells <= self.inner.n_ctx
+
     def _padded(self, batch: Batch) -> Batch:
         n = len(batch)
         size = self.curve.padded(n) if batch.n_outputs == n else n
-        if size == n or size > self.inner.n_batch or not self._spare_free(batch):
+        if size == n or size > self.inner.n_batch or not self._spare_free(batch) or not self._fits(size):
             return batch
         padded = Batch(list(batch.tokens), list(batch.positions), list(batch.seq_ids), list(batch.logits))
         for j in range(size - n):
@@ -86,7 +92,7 @@ class TimedContext(CostAwareContext):
         self.curve.for_threads(self.inner.n_threads)
         if self.live and len(batch) and self._spare_free(batch):
             self._token = batch.tokens[0]
-            self.retime()
+            self.retime(mid_text=True)
             self.recheck(within_s=RECHECK_SHARE * self.text_decode_s)
         padded = self._padded(batch)  # after a recheck: it may have moved a tile edge
         t0 = time.perf_counter()
@@ -111,14 +117,16 @@ class TimedContext(CostAwareContext):
         # depend on where the cells lie (greedy auto once differed from plain there).
         self.inner.clear()
 
-    def retime(self) -> None:
+    def retime(self, mid_text: bool = False) -> None:
         """After a change of thread count never timed before: a coarse shape for it, from
         COARSE_SIZES timed now (cheaper than losing steps, or rechecking size by size, until
         the live decodes have shown each size's new cost)."""
         if not self.curve.untimed_threads or self.inner.n_seq_max < 2:
             return
-        samples = self._timed_passes([b for b in COARSE_SIZES if b <= min(self.inner.n_batch, self.curve.sizes[-1])],
-                                     COARSE_PASSES)
+        sizes = [b for b in COARSE_SIZES if b <= min(self.inner.n_batch, self.curve.sizes[-1])]
+        if mid_text and not self._fits(COARSE_PASSES * (1 + sum(sizes))):
+            return  # the timings' cells would take the head round under the text: at the next clear()
+        samples = self._timed_passes(sizes, COARSE_PASSES)
         self.curve.rescale(samples)
 
     def _timed_passes(self, sizes: list[int], passes: int) -> dict[int, list[float]]:
@@ -148,8 +156,9 @@ class TimedContext(CostAwareContext):
         references = {b: r for b in suspects if (r := self.curve.reference(b, suspects)) is not None
                       and r <= self.inner.n_batch}
         timed = sorted({*suspects, *references.values()})
-        if within_s is not None and MIN_PASSES * sum(map(self.curve.base, [1, *timed])) > within_s:
-            return []
+        if within_s is not None and (MIN_PASSES * sum(map(self.curve.base, [1, *timed])) > within_s
+                                     or not self._fits(MIN_PASSES * (1 + sum(timed)))):
+            return []  # within a text: too dear now, or its cells would take the head round
         self.curve.reshape(self._timed_passes(timed, MIN_PASSES), references)
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)
         if self.on_reshape is not None and calibrated and not is_busy(others_cores(before, cpu_sample())):
