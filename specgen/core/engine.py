@@ -154,7 +154,7 @@ def generate(model: Model, ctx: Context, request: GenerationRequest, stats: RunS
     last_stretch = False  # no room left to re-read into: plain steps, one cell each (kv.wraps_soon)
     while stats.n_tokens < request.max_tokens and n_past + 1 < ctx.n_ctx:
         if not last_stretch and (soon := wraps_soon(ctx, n_past)) is not None:
-            if soon or getattr(ctx, "cells_written", n_past) > n_past:
+            if soon or ctx.cells_written > n_past:  # (wraps_soon answers only where cells are counted)
                 reread(ctx, text, len(tokens), n_past, chunk)  # before the head comes round (kv.py)
                 stats.rereads += 1
             last_stretch = not soon

@@ -70,18 +70,24 @@ def prefill(ctx: Context, tokens: list[int], keep: int = 0, chunk: int | None = 
     return keep
 
 
+def has_room(ctx: Context, cells: int) -> bool:
+    """Whether `cells` more cells keep the cache's head short of its end (see wraps_soon); True
+    where the context does not count its cells (a test's fake)."""
+    written = getattr(ctx, "cells_written", None)
+    return written is None or written + cells <= ctx.n_ctx
+
+
 def wraps_soon(ctx: Context, n_past: int) -> bool | None:
     """Whether the next decodes (up to n_batch cells, a quarter of a small cache: a step's tree, its
     padding, auto's timings take fewer) could take the cache's head round to its start, where cells
     left by rejected drafts and timings would take committed tokens before earlier ones, out of the
     position order plain decoding's lie in: specgen's build never moves the head back
     (`cells_written`: backend.py), and attention sums a row's cells in cell order. None: no such
-    risk (or a context that does not count its cells: a test's fake). True: a re-read of the text
-    from cell 0 (reread) leaves that room. False: the text itself leaves no such room (the last
-    quarter of a nearly full context): after one re-read, steps must take one cell each."""
-    written = getattr(ctx, "cells_written", None)
-    headroom = min(ctx.n_batch, ctx.n_ctx // 4) if written is not None else 0
-    if written is None or written + headroom <= ctx.n_ctx:
+    risk (or a context that does not count its cells). True: a re-read of the text from cell 0
+    (reread) leaves that room. False: the text itself leaves no such room (near the end of a nearly
+    full context): after one re-read, steps must take one cell each."""
+    headroom = min(ctx.n_batch, ctx.n_ctx // 4)
+    if has_room(ctx, headroom):
         return None
     return n_past + headroom <= ctx.n_ctx
 

@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from specgen.core.kv import has_room
 from specgen.core.protocol import Batch, Context
 from specgen.costs.curve import MIN_PASSES, CostCurve, is_busy
 from specgen.costs.measure import _timed_decode
@@ -43,16 +44,10 @@ class CostAwareContext:
     def _spare_free(self, batch: Batch) -> bool:
         return self._spare > 0 and all(self._spare not in ids for ids in batch.seq_ids)
 
-    def _fits(self, cells: int) -> bool:
-        """Whether `cells` more cells keep the cache's head short of its end (kv.wraps_soon: past it,
-        committed tokens would land before earlier ones); True where the context does not count."""
-        written = getattr(self.inner, "cells_written", None)
-        return written is None or written + cells <= self.inner.n_ctx
-
     def _padded(self, batch: Batch) -> Batch:
         n = len(batch)
         size = self.curve.padded(n) if batch.n_outputs == n else n
-        if size == n or size > self.inner.n_batch or not self._spare_free(batch) or not self._fits(size):
+        if size == n or size > self.inner.n_batch or not self._spare_free(batch) or not has_room(self.inner, size):
             return batch
         padded = Batch(list(batch.tokens), list(batch.positions), list(batch.seq_ids), list(batch.logits))
         for j in range(size - n):
@@ -124,7 +119,7 @@ class TimedContext(CostAwareContext):
         if not self.curve.untimed_threads or self.inner.n_seq_max < 2:
             return
         sizes = [b for b in COARSE_SIZES if b <= min(self.inner.n_batch, self.curve.sizes[-1])]
-        if mid_text and not self._fits(COARSE_PASSES * (1 + sum(sizes))):
+        if mid_text and not has_room(self.inner, COARSE_PASSES * (1 + sum(sizes))):
             return  # the timings' cells would take the head round under the text: at the next clear()
         samples = self._timed_passes(sizes, COARSE_PASSES)
         self.curve.rescale(samples)
@@ -157,7 +152,7 @@ class TimedContext(CostAwareContext):
                       and r <= self.inner.n_batch}
         timed = sorted({*suspects, *references.values()})
         if within_s is not None and (MIN_PASSES * sum(map(self.curve.base, [1, *timed])) > within_s
-                                     or not self._fits(MIN_PASSES * (1 + sum(timed)))):
+                                     or not has_room(self.inner, MIN_PASSES * (1 + sum(timed)))):
             return []  # within a text: too dear now, or its cells would take the head round
         self.curve.reshape(self._timed_passes(timed, MIN_PASSES), references)
         calibrated = self.inner.n_threads == getattr(self.inner, "max_threads", self.inner.n_threads)

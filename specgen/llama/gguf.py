@@ -12,6 +12,7 @@ import numpy as np
 
 from specgen.core.vocab import SUBSET_IDS_KEY, SUBSET_UNK_KEY
 from specgen.errors import ModelError
+from specgen.llama.gguf_header import read_header
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 ROW_TENSORS = ("token_embd.weight", "output.weight")  # one row per vocabulary entry
@@ -143,12 +144,9 @@ class TokenTable:
 
     @classmethod
     def read(cls, path: Path) -> "TokenTable":
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path)
-        return cls(np.array(reader.get_field("tokenizer.ggml.token_type").contents()),
-                   reader.get_field("tokenizer.ggml.tokens").contents(),
-                   reader.get_field("tokenizer.ggml.model").contents() == "gpt2")
+        keys = ("tokenizer.ggml.token_type", "tokenizer.ggml.tokens", "tokenizer.ggml.model")
+        values = read_header(path, keys).values
+        return cls(np.asarray(values[keys[0]]), values[keys[1]], values[keys[2]] == "gpt2")
 
     @property
     def n_normal(self) -> int:
