@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +66,11 @@ def measure(args: argparse.Namespace) -> dict:
                     sys.exit(f"op_profile: {model} ({setting}) failed: {proc.stderr.strip().splitlines()[-1:]}")
                 runs.append({"round": r, "model": model, "setting": setting,
                              "sizes": json.loads(proc.stdout.strip().splitlines()[-1])})
+    from specgen.llama.tools import build_info
+
     return {"run": run_info(), "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
-                                          "others_cores": others_cores(before, cpu_sample())},
+                                          "others_cores": others_cores(before, cpu_sample()),
+                                          "build": build_info().system_info},
             "settings": {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "n_past": args.n_past,
                          "sizes": args.sizes, "env": {k: SETTINGS[k] for k in args.settings}}, "runs": runs}
 
@@ -74,6 +78,12 @@ def measure(args: argparse.Namespace) -> dict:
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def _isa(machine: dict) -> str:
+    """", specgen's kernels built for avx2" where the results file names the build's instruction set."""
+    found = re.search(r"SPECGEN_KERNELS = (\w+)", machine.get("build", ""))
+    return f", specgen's kernels built for {found.group(1)}" if found else ""
 
 
 def table(path: Path) -> str:
@@ -84,7 +94,7 @@ def table(path: Path) -> str:
     data = json.loads(Path(path).read_text())
     s, machine = data["settings"], data["machine"]
     lines = [f"*{data['run'].get('date', '?')} · commit {str(data['run'].get('commit', '?'))[:10]} · {machine['cpu']}, "
-             f"{machine['cores']} cores, {s['threads']} threads (other processes used {machine['others_cores']:.2f} "
+             f"{machine['cores']} cores{_isa(machine)}, {s['threads']} threads (other processes used {machine['others_cores']:.2f} "
              f"cores meanwhile) · {s['n_past']} tokens of context, every row's logits · median of {s['rounds']} "
              f"rounds x {s['repeats']} decodes · results: [{Path(path).name}](results/profile/{Path(path).name})*", ""]
     sizes = [str(b) for b in s["sizes"]]
