@@ -261,7 +261,7 @@ def test_auto_stats_line_reports_its_choices(isolated_home, smollm2_path):
     (["rpc-server", "--threads", "0"], "--threads must be at least 1, found 0"),
     (["doctor", "--threads", "0"], "--threads must be at least 1, found 0"),
     (["draft", "derive", SMOLLM2, "--vocab", "0"], "--vocab must be at least 1, found 0"),
-    (["draft", "derive", SMOLLM2, "--head", "Q9_9"], "--head must be one of Q4_0, Q5_0, Q8_0, F16, found 'Q9_9'"),
+    (["draft", "derive", SMOLLM2, "--head", "Q9_9"], "--head must be one of Q4_0, Q4_1, Q5_0, Q8_0, F16, found 'Q9_9'"),
 ])
 def test_bad_options_are_usage_errors(args, message):
     proc = specgen(*args)

@@ -152,3 +152,20 @@ def test_sampled_output_with_a_real_subset_draft_writes_plains_tokens(tmp_path, 
         seconds += plain[0] == second
     assert accepted > runs // 4  # the cut draft's proposals really were accepted
     assert seconds >= 2  # ... and the token it cannot propose was plain's, and chain's, on some seeds
+
+
+def test_a_derived_draft_takes_a_q4_1_head_cut_to_whole_row_groups(smollm2_f32, isolated_home, monkeypatch):
+    """`specgen draft derive --head Q4_1`: the draft's embedding/output matrix is Q4_1 (the type of
+    specgen's packed q4_1x16 kernel) and its cut vocabulary fills whole 16-row groups, which that
+    kernel needs. Two ranking prompts instead of the shipped set keep it quick."""
+    from specgen.bench.drafts import gguf_facts
+    from specgen.models import selfdraft
+    from specgen.models.manifest import file_sha256
+
+    source = Path(smollm2_f32.path)
+    monkeypatch.setattr(selfdraft, "ranking_prompts", lambda: ["The rain in Spain", "def add(a, b):"])
+    path = selfdraft.derive_self_draft(source, file_sha256(source), "Q4_0", 8000, "Q4_1")
+    assert path.parent == isolated_home / "drafts" and path.name.startswith(f"{source.stem}-q4_0-Q4_1-v8000-")
+    facts = gguf_facts(path)
+    assert facts["head_type"] == "Q4_1" and facts["file_type"] == "Q4_0" and facts["vocabulary_cut"]
+    assert 8000 < facts["n_vocab"] < 49152 and facts["n_vocab"] % 16 == 0

@@ -20,9 +20,10 @@ def draft_derive(
     qtype: Optional[str] = typer.Option(None, "--type", metavar="TYPE", help="Quantization type of the draft "
                                         "(default: chosen by measurement among Q2_K and Q4_K_M)."),
     vocab: Optional[int] = typer.Option(None, "--vocab", metavar="K", help="Normal tokens kept, the ones the model "
-                                        "uses most (default: chosen by measurement)."),
+                                        "uses most, and the next few where they fill the output matrix's last "
+                                        "16-row group (default: chosen by measurement)."),
     head: Optional[str] = typer.Option(None, "--head", metavar="TYPE", help="Type of the embedding/output matrix: "
-                                       "Q4_0, Q5_0, Q8_0 or F16 (default: chosen by measurement)."),
+                                       "Q4_0, Q4_1, Q5_0, Q8_0 or F16 (default: chosen by measurement)."),
     corpus: List[Path] = typer.Option([], "--corpus", metavar="FILE",
                                       help="Text files whose tokens count too (repeatable)."),
 ) -> None:

@@ -27,7 +27,7 @@ _FTYPES = {"F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "BF16"
 
 # Types a vocabulary matrix (embedding, output) may take on its own: 32-wide blocks fit any n_embd
 # a model is likely to have, where the K-quants' 256-wide blocks do not (gemma-3-270m: 640).
-HEAD_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "F16": 1}  # ggml_type ids
+HEAD_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "F16": 1}  # ggml_type ids
 
 
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None, head_type: str | None = None) -> None:

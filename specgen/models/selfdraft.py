@@ -43,8 +43,19 @@ TYPE_CHOICES = ("Q2_K", "Q4_K_M")
 RANK_TOKENS = 128  # tokens the model writes after each ranking prompt
 RANK_TEMPERATURE, RANK_PARALLEL, RANK_PROMPT_TOKENS = 1.0, 16, 256
 HOLD_OUT = 4  # every 4th ranking prompt judges the candidates instead of ranking
-HEAD_CHOICES = (None, "Q4_0")  # tried when --head is not given (None: the quantization type's own)
+# Tried when --head is not given (None: the quantization type's own). Q4_1 has specgen's packed kernel
+# (q4_1x16): gemma's 262,144-row output layer at 1 thread on an AVX-512 EPYC, 1 token, 2.9 ms
+# against Q4_0's 4.4 and Q8_0's 6.8 (`specgen calibrate --kernels`). For gemma-3-270m F32 cut to
+# 65,536 it was cheaper than Q4_K_M's own head (Q8_0), 4.0 ms a token against 4.7, but agreed less,
+# 0.881 against 0.906, modelled the slower chain, and ran pair A at T=0.8 no faster
+# (docs/measurements.md, 2026-11-29).
+HEAD_CHOICES = (None, "Q4_0", "Q4_1")
 VOCAB_CHOICES = (None, 65536, 32768)  # tried when --vocab is not given (None: no cut)
+# A cut keeps whole groups of this many rows: specgen's packed layouts (q4_1x16, q5_0x16) take a
+# matrix only so (gemma's Q4_1 head cut to 65,964 rows: 1.45 ms a token; to 65,968: 0.77). Drafts
+# cut before (DERIVE_VERSION 2 as well) stay: the same tokens but a few, and a head none of them has
+# in a packed type unless asked for with --head Q5_0.
+CUT_ROWS = 16
 COST_ROUNDS = 12  # timed draft tokens per candidate, in turns; the fastest counts
 
 
@@ -223,9 +234,19 @@ def derive_self_draft(target: Path, target_sha256: str, qtype: str | None = None
         else:
             cut = Path(tmp) / "cut.gguf"
             with reporter().spinner(f"cutting its vocabulary to the {chosen.vocab} tokens it uses most"):
-                cut_vocabulary(body, cut, table.keep(usage.ranked(), chosen.vocab))
+                cut_vocabulary(body, cut, kept_rows(table, usage.ranked(), chosen.vocab))
             os.replace(cut, dst)
     return dst
+
+
+def kept_rows(table: TokenTable, ranked: np.ndarray, vocab: int) -> np.ndarray:
+    """The target ids a cut to the `vocab` normal tokens used most keeps, with as many more of
+    them as make the rows a whole number of CUT_ROWS groups."""
+    keep = table.keep(ranked, vocab)
+    while len(keep) % CUT_ROWS and vocab < table.n_normal:
+        vocab += 1
+        keep = table.keep(ranked, vocab)
+    return keep
 
 
 def candidate_bodies(qtype: str | None, head: str | None) -> list[tuple[str, str | None]]:
@@ -253,7 +274,7 @@ def choose(target: Model, quantized: dict[tuple[str, str | None], Path], table: 
                 path = src
                 if v is not None:
                     path = tmp / f"candidate-{t}-{h}-{v}.gguf"
-                    cut_vocabulary(src, path, table.keep(ranked, v))
+                    cut_vocabulary(src, path, kept_rows(table, ranked, v))
                 model = backend.LlamaModel(path)
                 ctx = model.new_context(1024, n_batch=64)
                 if model.subset_of_target is not None:
