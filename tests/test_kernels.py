@@ -251,5 +251,5 @@ def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if AVX512 else "avx2"
     names = PRODUCTS.replace("f16,f32", "f16x16,f32x16,f16,f32" if AVX512 else "f16,f32").replace(",", " ")
-    assert f"SPECGEN_KERNELS = {isa}: {names} q4_1x16 q5_0x16 |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: {names} q4_1x16 q5_0x16 q8_0x16 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

@@ -10,6 +10,9 @@ header documents:
                blocks hold the extreme codes (all 31, all 0) and some columns the extreme bytes (all
                +127, all -127, -128), so that a 16-bit partial sum that could overflow would show; the
                program includes packed_q4_1.h first, as repack.cpp does, so the headers coexist.
+  Q8_0 x Q8_0  per block the exact integer sum of w * y, then fma(isum, d * dy, acc); some blocks hold
+               the extreme bytes (all -128, all +127) and some columns all +127 or all -127 (ggml's
+               quantize_row_q8_0 never writes -128 into a column); all three headers included.
 Compiled for AVX2 and, where this CPU has it, for AVX-512 VNNI: both must equal the scalar statement,
 so they equal each other, which is what lets a prompt cache or a draft tree computed on one machine
 mean the same on another."""
@@ -162,6 +165,61 @@ int main() {
     std::vector<int32_t> offs(n_max * nb);
     for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
     std::vector<block_q5_0x16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    const int64_t groups = rows / ROWS;
+    return check(rows, [&](int64_t n, float * out) {
+        for (int th = 0; th < 3; th++) {
+            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+                   nb * sizeof(column_q8_0), offs.data(), n, out, rows);
+        }
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}""",
+            "q8_0": r"""
+#include "packed_q4_1.h"
+#include "packed_q5_0.h"
+#include "packed_q8_0.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q8_0;
+
+#ifndef SPECGEN_PACKED_Q8_0
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q8_0 * w, const column_q8_0 * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t isum = 0;
+        for (int i = 0; i < QK; i++) isum += w[l].qs[i] * y[l].qs[i];
+        acc = std::fmaf((float) isum, fp16(w[l].d) * fp16(y[l].d), acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 48, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(-128, 127), q8(-127, 127), mode(0, 7);
+    std::vector<row_q8_0> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random bytes; some blocks all -128, some all +127
+        for (auto & q : b.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : byte(rng));
+    }
+    std::vector<column_q8_0> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all +127, some all -127
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? 127 : m == 1 ? -127 : q8(rng));
+        c.d = _cvtss_sh(scale(rng), 0);
+    }
+    std::vector<int32_t> offs(n_max * nb);
+    for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
+    std::vector<block_q8_0x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
     const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {

@@ -1,4 +1,4 @@
-// specgen: specgen's packed weight layouts (packed_q4_1.h, packed_q5_0.h) as llama.cpp's repack buffer
+// specgen: specgen's packed weight layouts (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h) as llama.cpp's repack buffer
 // sees them, once for all of them: repack a tensor at load, size the scratch, and compute a product
 // of any number of columns (each column quantized as ggml quantizes one row, with the few integers
 // per column block a kernel needs beside it, then each thread's share of the row groups).
@@ -22,10 +22,11 @@
 #include "invariant.h"
 #include "packed_q4_1.h"
 #include "packed_q5_0.h"
+#include "packed_q8_0.h"
 
 #include <stdint.h>
 
-#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0)
+#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q8_0)
 #define SPECGEN_PACKED_LAYOUTS 1
 
 namespace specgen_packed_traits {
@@ -68,11 +69,30 @@ struct q5_0x16 {
     }
 };
 
+struct q8_0x16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q8_0, COLUMN = GGML_TYPE_Q8_0;
+    static constexpr const char * NAME = "q8_0x16";
+    static constexpr int64_t ROWS = specgen_packed_q8_0::ROWS;
+    static constexpr int QK = specgen_packed_q8_0::QK;
+    static constexpr int EXTRA = 1;  // each column block's offsets()
+    using row = specgen_packed_q8_0::row_q8_0;
+    using column = specgen_packed_q8_0::column_q8_0;
+    using packed = specgen_packed_q8_0::block_q8_0x16;
+    static void extras(const char * column_blocks, int64_t nb, int32_t * out) {
+        specgen_packed_q8_0::offsets((const column *) column_blocks, nb, out);
+    }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q8_0::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q8_0::matmul(nb, w, g0, g1, cols, row_bytes, offs, n, dst, ldc);
+    }
+};
+
 template <typename... K>
 struct kernels {};
 
 // specgen's packed layouts, the one list of them, in the order they are offered a weight.
-using PACKED = kernels<q4_1x16, q5_0x16>;
+using PACKED = kernels<q4_1x16, q5_0x16, q8_0x16>;
 
 // The repack buffer's traits for kernel K; Base is repack.cpp's ggml::cpu::repack::tensor_traits_base.
 template <typename K, typename Base>
@@ -151,4 +171,4 @@ static inline void each_name(F && f, kernels<K...>) {
 
 }  // namespace specgen_packed_traits
 
-#endif  // SPECGEN_PACKED && SPECGEN_PACKED_Q5_0
+#endif  // SPECGEN_PACKED && SPECGEN_PACKED_Q5_0 && SPECGEN_PACKED_Q8_0
