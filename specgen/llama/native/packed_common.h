@@ -1,6 +1,7 @@
-// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h) share: the group and block
-// sizes, fp16 reads, the broadcast of a column block's four bytes, the prefetch distance, and the
-// dispatch that makes a pass's column count a template parameter. Plain C++17 over <immintrin.h>,
+// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h) share: the
+// group and block sizes, fp16 reads, the broadcast of a column block's four bytes, a block's eight
+// vpdpbusd, the column blocks' byte sums, the prefetch distance, and the dispatch that makes a pass's
+// column count a template parameter. Plain C++17 over <immintrin.h>,
 // compiled alone by tests/test_packed_kernel.py as part of each kernel.
 #pragma once
 
@@ -33,7 +34,33 @@ template <typename C>
 static inline __m512i four512(const C & c, int t) {
     return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
 }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+// Eight code vectors v[] (16 rows' four codes per 32-bit lane, unsigned) times a column block's 32
+// bytes, four to a lane, by vpdpbusd in two chains, the first from `start`: per row an exact integer
+// (the kernels state why no lane can overflow).
+template <typename C>
+static inline __m512i dot512(__m512i start, const __m512i * v, const C & c) {
+    __m512i s0 = _mm512_dpbusd_epi32(start, v[0], four512(c, 0));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
+    for (int t = 2; t < 8; t += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, v[t], four512(c, t));
+        s1 = _mm512_dpbusd_epi32(s1, v[t + 1], four512(c, t + 1));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
 #endif
+#endif
+
+// Per column block: `factor` times the sum of its QK bytes (a kernel's offset, computed once per
+// column block rather than once per row group); C has int8_t qs[QK].
+template <typename C>
+static inline void block_sums(const C * col, int64_t nb, int32_t factor, int32_t * out) {
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t s = 0;
+        for (int i = 0; i < QK; i++) s += col[l].qs[i];
+        out[l] = factor * s;
+    }
+}
 
 // Prefetch the block PREFETCH blocks after *b (prefetches never fault past the end).
 template <typename B>
@@ -81,6 +108,19 @@ static inline void over_groups(int64_t g0, int64_t g1, const char * cols, size_t
             pass(g, c0, nc, y, out);
         }
     }
+}
+
+// over_groups() for a kernel whose columns carry one offset per block (column c's at offs + c * nb):
+// group(N, g, columns, offsets, out) for each row group and pass, N the pass's column count as a type.
+template <int MAX, typename C, typename Group>
+static inline void over_groups_with_offsets(int64_t nb, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                                            const int32_t * offs, int64_t n, float * dst, int64_t ldc, Group && group) {
+    over_groups<MAX, C>(g0, g1, cols, row_bytes, n, dst, ldc,
+        [&](int64_t g, int64_t c0, int nc, const C * const * y, float * const * out) {
+            const int32_t * off[MAX];
+            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb;
+            with_columns<MAX>(nc, [&](auto N) { group(N, g, y, off, out); });
+        });
 }
 
 }  // namespace specgen_packed_common

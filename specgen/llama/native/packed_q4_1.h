@@ -40,8 +40,8 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512F__)
-using specgen_packed_common::four512;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+using specgen_packed_common::dot512;
 #endif
 
 // ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
@@ -79,15 +79,7 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
 #pragma GCC unroll 8  // whole, so that acc[] stays in registers (GCC leaves 8 iterations a loop over memory)
         for (int j = 0; j < NC; j++) {
             const column_q8_1 & c = y[j][l];
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], four512(c, 0));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
-            s0 = _mm512_dpbusd_epi32(s0, v[2], four512(c, 2));
-            s1 = _mm512_dpbusd_epi32(s1, v[3], four512(c, 3));
-            s0 = _mm512_dpbusd_epi32(s0, v[4], four512(c, 4));
-            s1 = _mm512_dpbusd_epi32(s1, v[5], four512(c, 5));
-            s0 = _mm512_dpbusd_epi32(s0, v[6], four512(c, 6));
-            s1 = _mm512_dpbusd_epi32(s1, v[7], four512(c, 7));
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            const __m512 isum = _mm512_cvtepi32_ps(dot512(_mm512_setzero_si512(), v, c));
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(fp16(c.d))), acc[j]);
             acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(fp16(c.s)), acc[j]);
         }

@@ -51,8 +51,8 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512F__)
-using specgen_packed_common::four512;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+using specgen_packed_common::dot512;
 #endif
 
 // ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
@@ -69,11 +69,7 @@ static_assert(sizeof(block_q5_0x16) == ROWS * sizeof(row_q5_0), "the packed grou
 
 // Per column block: -16 times the sum of its 32 bytes, the second term of isum (|.| <= 16 * 32 * 127).
 static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
-    for (int64_t l = 0; l < nb; l++) {
-        int32_t s = 0;
-        for (int i = 0; i < QK; i++) s += col[l].qs[i];
-        off[l] = -16 * s;
-    }
+    specgen_packed_common::block_sums(col, nb, -16, off);
 }
 
 // Code vector K's fifth bits, as 0x10 or 0 per byte, from the transposed bits h (bit K of each byte).
@@ -116,15 +112,7 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
         for (int j = 0; j < NC; j++) {
             const column_q8_0 & c = y[j][l];
             // codes 0..31 times bytes -127..127: no saturation in vpdpbusd's 32-bit sums
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(off[j][l]), v[0], four512(c, 0));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
-            s0 = _mm512_dpbusd_epi32(s0, v[2], four512(c, 2));
-            s1 = _mm512_dpbusd_epi32(s1, v[3], four512(c, 3));
-            s0 = _mm512_dpbusd_epi32(s0, v[4], four512(c, 4));
-            s1 = _mm512_dpbusd_epi32(s1, v[5], four512(c, 5));
-            s0 = _mm512_dpbusd_epi32(s0, v[6], four512(c, 6));
-            s1 = _mm512_dpbusd_epi32(s1, v[7], four512(c, 7));
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            const __m512 isum = _mm512_cvtepi32_ps(dot512(_mm512_set1_epi32(off[j][l]), v, c));
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(fp16(c.d))), acc[j]);
         }
     }
@@ -184,11 +172,9 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
 // column c's offsets() at offs + c * nb).
 static inline void matmul(int64_t nb, const block_q5_0x16 * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
-    specgen_packed_common::over_groups<COLUMNS, column_q8_0>(g0, g1, cols, row_bytes, n, dst, ldc,
-        [&](int64_t g, int64_t c0, int nc, const column_q8_0 * const * y, float * const * out) {
-            const int32_t * off[COLUMNS];
-            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb;
-            specgen_packed_common::with_columns<COLUMNS>(nc, [&](auto N) { group<decltype(N)::value>(nb, w + g * nb, y, off, out); });
+    specgen_packed_common::over_groups_with_offsets<COLUMNS, column_q8_0>(nb, g0, g1, cols, row_bytes, offs, n, dst, ldc,
+        [&](auto N, int64_t g, const column_q8_0 * const * y, const int32_t * const * off, float * const * out) {
+            group<decltype(N)::value>(nb, w + g * nb, y, off, out);
         });
 }
 

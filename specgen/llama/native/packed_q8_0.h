@@ -45,8 +45,8 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512F__)
-using specgen_packed_common::four512;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+using specgen_packed_common::dot512;
 #endif
 
 // ggml's block, as stored (the fp16 scale as its bits): a weight row's and a quantized column's.
@@ -68,11 +68,7 @@ constexpr int BIAS = 0;
 
 // Per column block: -BIAS times the sum of its 32 bytes, where the integer sum starts (|.| <= 128 * 32 * 128).
 static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
-    for (int64_t l = 0; l < nb; l++) {
-        int32_t s = 0;
-        for (int i = 0; i < QK; i++) s += col[l].qs[i];
-        off[l] = -BIAS * s;
-    }
+    specgen_packed_common::block_sums(col, nb, -BIAS, off);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
@@ -94,15 +90,7 @@ static inline void group(int64_t nb, const block_q8_0x16 * w, const column_q8_0 
         for (int j = 0; j < NC; j++) {
             const column_q8_0 & c = y[j][l];
             // bytes 0..255 times -128..127, four to a 32-bit lane: no saturation in vpdpbusd's sums
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(off[j][l]), v[0], four512(c, 0));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], four512(c, 1));
-            s0 = _mm512_dpbusd_epi32(s0, v[2], four512(c, 2));
-            s1 = _mm512_dpbusd_epi32(s1, v[3], four512(c, 3));
-            s0 = _mm512_dpbusd_epi32(s0, v[4], four512(c, 4));
-            s1 = _mm512_dpbusd_epi32(s1, v[5], four512(c, 5));
-            s0 = _mm512_dpbusd_epi32(s0, v[6], four512(c, 6));
-            s1 = _mm512_dpbusd_epi32(s1, v[7], four512(c, 7));
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            const __m512 isum = _mm512_cvtepi32_ps(dot512(_mm512_set1_epi32(off[j][l]), v, c));
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(fp16(c.d))), acc[j]);
         }
     }
@@ -151,11 +139,9 @@ static inline void group(int64_t nb, const block_q8_0x16 * w, const column_q8_0 
 // column c's offsets() at offs + c * nb).
 static inline void matmul(int64_t nb, const block_q8_0x16 * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
-    specgen_packed_common::over_groups<COLUMNS, column_q8_0>(g0, g1, cols, row_bytes, n, dst, ldc,
-        [&](int64_t g, int64_t c0, int nc, const column_q8_0 * const * y, float * const * out) {
-            const int32_t * off[COLUMNS];
-            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb;
-            specgen_packed_common::with_columns<COLUMNS>(nc, [&](auto N) { group<decltype(N)::value>(nb, w + g * nb, y, off, out); });
+    specgen_packed_common::over_groups_with_offsets<COLUMNS, column_q8_0>(nb, g0, g1, cols, row_bytes, offs, n, dst, ldc,
+        [&](auto N, int64_t g, const column_q8_0 * const * y, const int32_t * const * off, float * const * out) {
+            group<decltype(N)::value>(nb, w + g * nb, y, off, out);
         });
 }
 
