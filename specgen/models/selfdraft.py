@@ -51,10 +51,11 @@ HOLD_OUT = 4  # every 4th ranking prompt judges the candidates instead of rankin
 # (docs/measurements.md, 2026-11-29).
 HEAD_CHOICES = (None, "Q4_0", "Q4_1")
 VOCAB_CHOICES = (None, 65536, 32768)  # tried when --vocab is not given (None: no cut)
-# A cut keeps whole groups of this many rows: specgen's packed layouts (q4_1x16, q5_0x16) take a
-# matrix only so (gemma's Q4_1 head cut to 65,964 rows: 1.45 ms a token; to 65,968: 0.77). Drafts
-# cut before (DERIVE_VERSION 2 as well) stay: the same tokens but a few, and a head none of them has
-# in a packed type unless asked for with --head Q5_0.
+# A cut keeps whole groups of this many rows: specgen's packed layouts (q4_1x16, q5_0x16, q8_0x16)
+# take a matrix only so (gemma's Q4_1 head cut to 65,964 rows: 1.45 ms a token; to 65,968: 0.77).
+# Drafts cut before (DERIVE_VERSION 2 as well) stay: the same tokens but a few, their heads on the
+# unpacked kernels (a derivation's choice between a whole and a cut vocabulary was close enough to
+# go either way on 2026-11-29, so a forced re-derivation was not worth it).
 CUT_ROWS = 16
 COST_ROUNDS = 12  # timed draft tokens per candidate, in turns; the fastest counts
 

@@ -2,8 +2,8 @@
 //
 // Why: a quantized model's output layer is often Q8_0 (gemma-3-270m Q4_K_M's and smollm2-135m
 // Q4_1's, and the copy a screened F32 target reads), and it is most of a decode: gemma's took 6.8 of
-// 11.3 ms for one token and 24.3 of 40.8 for eight with ggml's AVX2 arithmetic (docs/screening-and-
-// kernels.md). ggml's one-column arithmetic keeps eight float lanes per row and pays a conversion, a
+// 11.3 ms for one token on an AVX-512 host, and 24.3 of 40.8 for eight in an AVX2 build (ggml's
+// one-column arithmetic; docs/screening-and-kernels.md). ggml's one-column arithmetic keeps eight float lanes per row and pays a conversion, a
 // multiply and a fused multiply-add per block, row and column. Here, as for Q4_1 and Q5_0, a block's
 // 32 products of a row and a column are summed as one integer, and the scales are applied once:
 //
