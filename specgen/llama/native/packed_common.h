@@ -12,6 +12,11 @@
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 
+// Where the packed kernels take their 512-bit code (vpdpbusd, with AVX-512 BW and VL); else their AVX2 code.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define SPECGEN_PACKED_VNNI 1
+#endif
+
 namespace specgen_packed_common {
 
 constexpr int64_t ROWS = 16;  // rows per group
@@ -34,7 +39,7 @@ template <typename C>
 static inline __m512i four512(const C & c, int t) {
     return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *) (c.qs + 4 * t))));
 }
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 // Eight code vectors v[] (16 rows' four codes per 32-bit lane, unsigned) times a column block's 32
 // bytes, four to a lane, by vpdpbusd in two chains, the first from `start`: per row an exact integer
 // (the kernels state why no lane can overflow).

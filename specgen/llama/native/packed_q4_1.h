@@ -40,7 +40,7 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 using specgen_packed_common::dot512;
 #endif
 
@@ -57,7 +57,7 @@ struct block_q4_1x16 {
 static_assert(sizeof(block_q4_1x16) == ROWS * sizeof(row_q4_1), "the packed group fills the rows' bytes");
 
 // One group of 16 rows times NC columns: out[j][r] for r in 0..15.
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 unpacked code registers
 
 template <int NC>

@@ -51,7 +51,7 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 using specgen_packed_common::dot512;
 #endif
 
@@ -81,7 +81,7 @@ static inline __m256i fifth256(__m256i h) {
     else return _mm256_and_si256(_mm256_srli_epi16(h, K - 4), bit);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 // Code vector k from its four bits per byte (nibbles, already masked) and its 64-bit mask of fifth bits.
 static inline __m512i codes512(__m512i nibbles, const uint8_t * qh, int k) {
     uint64_t mask;
@@ -193,7 +193,7 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
                 for (int k = 0; k < 8; k++) {
                     for (int b = 0; b < 4; b++) {
                         const int bit = (int) ((qh >> (4 * k + b)) & 1);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
                         const int at = 8 * k + (4 * (int) r + b) / 8, shift = (4 * (int) r + b) % 8;  // masks
 #else
                         const int at = 4 * (int) r + b, shift = k;  // transposed

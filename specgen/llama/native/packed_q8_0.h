@@ -2,10 +2,11 @@
 //
 // Why: a quantized model's output layer is often Q8_0 (gemma-3-270m Q4_K_M's and smollm2-135m
 // Q4_1's, and the copy a screened F32 target reads), and it is most of a decode: gemma's took 6.8 of
-// 11.3 ms for one token on an AVX-512 host, and 24.3 of 40.8 for eight in an AVX2 build (ggml's
-// one-column arithmetic; docs/screening-and-kernels.md). ggml's one-column arithmetic keeps eight float lanes per row and pays a conversion, a
-// multiply and a fused multiply-add per block, row and column. Here, as for Q4_1 and Q5_0, a block's
-// 32 products of a row and a column are summed as one integer, and the scales are applied once:
+// 11.3 ms for one token on an AVX-512 host, and 24.3 of 40.8 for eight in an AVX2 build
+// (docs/screening-and-kernels.md). ggml's one-column arithmetic keeps eight float lanes per row and
+// pays a conversion, a multiply and a fused multiply-add per block, row and column. Here, as for Q4_1
+// and Q5_0, a block's 32 products of a row and a column are summed as one integer, and the scales
+// are applied once:
 //
 //   for each block b, in order:  isum_b = sum_i w_i * y_i                   (an exact integer)
 //                                acc    = fma(float(isum_b), d_b * dy_b, acc)
@@ -45,7 +46,7 @@ using specgen_packed_common::QK;
 using specgen_packed_common::fp16;
 using specgen_packed_common::fetch_ahead;
 using specgen_packed_common::four256;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 using specgen_packed_common::dot512;
 #endif
 
@@ -60,7 +61,7 @@ struct block_q8_0x16 {
 };
 static_assert(sizeof(block_q8_0x16) == ROWS * sizeof(row_q8_0), "the packed group fills the rows' bytes");
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 constexpr int BIAS = 128;  // stored bytes are w + 128
 #else
 constexpr int BIAS = 0;
@@ -71,7 +72,7 @@ static inline void offsets(const column_q8_0 * col, int64_t nb, int32_t * off) {
     specgen_packed_common::block_sums(col, nb, -BIAS, off);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#if defined(SPECGEN_PACKED_VNNI)
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 byte registers
 
 // One group of 16 rows times NC columns: out[j][r] for r in 0..15.
