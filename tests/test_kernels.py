@@ -225,6 +225,26 @@ def test_specgens_q4_1_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_k
 
 
 @needs_invariance
+@pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
+def test_specgens_q8_0_arithmetic_reaches_a_tied_output_layer_and_rounds_only():
+    # smollm2's output matrix is its Q8_0 embedding matrix, which llama.cpp loads a second time for
+    # its products: with q8_0x16 on (native/packed_q8_0.h: one integer sum per block, the scales
+    # applied once) that copy is repacked, and only the output layer's summation order changes (the
+    # Q4_1 body stays on vec_dot's kernels in both runs). So the bits differ from vec_dot's on every
+    # row (the layout is really in use), by float rounding alone, and no argmax moves. Measured
+    # (2026-11-29, AMD EPYC, AVX-512): the largest logit moved 6e-6 to 9e-6 per row, on logits spread
+    # over 30-41.
+    import numpy as np
+
+    name = "smollm2-135m-instruct-q4_1"
+    vec_dot, packed = logits_by(name, PRODUCTS), logits_by(name, PRODUCTS + ",q8_0x16")
+    moved, spread = np.abs(packed - vec_dot).max(axis=1), vec_dot.max(axis=1) - vec_dot.min(axis=1)
+    assert len(moved) == 16 and (moved > 0).all(), "specgen's Q8_0 arithmetic gave vec_dot's bits: is it on?"
+    assert (moved < 1e-4 * spread).all(), (moved, spread)
+    assert (packed.argmax(axis=1) == vec_dot.argmax(axis=1)).all(), (packed.argmax(axis=1), vec_dot.argmax(axis=1))
+
+
+@needs_invariance
 @pytest.mark.skipif(not (X86_WITH_KERNELS and AVX512), reason="specgen's F32 arithmetic is AVX-512 code (AVX2 keeps ggml's)")
 def test_specgens_f32_arithmetic_is_batch_invariant_and_moves_the_logits_by_rounding_only():
     # F32 weights through specgen's 16-lane arithmetic (native/few_float.h, `lanes`), every product of
