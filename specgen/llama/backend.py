@@ -8,7 +8,6 @@ alone).
 
 from __future__ import annotations
 
-import contextlib
 
 import ctypes
 import math
@@ -199,8 +198,10 @@ class LlamaModel:
             self._model = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(TypeError):  # at interpreter exit the bindings may be gone first
+        try:
             self.close()
+        except Exception:  # at interpreter exit the bindings, or this module's globals, may be gone first
+            pass
 
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's limit on n_seq_max (llama-cparams.h)
@@ -388,7 +389,9 @@ class LlamaContext:
             self._ctx = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(TypeError):  # at interpreter exit the bindings may be gone first
+        try:
             self.close()
+        except Exception:  # at interpreter exit the bindings, or this module's globals, may be gone first
+            pass
 
 

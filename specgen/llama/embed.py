@@ -127,4 +127,7 @@ class Embedder:
             self._ctx = None
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the bindings, or this module's globals, may be gone first
+            pass
