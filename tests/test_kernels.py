@@ -245,6 +245,30 @@ def test_specgens_q8_0_arithmetic_reaches_a_tied_output_layer_and_rounds_only():
 
 
 @needs_invariance
+@pytest.mark.skipif(not X86_WITH_KERNELS, reason="specgen's kernels are built for x86-64 with AVX2, F16C and FMA")
+def test_specgens_k_quant_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_kernels_do():
+    # gemma Q4_K_M's Q4_K (attn_output, half of ffn_down) and Q6_K (the other half) weights repacked
+    # into specgen's layouts (native/packed_q4_k.h, packed_q6_k.h: one integer sum per super-block, the
+    # scales applied once) round apart from ggml's vec_dot by summation order only. Each layout alone
+    # moves every row's bits (each is really in use); both together move the logits about as far as
+    # llama.cpp's own kernels move them from vec_dot (30 layers of rounding, amplified), and keep the
+    # argmax. Measured (2026-11-29, AMD EPYC, AVX-512), the largest logit moved per row: q4_kx16 alone
+    # median 0.86, q6_kx16 alone 0.83, both 0.86 (max 1.91); llama.cpp's own 0.93 (max 1.72), on
+    # logits spread over ~42; the argmax stayed on 16/16 rows, llama.cpp's on 14/16.
+    import numpy as np
+
+    name = "gemma-3-270m-q4_k_m"
+    vec_dot, stock = logits_by(name, PRODUCTS), logits_by(name, "0")
+    for layout in ("q4_kx16", "q6_kx16"):
+        alone = np.abs(logits_by(name, f"{PRODUCTS},{layout}") - vec_dot).max(axis=1)
+        assert len(alone) == 16 and (alone > 0).all(), f"{layout} gave vec_dot's bits: is it built in and on?"
+    packed = logits_by(name, PRODUCTS + ",q4_kx16,q6_kx16")
+    ours, theirs = np.abs(packed - vec_dot).max(axis=1), np.abs(stock - vec_dot).max(axis=1)
+    assert np.median(ours) <= 1.25 * np.median(theirs), (ours, theirs)
+    assert (packed.argmax(axis=1) == vec_dot.argmax(axis=1)).sum() >= 15, (packed.argmax(axis=1), vec_dot.argmax(axis=1))
+
+
+@needs_invariance
 @pytest.mark.skipif(not (X86_WITH_KERNELS and AVX512), reason="specgen's F32 arithmetic is AVX-512 code (AVX2 keeps ggml's)")
 def test_specgens_f32_arithmetic_is_batch_invariant_and_moves_the_logits_by_rounding_only():
     # F32 weights through specgen's 16-lane arithmetic (native/few_float.h, `lanes`), every product of
@@ -271,5 +295,5 @@ def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if AVX512 else "avx2"
     names = PRODUCTS.replace("f16,f32", "f16x16,f32x16,f16,f32" if AVX512 else "f16,f32").replace(",", " ")
-    assert f"SPECGEN_KERNELS = {isa}: {names} q4_1x16 q5_0x16 q8_0x16 |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: {names} q4_1x16 q5_0x16 q8_0x16 q4_kx16 q6_kx16 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

@@ -13,6 +13,14 @@ header documents:
   Q8_0 x Q8_0  per block the exact integer sum of w * y, then fma(isum, d * dy, acc); some blocks hold
                the extreme bytes (all -128, all +127) and some columns all +127 or all -127 (ggml's
                quantize_row_q8_0 never writes -128 into a column); all three headers included.
+  Q4_K x Q8_K  per super-block the exact integers sum_c sc_c * sum_i code * y and sum_c m_c * sum_i y
+               (ggml's 6-bit scales and mins, decoded as its get_scale_min_k4 does), then fma(isum, d *
+               dy, acc), fma(-msum, dmin * dy, acc); some blocks have every code 15 with every scale and
+               min 63, some columns are all -128 or all +127 (the largest sums); all four headers.
+  Q6_K x Q8_K  per super-block the exact integer sum_g sc_g * (sum_i code * y - 32 * sum_i y) over the
+               16-value groups (codes read as ggml's dequantize_row_q6_K reads them), then fma(isum,
+               d * dy, acc); some blocks have every code 63 with every scale -128, some columns are all
+               -128 or all +127; included after packed_q4_k.h (the two share ggml's Q8_K block's shape).
 Compiled for AVX2 and, where this CPU has it, for AVX-512 VNNI: both must equal the scalar statement,
 so they equal each other, which is what lets a prompt cache or a draft tree computed on one machine
 mean the same on another."""
@@ -229,6 +237,165 @@ int main() {
         }
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""}
+PROGRAMS["q4_k"] = r"""
+#include "packed_q4_1.h"
+#include "packed_q5_0.h"
+#include "packed_q8_0.h"
+#include "packed_q4_k.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q4_k;
+
+#ifndef SPECGEN_PACKED_Q4_K
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+// ggml's get_scale_min_k4: chunk c's 6-bit scale and min from a row's twelve bytes.
+static void scale_min(int c, const uint8_t * q, int & sc, int & m) {
+    if (c < 4) {
+        sc = q[c] & 63;
+        m = q[c + 4] & 63;
+    } else {
+        sc = (q[c + 4] & 0xF) | ((q[c - 4] >> 6) << 4);
+        m = (q[c + 4] >> 4) | ((q[c] >> 6) << 4);
+    }
+}
+
+static float ref(const row_q4_K * w, const column_q8_K * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t isum = 0, msum = 0;
+        for (int c = 0; c < 8; c++) {
+            int sc, m, dot = 0, sum = 0;
+            scale_min(c, w[l].scales, sc, m);
+            for (int i = 0; i < 32; i++) {
+                const int code = c % 2 ? w[l].qs[32 * (c / 2) + i] >> 4 : w[l].qs[32 * (c / 2) + i] & 15;
+                dot += code * y[l].qs[32 * c + i];
+                sum += y[l].qs[32 * c + i];
+            }
+            isum += sc * dot;
+            msum += m * sum;
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * y[l].d, acc);
+        acc = std::fmaf(-(float) msum, fp16(w[l].dmin) * y[l].d, acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 6, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127), mode(0, 7);
+    std::vector<row_q4_K> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        b.dmin = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random; some blocks every code 15 with every scale and min 63
+        for (auto & q : b.scales) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+    }
+    std::vector<column_q8_K> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all -128, some all +127
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : q8(rng));
+        for (int k = 0; k < 16; k++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += c.qs[16 * k + i];
+            c.bsums[k] = (int16_t) s;
+        }
+        c.d = scale(rng);
+    }
+    std::vector<int32_t> ex(n_max * nb * EXTRA);
+    for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
+    std::vector<block_q4_Kx16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    const int64_t groups = rows / ROWS;
+    return check(rows, [&](int64_t n, float * out) {
+        for (int th = 0; th < 3; th++) {
+            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+                   nb * sizeof(column_q8_K), ex.data(), n, out, rows);
+        }
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
+PROGRAMS["q6_k"] = r"""
+#include "packed_q4_k.h"
+#include "packed_q6_k.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q6_k;
+
+#ifndef SPECGEN_PACKED_Q6_K
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q6_K * w, const column_q8_K * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t dots[16] = {0}, sums[16] = {0};
+        for (int n = 0; n < 2; n++) {  // ggml's dequantize_row_q6_K, value by value
+            for (int i = 0; i < 32; i++) {
+                const uint8_t * ql = w[l].ql + 64 * n, h = w[l].qh[32 * n + i];
+                const int code[4] = { (ql[i] & 0xF) | ((h >> 0) & 3) << 4, (ql[i + 32] & 0xF) | ((h >> 2) & 3) << 4,
+                                      (ql[i] >> 4) | ((h >> 4) & 3) << 4, (ql[i + 32] >> 4) | ((h >> 6) & 3) << 4 };
+                for (int k = 0; k < 4; k++) {
+                    const int v = 128 * n + 32 * k + i;
+                    dots[v / 16] += code[k] * y[l].qs[v];
+                    sums[v / 16] += y[l].qs[v];
+                }
+            }
+        }
+        int32_t isum = 0;
+        for (int g = 0; g < 16; g++) isum += w[l].scales[g] * dots[g] - 32 * w[l].scales[g] * sums[g];
+        acc = std::fmaf((float) isum, fp16(w[l].d) * y[l].d, acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 6, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127), mode(0, 7);
+    std::vector<row_q6_K> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random; some blocks every code 63 with every scale -128
+        for (auto & q : b.scales) q = (int8_t) (m == 0 ? -128 : byte(rng) - 128);
+        for (auto & q : b.ql) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+        for (auto & q : b.qh) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+    }
+    std::vector<column_q8_K> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all -128, some all +127
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : q8(rng));
+        for (int k = 0; k < 16; k++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += c.qs[16 * k + i];
+            c.bsums[k] = (int16_t) s;
+        }
+        c.d = scale(rng);
+    }
+    std::vector<int32_t> ex(n_max * nb * EXTRA);
+    for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
+    std::vector<block_q6_Kx16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    const int64_t groups = rows / ROWS;
+    return check(rows, [&](int64_t n, float * out) {
+        for (int th = 0; th < 3; th++) {
+            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+                   nb * sizeof(column_q8_K), ex.data(), n, out, rows);
+        }
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
 PROGRAMS = {kind: text.replace("// CHECK: the shared harness (CHECK below)\n", CHECK) for kind, text in PROGRAMS.items()}
 
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]

@@ -1,4 +1,4 @@
-// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h) share: the
+// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h) share: the
 // group and block sizes, fp16 reads, the broadcast of a column block's four bytes, a block's eight
 // vpdpbusd, the column blocks' byte sums, the prefetch distance, and the dispatch that makes a pass's
 // column count a template parameter. Plain C++17 over <immintrin.h>,
@@ -115,15 +115,15 @@ static inline void over_groups(int64_t g0, int64_t g1, const char * cols, size_t
     }
 }
 
-// over_groups() for a kernel whose columns carry one offset per block (column c's at offs + c * nb):
+// over_groups() for a kernel whose columns carry PER int32s per block (column c's at offs + c * nb * PER):
 // group(N, g, columns, offsets, out) for each row group and pass, N the pass's column count as a type.
-template <int MAX, typename C, typename Group>
+template <int MAX, typename C, int PER = 1, typename Group>
 static inline void over_groups_with_offsets(int64_t nb, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
                                             const int32_t * offs, int64_t n, float * dst, int64_t ldc, Group && group) {
     over_groups<MAX, C>(g0, g1, cols, row_bytes, n, dst, ldc,
         [&](int64_t g, int64_t c0, int nc, const C * const * y, float * const * out) {
             const int32_t * off[MAX];
-            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb;
+            for (int j = 0; j < nc; j++) off[j] = offs + (c0 + j) * nb * PER;
             with_columns<MAX>(nc, [&](auto N) { group(N, g, y, off, out); });
         });
 }
