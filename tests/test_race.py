@@ -133,3 +133,9 @@ def test_a_run_without_a_seed_draws_one_and_keeps_it():
     logits = _hot_row()
     replay = Sampler(SamplingParams(1.0, seed=a.seed))
     assert [a.sample(logits, t) for t in range(30)] == [replay.sample(logits, t) for t in range(30)]
+
+
+def test_the_integer_mix_is_the_arrays_mix():
+    """stream_key's splitmix64 in Python integers gives numpy's wrapping uint64 bits."""
+    xs = np.random.default_rng(5).integers(0, 2**63, size=1000, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    assert [race._mix_int(int(x)) for x in xs] == [int(v) for v in race._mix(xs)]

@@ -40,7 +40,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _mix_int(x: int) -> int:
-    return int(_mix(np.array([x & _MASK], dtype=np.uint64))[0])
+    """_mix() on one integer, in Python's integers (the same bits, without numpy's per-call cost)."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
 def stream_key(seed: int, position: int) -> int:
