@@ -2,7 +2,8 @@
 """The ceiling of `auto`'s choice, in hindsight: per step the better of plain, lookup and the draft
 model, knowing how many drafted tokens each would have had accepted; and what auto reached.
 
-For each prompt (its first turn): plain decoding writes the greedy text; then, at every position of
+For each prompt (its first turn): plain decoding writes the greedy text (or, with -t and --seed, the
+sampled text every method writes under that seed); then, at every position of
 that text, how many tokens a lookup draft would have had accepted there (the longest path of the
 lookup trie auto builds, from this text alone, that the text follows) and how many a draft chain
 would (the draft's teacher-forced argmax, compared token by token: a chain's tokens are conditioned
@@ -33,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specgen.app.ask import why_exact_rows
+from specgen.app.ask import SAMPLERS, why_exact_rows
 from specgen.app.config import build_config
 from specgen.app.prompts import Prompt
 from specgen.app.runner import Runner, encode_prompt
@@ -143,8 +144,19 @@ def main() -> None:
     parser.add_argument("-n", "--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, help="write the per-prompt results as JSON")
     parser.add_argument("--seed", type=int, help="plan auto from the cached curves alone, no clocks (a busy machine)")
+    parser.add_argument("--llama-server-sampler", action="store_true",
+                        help="llama-server's default sampler (as `specgen bench --sampler llama-server`)")
+    parser.add_argument("-t", "--temperature", type=float, default=0.0,
+                        help="sample (with --seed: plain's sampled text, which every method writes under that seed; a "
+                             "lookup draft is accepted where it follows it, so the lookup ceiling holds; the draft "
+                             "column stays greedy's teacher-forced argmax, so leave it to presets without a draft)")
     args = parser.parse_args()
-    settings = {"max_tokens": args.max_tokens, "method": "auto", "store": False}
+    settings = {"max_tokens": args.max_tokens, "method": "auto", "store": False, "temperature": args.temperature}
+    if args.llama_server_sampler:
+        settings.update(SAMPLERS["llama-server"])
+        args.temperature = settings["temperature"]
+    if args.temperature > 0 and args.seed is None:
+        parser.error("--temperature needs --seed: plain and auto must write the same sampled text")
     if args.seed is not None:
         settings["seed"] = args.seed
     cfg = build_config(args.config, settings)
@@ -204,7 +216,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or
                                         platform.machine(), "config": str(args.config), "split": args.split,
-                                        "max_tokens": args.max_tokens, "target": cfg.target, "draft": cfg.draft,
+                                        "max_tokens": args.max_tokens, "temperature": args.temperature,
+                                        "llama_server_sampler": args.llama_server_sampler,
+                                        "seed": args.seed, "target": cfg.target, "draft": cfg.draft,
                                         "summary": summary, "prompts": [asdict(r) for r in results]}, indent=1))
 
 
