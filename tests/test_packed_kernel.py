@@ -63,6 +63,31 @@ static int check(int64_t rows, Mul mul, Ref ref) {
     printf("checked %ld mismatches %ld hash %016llx\n", checked, mismatches, (unsigned long long) hash);
     return mismatches != 0;
 }
+
+// The row groups of `rows` (16 a group) split over three "threads" as ggml splits them: part(g0, g1).
+template <typename Part>
+static void three_threads(int64_t rows, Part part) {
+    const int64_t groups = rows / 16;
+    for (int th = 0; th < 3; th++) part(groups * th / 3, groups * (th + 1) / 3);
+}
+
+// Q8_K columns (C: float d, int8_t qs[256], int16_t bsums[16]): mostly random bytes, some blocks all
+// -128 or all +127 (the largest sums), each block's 16-value sums as ggml's quantize_row_q8_K keeps them.
+template <typename C>
+static void fill_q8_k(std::vector<C> & y, std::mt19937 & rng) {
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> q8(-128, 127), mode(0, 7);
+    for (auto & c : y) {
+        const int m = mode(rng);
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : q8(rng));
+        for (int k = 0; k < 16; k++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += c.qs[16 * k + i];
+            c.bsums[k] = (int16_t) s;
+        }
+        c.d = scale(rng);
+    }
+}
 """
 
 PROGRAMS = {"q4_1": r"""
@@ -113,12 +138,11 @@ int main() {
     }
     std::vector<block_q4_1x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {
-        for (int th = 0; th < 3; th++) {
-            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
                    nb * sizeof(column_q8_1), n, out, rows);
-        }
+        });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }""",
             "q5_0": r"""
@@ -174,12 +198,11 @@ int main() {
     for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
     std::vector<block_q5_0x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {
-        for (int th = 0; th < 3; th++) {
-            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
                    nb * sizeof(column_q8_0), offs.data(), n, out, rows);
-        }
+        });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }""",
             "q8_0": r"""
@@ -229,12 +252,11 @@ int main() {
     for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
     std::vector<block_q8_0x16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {
-        for (int th = 0; th < 3; th++) {
-            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
                    nb * sizeof(column_q8_0), offs.data(), n, out, rows);
-        }
+        });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""}
 PROGRAMS["q4_k"] = r"""
@@ -290,7 +312,7 @@ int main() {
     const int64_t rows = 64, nb = 6, n_max = 130;
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
-    std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127), mode(0, 7);
+    std::uniform_int_distribution<int> byte(0, 255), mode(0, 7);
     std::vector<row_q4_K> w(rows * nb);
     for (auto & b : w) {
         b.d = _cvtss_sh(scale(rng), 0);
@@ -300,26 +322,16 @@ int main() {
         for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));
     }
     std::vector<column_q8_K> y(n_max * nb);
-    for (auto & c : y) {
-        const int m = mode(rng);  // mostly random bytes; some blocks all -128, some all +127
-        for (auto & q : c.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : q8(rng));
-        for (int k = 0; k < 16; k++) {
-            int s = 0;
-            for (int i = 0; i < 16; i++) s += c.qs[16 * k + i];
-            c.bsums[k] = (int16_t) s;
-        }
-        c.d = scale(rng);
-    }
+    fill_q8_k(y, rng);
     std::vector<int32_t> ex(n_max * nb * EXTRA);
     for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
     std::vector<block_q4_Kx16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {
-        for (int th = 0; th < 3; th++) {
-            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
                    nb * sizeof(column_q8_K), ex.data(), n, out, rows);
-        }
+        });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""
 PROGRAMS["q6_k"] = r"""
@@ -364,7 +376,7 @@ int main() {
     const int64_t rows = 64, nb = 6, n_max = 130;
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
-    std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127), mode(0, 7);
+    std::uniform_int_distribution<int> byte(0, 255), mode(0, 7);
     std::vector<row_q6_K> w(rows * nb);
     for (auto & b : w) {
         b.d = _cvtss_sh(scale(rng), 0);
@@ -374,26 +386,16 @@ int main() {
         for (auto & q : b.qh) q = (uint8_t) (m == 0 ? 255 : byte(rng));
     }
     std::vector<column_q8_K> y(n_max * nb);
-    for (auto & c : y) {
-        const int m = mode(rng);  // mostly random bytes; some blocks all -128, some all +127
-        for (auto & q : c.qs) q = (int8_t) (m == 0 ? -128 : m == 1 ? 127 : q8(rng));
-        for (int k = 0; k < 16; k++) {
-            int s = 0;
-            for (int i = 0; i < 16; i++) s += c.qs[16 * k + i];
-            c.bsums[k] = (int16_t) s;
-        }
-        c.d = scale(rng);
-    }
+    fill_q8_k(y, rng);
     std::vector<int32_t> ex(n_max * nb * EXTRA);
     for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
     std::vector<block_q6_Kx16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
-    const int64_t groups = rows / ROWS;
     return check(rows, [&](int64_t n, float * out) {
-        for (int th = 0; th < 3; th++) {
-            matmul(nb, packed.data(), groups * th / 3, groups * (th + 1) / 3, (const char *) y.data(),
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
                    nb * sizeof(column_q8_K), ex.data(), n, out, rows);
-        }
+        });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""
 PROGRAMS = {kind: text.replace("// CHECK: the shared harness (CHECK below)\n", CHECK) for kind, text in PROGRAMS.items()}
