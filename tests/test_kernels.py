@@ -254,9 +254,10 @@ def test_specgens_k_quant_arithmetic_moves_the_logits_no_more_than_llama_cpps_ow
     # scales applied once) round apart from ggml's vec_dot by summation order only. Each layout alone
     # moves every row's bits (each is really in use); both together move the logits about as far as
     # llama.cpp's own kernels move them from vec_dot (30 layers of rounding, amplified), and keep the
-    # argmax. Measured (2026-11-29, AMD EPYC, AVX-512), the largest logit moved per row: q4_kx16 alone
-    # median 0.86, q6_kx16 alone 0.83, both 0.86 (max 1.91); llama.cpp's own 0.93 (max 1.72), on
-    # logits spread over ~42; the argmax stayed on 16/16 rows, llama.cpp's on 14/16.
+    # argmax about as often as they do (one row of 16 either way: near-ties differ by CPU). Measured (2026-11-29, AMD EPYC, AVX-512), the largest logit
+    # moved per row: q4_kx16 alone median 0.86, q6_kx16 alone 0.83, both 0.86 (max 1.91); llama.cpp's
+    # own 0.93 (max 1.72), on logits spread over ~42; the argmax stayed on 16/16 rows, llama.cpp's on
+    # 14/16. In an AVX2 build on the same CPU: both 0.91, llama.cpp's 0.97; argmax 14/16 and 13/16.
     import numpy as np
 
     name = "gemma-3-270m-q4_k_m"
@@ -267,7 +268,8 @@ def test_specgens_k_quant_arithmetic_moves_the_logits_no_more_than_llama_cpps_ow
     packed = logits_by(name, PRODUCTS + ",q4_kx16,q6_kx16")
     ours, theirs = np.abs(packed - vec_dot).max(axis=1), np.abs(stock - vec_dot).max(axis=1)
     assert np.median(ours) <= 1.25 * np.median(theirs), (ours, theirs)
-    assert (packed.argmax(axis=1) == vec_dot.argmax(axis=1)).sum() >= 15, (packed.argmax(axis=1), vec_dot.argmax(axis=1))
+    kept = lambda rows: int((rows.argmax(axis=1) == vec_dot.argmax(axis=1)).sum())  # noqa: E731
+    assert kept(packed) >= kept(stock) - 1, (kept(packed), kept(stock))
 
 
 @needs_invariance
