@@ -1,7 +1,7 @@
-// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h) share: the
-// group and block sizes, fp16 reads, the broadcast of a column block's four bytes, a block's eight
-// vpdpbusd, the column blocks' byte sums, the prefetch distance, and the dispatch that makes a pass's
-// column count a template parameter. Plain C++17 over <immintrin.h>,
+// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h,
+// packed_q6_k.h) share: the group and block sizes, fp16 reads, the broadcast of a column block's four
+// bytes, a block's eight vpdpbusd, the column blocks' byte sums, the prefetch distance, and the
+// dispatch that makes a pass's column count a template parameter. Plain C++17 over <immintrin.h>,
 // compiled alone by tests/test_packed_kernel.py as part of each kernel.
 #pragma once
 

@@ -1,7 +1,8 @@
 // specgen: specgen's packed weight layouts (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h,
-// packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at load, size the scratch, and compute a product
-// of any number of columns (each column quantized as ggml quantizes one row, with the few integers
-// per column block a kernel needs beside it, then each thread's share of the row groups).
+// packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
+// load, size the scratch, and compute a product of any number of columns (each column quantized as
+// ggml quantizes one row, with the few integers per column block a kernel needs beside it, then each
+// thread's share of the row groups).
 //
 // A kernel K gives: WEIGHT and COLUMN (ggml types), NAME (its SPECGEN_KERNELS key), ROWS and QK,
 // `row` and `packed` (its blocks), EXTRA (int32s per column block, 0 for none), extras(column, nb,
@@ -28,8 +29,8 @@
 
 #include <stdint.h>
 
-#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q8_0) && defined(SPECGEN_PACKED_Q4_K) && \
-    defined(SPECGEN_PACKED_Q6_K)
+#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q8_0) && \
+    defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q6_K)
 #define SPECGEN_PACKED_LAYOUTS 1
 
 namespace specgen_packed_traits {
