@@ -290,6 +290,18 @@ def _rendered(page: str, marker: str, script: str):
     return found.group(2), ROOT / name if name.startswith("docs/") else ROOT / "docs" / name, module
 
 
+def test_the_oracle_samples_only_under_a_seed():
+    """scripts/oracle.py compares auto's text with plain's: sampled (-t, --llama-server-sampler), both
+    must write the one text a seed gives, so a sampled ceiling without --seed is refused in one line."""
+    import subprocess
+    import sys
+
+    for flag in (["-t", "0.7"], ["--llama-server-sampler"]):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "oracle.py"), "-c", "configs/bench-pair-c.yaml",
+                               "--suite", "builtin", *flag], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 2 and "--temperature needs --seed" in done.stderr.splitlines()[-1], done.stderr
+
+
 def test_the_oracle_table_in_auto_md_is_rendered_from_its_results_file():
     """docs/auto.md's ceiling table is scripts/oracle.py's rendering of the file its marker names."""
     table, path, oracle = _rendered("auto.md", "oracle-table", "oracle")
