@@ -20,7 +20,7 @@ header documents:
   Q6_K x Q8_K  per super-block the exact integer sum_g sc_g * (sum_i code * y - 32 * sum_i y) over the
                16-value groups (codes read as ggml's dequantize_row_q6_K reads them), then fma(isum,
                d * dy, acc); some blocks have every code 63 with every scale -128, some columns are all
-               -128 or all +127; included after packed_q4_k.h (the two share ggml's Q8_K block's shape).
+               -128 or all +127; included after packed_q4_k.h (the two share packed_common.h's Q8_K block).
 Compiled for AVX2 and, where this CPU has it, for AVX-512 VNNI: both must equal the scalar statement,
 so they equal each other, which is what lets a prompt cache or a draft tree computed on one machine
 mean the same on another."""

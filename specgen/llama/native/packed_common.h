@@ -67,11 +67,20 @@ static inline void block_sums(const C * col, int64_t nb, int32_t factor, int32_t
     }
 }
 
-// Prefetch the block PREFETCH blocks after *b (prefetches never fault past the end).
-template <typename B>
+// Prefetch the block AHEAD blocks after *b (prefetches never fault past the end).
+template <int64_t AHEAD = PREFETCH, typename B>
 static inline void fetch_ahead(const B * b) {
-    for (int i = 0; i < (int) sizeof(B); i += 64) _mm_prefetch((const char *) (b + PREFETCH) + i, _MM_HINT_T0);
+    for (int i = 0; i < (int) sizeof(B); i += 64) _mm_prefetch((const char *) (b + AHEAD) + i, _MM_HINT_T0);
 }
+
+// The K-quant kernels' (packed_q4_k.h, packed_q6_k.h) side of a product: ggml's Q8_K column block
+// (256 values, an F32 scale, the 16-value sums), the view of its 32 bytes from value 32 c that
+// four256/four512/dot512 read (a member qs), and how far ahead a super-block group (2-3 KB) is fetched.
+constexpr int QK_SUPER = 256;  // (not QK_K: ggml-common.h, which repack.cpp includes first, defines that macro)
+struct column_q8_K { float d; int8_t qs[QK_SUPER]; int16_t bsums[QK_SUPER / 16]; };
+static_assert(sizeof(column_q8_K) == 292, "ggml's Q8_K block");
+struct chunk { const int8_t * qs; };
+constexpr int64_t PREFETCH_K = 2;
 
 // Calls f(std::integral_constant<int, nc>()) for nc in 1..MAX: the accumulators' count a template
 // parameter, so that they stay in registers.

@@ -44,18 +44,21 @@ namespace specgen_packed_q4_k {
 using specgen_packed_common::ROWS;
 using specgen_packed_common::fp16;
 using specgen_packed_common::four256;
+using specgen_packed_common::column_q8_K;
+using specgen_packed_common::chunk;
+using specgen_packed_common::fetch_ahead;
+using specgen_packed_common::PREFETCH_K;
 #if defined(SPECGEN_PACKED_VNNI)
 using specgen_packed_common::dot512;
 #endif
 
-constexpr int QK = 256;      // values per super-block
+constexpr int QK = specgen_packed_common::QK_SUPER;  // values per super-block
 constexpr int CHUNKS = 8;    // 32-value chunks per super-block, each with its scale and min
 constexpr int EXTRA = 4;     // int32s per column super-block: its chunk sums as int16 pairs
 
-// ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
+// ggml's block, as stored (fp16 values as their bits): a weight row's (the column's: column_q8_K).
 struct row_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK / 2]; };
-struct column_q8_K { float d; int8_t qs[QK]; int16_t bsums[QK / 16]; };
-static_assert(sizeof(row_q4_K) == 144 && sizeof(column_q8_K) == 292, "ggml's Q4_K and Q8_K blocks");
+static_assert(sizeof(row_q4_K) == 144, "ggml's Q4_K block");
 
 struct block_q4_Kx16 {
     uint16_t d[ROWS];
@@ -65,8 +68,6 @@ struct block_q4_Kx16 {
 };
 static_assert(sizeof(block_q4_Kx16) == ROWS * sizeof(row_q4_K), "the packed group fills the rows' bytes");
 
-// 32 bytes of a column from value 32 c, in the shape four256/four512/dot512 read (a member qs).
-struct chunk { const int8_t * qs; };
 
 // Per column super-block, its chunk sums s_c (|s_c| <= 32 * 128) as int16 pairs, in the order the
 // mins' pairs come out of their planes: (s0, s2), (s1, s3), (s4, s6), (s5, s7).
@@ -113,7 +114,7 @@ static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K 
     const __m512i low = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF), pairs = _mm512_set1_epi32(0x00FF00FF);
     for (int64_t l = 0; l < nb; l++) {
         const block_q4_Kx16 & b = w[l];
-        for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) (&b + 2) + i, _MM_HINT_T0);
+        fetch_ahead<PREFETCH_K>(&b);
         __m512i p[3], sc[2], mn[2];
         for (int k = 0; k < 3; k++) p[k] = _mm512_loadu_si512((const void *) b.scales[k]);
         scales_and_mins(p, sc, mn, ops512());
@@ -171,7 +172,7 @@ static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K 
         for (int64_t l = 0; l < nb; l++) {
             const block_q4_Kx16 & b = w[l];
             if (h == 0) {  // the second half reads the group again from the cache
-                for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) (&b + 2) + i, _MM_HINT_T0);
+                fetch_ahead<PREFETCH_K>(&b);
             }
             __m256i p[3], sc[2], mn[2];
             for (int k = 0; k < 3; k++) p[k] = _mm256_loadu_si256((const __m256i *) (b.scales[k] + 8 * h));

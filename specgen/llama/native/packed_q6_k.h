@@ -42,18 +42,21 @@ namespace specgen_packed_q6_k {
 using specgen_packed_common::ROWS;
 using specgen_packed_common::fp16;
 using specgen_packed_common::four256;
+using specgen_packed_common::column_q8_K;
+using specgen_packed_common::chunk;
+using specgen_packed_common::fetch_ahead;
+using specgen_packed_common::PREFETCH_K;
 #if defined(SPECGEN_PACKED_VNNI)
 using specgen_packed_common::four512;
 #endif
 
-constexpr int QK = 256;      // values per super-block
+constexpr int QK = specgen_packed_common::QK_SUPER;  // values per super-block
 constexpr int CHUNKS = 8;    // 32-value chunks per super-block, two scale groups each
 constexpr int EXTRA = 8;     // int32s per column super-block: its 16-value sums as int16 pairs
 
-// ggml's blocks, as stored (fp16 values as their bits): a weight row's and a quantized column's.
+// ggml's block, as stored (fp16 values as their bits): a weight row's (the column's: column_q8_K).
 struct row_q6_K { uint8_t ql[QK / 2]; uint8_t qh[QK / 4]; int8_t scales[QK / 16]; uint16_t d; };
-struct column_q8_K { float d; int8_t qs[QK]; int16_t bsums[QK / 16]; };
-static_assert(sizeof(row_q6_K) == 210 && sizeof(column_q8_K) == 292, "ggml's Q6_K and Q8_K blocks");
+static_assert(sizeof(row_q6_K) == 210, "ggml's Q6_K block");
 
 struct block_q6_Kx16 {
     uint16_t d[ROWS];
@@ -63,8 +66,6 @@ struct block_q6_Kx16 {
 };
 static_assert(sizeof(block_q6_Kx16) == ROWS * sizeof(row_q6_K), "the packed group fills the rows' bytes");
 
-// 32 bytes of a column from value 32 c, in the shape four256/four512 read (a member qs).
-struct chunk { const int8_t * qs; };
 
 // Per column super-block, its 16-value sums b_g (Q8_K's bsums) as int16 pairs, in the order the
 // scales' pairs come out of their planes: per plane q, (b_4q, b_4q+2) then (b_4q+1, b_4q+3).
@@ -104,7 +105,7 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
     for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t l = 0; l < nb; l++) {
         const block_q6_Kx16 & b = w[l];
-        for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) (&b + 2) + i, _MM_HINT_T0);
+        fetch_ahead<PREFETCH_K>(&b);
         __m512i sc[4];
         for (int q = 0; q < 4; q++) sc[q] = _mm512_loadu_si512((const void *) b.scales[q]);
         __m512i isum[NC];
@@ -173,7 +174,7 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
         for (int64_t l = 0; l < nb; l++) {
             const block_q6_Kx16 & b = w[l];
             if (h == 0) {  // the second half reads the group again from the cache
-                for (int i = 0; i < (int) sizeof(b); i += 64) _mm_prefetch((const char *) (&b + 2) + i, _MM_HINT_T0);
+                fetch_ahead<PREFETCH_K>(&b);
             }
             __m256i sc[4];
             for (int q = 0; q < 4; q++) sc[q] = _mm256_loadu_si256((const __m256i *) (b.scales[q] + 8 * h));
