@@ -5,8 +5,8 @@ Each round runs every configuration once over every prompt size, in an order rot
 round, each in its own process: llama-bench (`-p SIZES -n 0 -r 1`, its own n_batch/n_ubatch
 defaults unless given) and specgen's prefill (`kv.prefill` on the context a speculative session
 makes) in decodes of at most INVARIANT_ROWS tokens (what `specgen serve` reads every prompt in, and
-`generate` Q4_1 and Q5_1 prompts: backend.prompt_chunk) and in decodes of n_batch (`generate` on
-other types). Each process first reads a 32-token prompt (a warm-up, not reported), then one prompt
+since 2026-11-29 `generate` too, on every type with specgen's kernel: backend.prompt_chunk) and in
+decodes of n_batch (what `generate` read other types than Q4_1 and Q5_1 in before). Each process first reads a 32-token prompt (a warm-up, not reported), then one prompt
 of each size, random token ids as llama-bench uses. The threads are fixed (specgen would otherwise
 follow the cores other processes leave free). Wall-clock and CPU time are both kept: on a busy
 machine, with one thread, CPU time is what other work disturbs least. `--append` adds another run's
@@ -35,8 +35,8 @@ WARMUP = 32
 # ("cache" = kv.INVARIANT_ROWS, "batch" = the context's n_batch) and environment.
 CONFIGS = {
     "llama.cpp (llama-bench)": ("llama-bench", {"flags": []}),
-    "specgen, decodes of 128 (serve, and generate on Q4_1, Q5_1)": ("specgen", {"chunk": "cache", "env": {}}),
-    "specgen, decodes of 512 (generate on other types)": ("specgen", {"chunk": "batch", "env": {}}),
+    "specgen, decodes of 128 (serve, and generate: backend.prompt_chunk)": ("specgen", {"chunk": "cache", "env": {}}),
+    "specgen, decodes of 512 (n_batch)": ("specgen", {"chunk": "batch", "env": {}}),
     # specgen's Python on the very libraries llama-bench runs (no specgen patch, repacked weights)
     "specgen, decodes of 512, on llama-bench's libraries": ("specgen", {"chunk": "batch", "env": {"LLAMA_CPP_LIB_PATH": "{llama_bin}"}}),
 }
