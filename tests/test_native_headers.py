@@ -7,7 +7,8 @@ meet llama.cpp (few_columns.h, attention.h, packed_traits.h, kernels.h) against 
 llama.cpp that the pinned llama-cpp-python vendors (the sdist specgen.llama.build keeps), with ggml-cpu's
 include directories. Each header is compiled as a translation unit of its own (-fsyntax-only: every
 function and the templates they use checked, nothing linked); kernels.h also instantiates the repack
-buffer's traits with a base class like repack.cpp's, as patches/repack.cpp.patch does."""
+buffer's traits with a base class like repack.cpp's, as patches/repack.cpp.patch does. Last, each
+patched llama.cpp file up to specgen's includes, so that llama.cpp's macros meet specgen's names."""
 
 import platform
 import shutil
@@ -127,3 +128,35 @@ def test_the_patches_apply_to_the_pinned_llama_cpp(llama_cpp):
         after = (llama_cpp / patch.target).read_text()
         added = sum(len(h.new) - len(h.old) for h in patch.hunks)
         assert after.count("\n") - before.count("\n") == added and "specgen" in after
+
+
+@pytest.mark.parametrize("isa", sorted(ISAS))
+def test_each_header_compiles_where_the_patches_include_it(tmp_path, isa, llama_cpp, ggml_include):
+    """What a patched llama.cpp file has before specgen's `#include "specgen/..."` lines, then those
+    lines, as one translation unit: the macros of the headers llama.cpp includes first (ggml-common.h
+    defines QK_K, QK4_0, ...) meet specgen's names, which a header compiled alone never shows (a
+    constant named QK_K broke the wheel's build on 2026-11-29 and passed the tests above)."""
+    root = tmp_path / "llama"
+    shutil.copytree(llama_cpp, root)
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "specgen").symlink_to(NATIVE)
+    versions = build.llama_cpp_versions(llama_cpp.parents[1])
+    checked = []
+    for patch in patching.patches():
+        patching.apply(patch, root, versions)
+        lines = (root / patch.target).read_text().splitlines()
+        ours = [i for i, line in enumerate(lines) if line.startswith('#include "specgen/')]
+        if not ours:
+            continue
+        end = ours[-1] + 1
+        if end < len(lines) and lines[end].startswith("#endif"):
+            end += 1
+        source = tmp_path / f"{patch.path.stem}-{isa}.cpp"
+        source.write_text("\n".join(lines[:end]) + "\n")
+        here = [f"-I{(root / patch.target).parent}"]
+        done = subprocess.run([compiler(), "-std=c++17", "-fsyntax-only", "-DGGML_USE_LLAMAFILE", "-Wno-unused-function",
+                               *ISAS[isa], *here, f"-I{tmp_path / 'include'}", *ggml_include, str(source)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"{patch.target} ({isa}) up to specgen's includes:\n{done.stderr[-4000:]}"
+        checked.append(patch.target)
+    assert len(checked) >= 4, checked  # ggml-cpu.cpp, repack.cpp, ops.cpp, sgemm.cpp, tiled.cpp
