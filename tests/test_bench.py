@@ -39,6 +39,18 @@ def test_per_group_takes_every_kth_record():
     assert len(suites.select(prompts, per_group=1000)) == len(prompts)
 
 
+def test_category_keeps_a_records_own_category_or_a_whole_group():
+    prompts = suites.parse_question_file(question_lines(3), "q.jsonl")  # writing, roleplay (mt_bench), ...
+    assert [p.category for p in suites.in_categories(prompts, "roleplay")] == ["roleplay"] * 3
+    assert {p.category for p in suites.in_categories(prompts, "mt_bench")} == {"writing", "roleplay"}
+    assert [p.prompt_id for p in suites.in_categories(prompts, "rag, writing")] == ["81", "82", "83", "90", "91", "92"]
+    assert suites.in_categories(prompts, None) == prompts
+    with pytest.raises(ConfigError, match="found 'coding'"):
+        suites.in_categories(prompts, "writing,coding")
+    with pytest.raises(ConfigError, match="found ','"):
+        suites.in_categories(prompts, ",")
+
+
 def test_split_halves_are_disjoint_cover_everything_and_are_stable():
     prompts = suites.parse_question_file(question_lines(10), "q.jsonl")  # ids 81..120
     tune, report_half = suites.split_half(prompts, "tune"), suites.split_half(prompts, "report")
@@ -380,6 +392,9 @@ def test_bench_cli_errors_are_one_line():
     assert r.returncode == 2 and "--per-group must be at least 1, found 0" in r.stderr  # a usage error
     r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--split", "both")
     assert r.returncode == 2 and "--split expects all, tune, report, found 'both'" in r.stderr
+    r = specgen("bench", "-m", "smollm2-135m-instruct-q4_1", "--category", "qa,poetry")
+    assert r.returncode == 2 and ("--category expects categories of the suite (mt_bench, translation, summarization, "
+                                  "qa, math_reasoning, rag, code), found 'poetry'") in r.stderr
 
 
 def test_a_rival_that_wrote_nothing_leaves_the_other_methods_speeds_whole():

@@ -20,7 +20,7 @@ from specgen.app.session import load_session
 from specgen.bench import drafts, llamacpp
 from specgen.bench.results import bench_report as results_of_run, header, machine_info, run_info
 from specgen.bench.run import UNSCREENED, in_process, parse_methods, run_bench
-from specgen.bench.suites import SPLITS, load_suite, select, split_half
+from specgen.bench.suites import SPLITS, in_categories, load_suite, select, split_half
 from specgen.bench.summary import HeadToHead, SummaryRow, head_to_head, summarize
 from specgen.bench.view import check_plot_path, write_plot
 from specgen.core.constraint import ConstraintSpec
@@ -64,7 +64,7 @@ class BenchRun:
 
 # The options that are settings (keys of a -c file too); the others are the run's own.
 SETTINGS = ("target", "draft", "chat", "system", "threads", "ctx", "gpu_layers", "draft_gpu_layers", "rpc", "methods",
-            "suite", "limit", "per_group", "repeats", "split", "store", "json_layout", "corpus")
+            "suite", "category", "limit", "per_group", "repeats", "split", "store", "json_layout", "corpus")
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,8 @@ def check(ask: BenchAsk) -> None:
     if split not in SPLITS:
         raise ConfigError(f"--split expects {', '.join(SPLITS)}, found {split!r}")
     parse_methods(values.get("methods") or ())  # a misspelt method fails before anything is read
+    if values.get("category") is not None:  # a category the suite lacks, too
+        in_categories(load_suite(values.get("suite") or "builtin")[1], values["category"])
     if (ask.spec_types or ask.llama_cpp_draft) and ask.llama_cpp is None:
         raise ConfigError(f"{'--spec-type' if ask.spec_types else '--llama-cpp-draft'} runs llama.cpp's speculative "
                           "decoding: give --llama-cpp DIR too")
@@ -137,7 +139,8 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
     cfg = run_config(values, ask.given)
     split = values.get("split") or "all"
     suite_name, pool = load_suite(values.get("suite") or "builtin")
-    prompts = select(split_half(pool, split), values.get("per_group"), values.get("limit"))
+    prompts = select(in_categories(split_half(pool, split), values.get("category")), values.get("per_group"),
+                     values.get("limit"))
     if ask.constraint is not None:  # every prompt that carries no response_format or tools of its own
         prompts = [p if p.constraint or p.tools else dataclasses.replace(p, constraint=ask.constraint) for p in prompts]
     n_repeats = values.get("repeats") or 1
@@ -189,7 +192,8 @@ def run(ask: BenchAsk, progress: Progress) -> BenchRun:
     report = results_of_run(cfg, session, machine, columns, suite_name, len(prompts), n_repeats, interrupted,
                             trials, rows, calibration_at_start, versus,
                             their_draft.record if their_draft is not None else None, run_at_start)
-    report["settings"].update(split=split, per_group=values.get("per_group"), limit=values.get("limit"))
+    report["settings"].update(split=split, category=values.get("category"), per_group=values.get("per_group"),
+                              limit=values.get("limit"))
     return BenchRun(rows, columns, rivals, title, n_repeats, versus, report, interrupted)
 
 

@@ -91,6 +91,8 @@ def _suite(settings: dict, n_turns: int | None) -> str:
     half = "" if split in (None, "all") else f", {split} half"
     per_group = settings.get("per_group")
     how = f"{per_group} prompts per group, " if per_group else ""
+    if settings.get("category"):
+        how = f"category {settings['category']}, {how}"
     turns = f", {n_turns} turns" if n_turns and n_turns != settings.get("n_prompts") else ""
     return f"{suite}{half}: {how}{settings.get('n_prompts', '?')} prompts{turns}"
 

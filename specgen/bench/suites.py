@@ -32,6 +32,7 @@ class BenchPrompt:
     # structured-output suites (suites/json.jsonl).
     constraint: ConstraintSpec | None = None
     tools: Tools | None = None
+    category: str = ""  # the record's own category (a group may hold several: Spec-Bench's mt_bench eight)
 
     @property
     def constrained(self) -> bool:
@@ -58,7 +59,7 @@ def parse_question_file(text: str, origin: str) -> list[BenchPrompt]:
         except ConstraintError as e:
             raise PromptError(f"{origin} line {lineno}: {e}") from None
         out.append(BenchPrompt(spec_bench_group(rec["category"]), str(rec.get("question_id", lineno)),
-                               tuple(turns), **structured))
+                               tuple(turns), **structured, category=rec["category"]))
     if not out:
         raise PromptError(f"{origin}: no questions found")
     return out
@@ -117,6 +118,19 @@ def split_half(prompts: Sequence[BenchPrompt], half: str) -> list[BenchPrompt]:
     if half == "all":
         return list(prompts)
     return [p for p in prompts if half_of(p.prompt_id) == half]
+
+
+def in_categories(prompts: Sequence[BenchPrompt], categories: str | None) -> list[BenchPrompt]:
+    """The prompts of the comma-separated `categories` (each a record's category, or a group such as
+    mt_bench), in their order; None keeps every prompt. A ConfigError names a category the suite lacks."""
+    if categories is None:
+        return list(prompts)
+    wanted = [c.strip() for c in categories.split(",") if c.strip()]
+    known = list(dict.fromkeys(c for p in prompts for c in (p.category or p.group, p.group)))
+    for name in wanted or [categories]:
+        if name not in known:
+            raise ConfigError(f"--category expects categories of the suite ({', '.join(known)}), found {name!r}")
+    return [p for p in prompts if (p.category or p.group) in wanted or p.group in wanted]
 
 
 def select(prompts: Sequence[BenchPrompt], per_group: int | None = None, limit: int | None = None) -> list[BenchPrompt]:

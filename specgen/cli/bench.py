@@ -32,6 +32,9 @@ def bench(
     methods: Optional[str] = typer.Option(None, "--methods", metavar="LIST", help="Comma-separated; plain always runs "
                                           "(and jump, where prompts are constrained) [every method that can run "
                                           "with the models given]."),
+    category: Optional[str] = typer.Option(None, "--category", metavar="LIST", help="Comma-separated: only the "
+                                           "prompts of these categories of the suite (Spec-Bench's, e.g. coding, "
+                                           "or a group such as mt_bench) [every one]."),
     limit: Optional[int] = typer.Option(None, "--limit", metavar="N", help="At most N prompts in all."),
     per_group: Optional[int] = typer.Option(None, "--per-group", metavar="N",
                                             help="N prompts per group, spread evenly."),
