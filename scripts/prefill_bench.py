@@ -35,7 +35,7 @@ WARMUP = 32
 # ("cache" = kv.INVARIANT_ROWS, "batch" = the context's n_batch) and environment.
 CONFIGS = {
     "llama.cpp (llama-bench)": ("llama-bench", {"flags": []}),
-    "specgen, decodes of 128 (serve, and generate: backend.prompt_chunk)": ("specgen", {"chunk": "cache", "env": {}}),
+    "specgen, decodes of 128 (serve, and generate as backend.prompt_chunk says)": ("specgen", {"chunk": "cache", "env": {}}),
     "specgen, decodes of 512 (n_batch)": ("specgen", {"chunk": "batch", "env": {}}),
     # specgen's Python on the very libraries llama-bench runs (no specgen patch, repacked weights)
     "specgen, decodes of 512, on llama-bench's libraries": ("specgen", {"chunk": "batch", "env": {"LLAMA_CPP_LIB_PATH": "{llama_bin}"}}),

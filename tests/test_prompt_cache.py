@@ -213,27 +213,33 @@ def test_a_prefill_in_invariant_decodes_is_the_same_bits_however_it_is_split(req
 
 
 @pytest.mark.real
-def test_without_a_prompt_cache_a_q4_1_prompt_is_read_as_a_prompt_cache_reads_it(smollm2, gemma):
-    """`specgen generate` (no prompt cache) reads a Q4_1 model's prompt in the prompt cache's decodes,
-    which specgen's kernels read faster (backend.prompt_chunk), so its first token's log-probabilities
-    are the bits `specgen serve` gives, cache on or off. Q4_K_M's prompts stay in n_batch decodes
-    (llama.cpp's tiled kernels read them faster)."""
+def test_without_a_prompt_cache_a_prompt_is_read_as_a_prompt_cache_reads_it(smollm2, gemma):
+    """`specgen generate` (no prompt cache) reads a prompt in the prompt cache's decodes wherever
+    specgen's kernel for the model's weights is on (backend.prompt_chunk: they read it at least as
+    fast), so its first token's log-probabilities are the bits `specgen serve` gives, cache on or
+    off: smollm2 Q4_1 and, since 2026-11-29, gemma Q4_K_M. F32 and F16 need the AVX-512 kernels
+    (on AVX2 llama.cpp's tiled product reads them faster)."""
     from specgen.llama.backend import prompt_chunk
 
     text = " ".join(["The agent called get_weather for Paris and got 18 C and sunny, then answered."] * 20)
-    tokens = smollm2.tokenize(text, add_special=True, parse_special=False)[:300]
-    ctx = smollm2.new_context(1024, n_batch=512, n_threads=2)
+    for model in (smollm2, gemma):
+        tokens = model.tokenize(text, add_special=True, parse_special=False)[:300]
+        ctx = model.new_context(1024, n_batch=512, n_threads=2)
 
-    def first(cache):
-        request = GenerationRequest(tokens, 1, SamplingParams(), logprobs=5)
-        return next(e for e in generate(smollm2, ctx, request, RunStats(), None, cache)
-                    if isinstance(e, TokenEvent)).logprob
+        def first(cache):
+            request = GenerationRequest(tokens, 1, SamplingParams(), logprobs=5)
+            return next(e for e in generate(model, ctx, request, RunStats(), None, cache)
+                        if isinstance(e, TokenEvent)).logprob
 
-    assert first(None) == first(PromptCache(reuse=False))
-    assert gemma.prompt_chunk is None and smollm2.prompt_chunk == 128
-    info = "| SPECGEN_INVARIANT = on | SPECGEN_KERNELS = avx512vnni: q8_0 q4_1 |"
+        assert first(None) == first(PromptCache(reuse=False))
+        ctx.close()
+    assert gemma.prompt_chunk == 128 and smollm2.prompt_chunk == 128
+    info = "| SPECGEN_INVARIANT = on | SPECGEN_KERNELS = avx2: q8_0 q4_1 q4_k f32 |"
     assert prompt_chunk("3", info, 0) == 128 and prompt_chunk("9", info, 0) is None  # Q5_1's kernel is off
+    assert prompt_chunk("15", info, 0) == 128 and prompt_chunk("14", info, 0) == 128  # Q4_K_M, Q4_K_S
+    assert prompt_chunk("0", info, 0) is None and prompt_chunk("0", info.replace("f32", "f32x16"), 0) == 128
     assert prompt_chunk("3", info, 1) is None and prompt_chunk("3", info.replace("= on", "= off"), 0) is None
+    assert prompt_chunk("30", info, 0) is None and prompt_chunk(None, info, 0) is None  # BF16; no file type
 
 
 # -- a real server ---------------------------------------------------------------------------------
