@@ -32,7 +32,8 @@ ISAS = {
 WITH_GGML = {"few_columns.h", "attention.h", "packed_traits.h", "kernels.h"}
 HEADERS = sorted(path.name for path in NATIVE.glob("*.h"))
 # What each ISA must define (a header that compiled to nothing would pass -fsyntax-only vacuously).
-DEFINES = {"few_common.h": "SPECGEN_FEW", "packed_q4_1.h": "SPECGEN_PACKED", "packed_q5_0.h": "SPECGEN_PACKED_Q5_0",
+DEFINES = {"few_common.h": "SPECGEN_FEW", "packed_q4_0.h": "SPECGEN_PACKED_Q4_0", "packed_q4_1.h": "SPECGEN_PACKED",
+           "packed_q5_0.h": "SPECGEN_PACKED_Q5_0", "packed_q5_1.h": "SPECGEN_PACKED_Q5_1",
            "packed_q8_0.h": "SPECGEN_PACKED_Q8_0", "packed_q4_k.h": "SPECGEN_PACKED_Q4_K", "packed_q6_k.h": "SPECGEN_PACKED_Q6_K",
            "packed_traits.h": "SPECGEN_PACKED_LAYOUTS"}
 # repack.cpp's ggml::cpu::repack::tensor_traits_base, which the patch passes to kernels.h
@@ -60,7 +61,21 @@ def compiler() -> str:
 @pytest.fixture(scope="module")
 def llama_cpp(tmp_path_factory):
     """The pinned sdist's llama.cpp, as far as these tests read it: ggml's headers and the files the
-    patches change."""
+    patches change (test_the_patches_apply_to_the_pinned_llama_cpp patches this copy)."""
+    return extracted(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def patched_llama_cpp(tmp_path_factory):
+    """Another such copy, every patch applied (its own: the fixture above may be patched or not)."""
+    root = extracted(tmp_path_factory)
+    versions = build.llama_cpp_versions(root.parents[1])
+    for patch in patching.patches():
+        patching.apply(patch, root, versions)
+    return root
+
+
+def extracted(tmp_path_factory):
     try:
         archive = build.sdist_archive()
     except SystemExit as error:
@@ -131,19 +146,16 @@ def test_the_patches_apply_to_the_pinned_llama_cpp(llama_cpp):
 
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
-def test_each_header_compiles_where_the_patches_include_it(tmp_path, isa, llama_cpp, ggml_include):
+def test_each_header_compiles_where_the_patches_include_it(tmp_path, isa, patched_llama_cpp, ggml_include):
     """What a patched llama.cpp file has before specgen's `#include "specgen/..."` lines, then those
     lines, as one translation unit: the macros of the headers llama.cpp includes first (ggml-common.h
     defines QK_K, QK4_0, ...) meet specgen's names, which a header compiled alone never shows (a
     constant named QK_K broke the wheel's build on 2026-11-29 and passed the tests above)."""
-    root = tmp_path / "llama"
-    shutil.copytree(llama_cpp, root)
+    root = patched_llama_cpp
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "specgen").symlink_to(NATIVE)
-    versions = build.llama_cpp_versions(llama_cpp.parents[1])
     checked = []
     for patch in patching.patches():
-        patching.apply(patch, root, versions)
         lines = (root / patch.target).read_text().splitlines()
         ours = [i for i, line in enumerate(lines) if line.startswith('#include "specgen/')]
         if not ours:

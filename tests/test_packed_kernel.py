@@ -6,10 +6,17 @@ weights, multiplies them by random quantized columns in batches of 1 to 130 colu
 "threads" by groups of rows, and compares every result with a scalar statement of the arithmetic the
 header documents:
   Q4_1 x Q8_1  per block the exact integer sum of code * y, then fma(isum, d * dy, acc), fma(m, s, acc)
+  Q4_0 x Q8_0  per block the exact integer sum of (code - 8) * y, then fma(isum, d * dy, acc); some
+               blocks hold the extreme codes (all 15, all 0) and some columns the extreme bytes (all
+               +127, all -127, -128); included between packed_q4_1.h and packed_q5_0.h (the three share
+               packed_common.h's interleaved 4-bit codes).
   Q5_0 x Q8_0  per block the exact integer sum of (code - 16) * y, then fma(isum, d * dy, acc); some
                blocks hold the extreme codes (all 31, all 0) and some columns the extreme bytes (all
                +127, all -127, -128), so that a 16-bit partial sum that could overflow would show; the
                program includes packed_q4_1.h first, as repack.cpp does, so the headers coexist.
+  Q5_1 x Q8_1  per block the exact integer sum of code * y (five-bit codes, Q5_0's layout), then
+               fma(isum, d * dy, acc), fma(m, s, acc); extreme codes and bytes as for Q5_0; all four
+               4- and 5-bit headers included.
   Q8_0 x Q8_0  per block the exact integer sum of w * y, then fma(isum, d * dy, acc); some blocks hold
                the extreme bytes (all -128, all +127) and some columns all +127 or all -127 (ggml's
                quantize_row_q8_0 never writes -128 into a column); all three headers included.
@@ -259,6 +266,127 @@ int main() {
         });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""}
+PROGRAMS["q4_0"] = r"""
+#include "packed_q4_1.h"
+#include "packed_q4_0.h"
+#include "packed_q5_0.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q4_0;
+
+#ifndef SPECGEN_PACKED_Q4_0
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q4_0 * w, const column_q8_0 * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += ((w[l].qs[i] & 15) - 8) * y[l].qs[i] + ((w[l].qs[i] >> 4) - 8) * y[l].qs[i + 16];
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * fp16(y[l].d), acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 48, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), q8(-127, 127), mode(0, 7);
+    std::vector<row_q4_0> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random codes; some blocks all 15, some all 0
+        for (auto & q : b.qs) q = m == 0 ? 0xFF : m == 1 ? 0x00 : (uint8_t) byte(rng);
+    }
+    std::vector<column_q8_0> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all +127, all -127 or all -128
+        for (auto & q : c.qs) q = (int8_t) (m == 0 ? 127 : m == 1 ? -127 : m == 2 ? -128 : q8(rng));
+        c.d = _cvtss_sh(scale(rng), 0);
+    }
+    std::vector<int32_t> offs(n_max * nb);
+    for (int64_t c = 0; c < n_max; c++) offsets(&y[c * nb], nb, &offs[c * nb]);
+    std::vector<block_q4_0x16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    return check(rows, [&](int64_t n, float * out) {
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
+                   nb * sizeof(column_q8_0), offs.data(), n, out, rows);
+        });
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
+PROGRAMS["q5_1"] = r"""
+#include "packed_q4_1.h"
+#include "packed_q4_0.h"
+#include "packed_q5_0.h"
+#include "packed_q5_1.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q5_1;
+
+#ifndef SPECGEN_PACKED_Q5_1
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q5_1 * w, const column_q8_1 * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        uint32_t qh;
+        memcpy(&qh, w[l].qh, sizeof(qh));
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            const int lo = (w[l].qs[i] & 15) | (int) ((qh >> i) & 1) << 4;
+            const int hi = (w[l].qs[i] >> 4) | (int) ((qh >> (i + 16)) & 1) << 4;
+            isum += lo * y[l].qs[i] + hi * y[l].qs[i + 16];
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * fp16(y[l].d), acc);
+        acc = std::fmaf(fp16(w[l].m), fp16(y[l].s), acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 48, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), q8(-127, 127), mode(0, 7);
+    std::vector<row_q5_1> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        b.m = _cvtss_sh(-16.0f * scale(rng), 0);
+        const int m = mode(rng);  // mostly random codes; some blocks all 31, some all 0
+        for (auto & q : b.qs) q = m == 0 ? 0xFF : m == 1 ? 0x00 : (uint8_t) byte(rng);
+        for (auto & q : b.qh) q = m == 0 ? 0xFF : m == 1 ? 0x00 : (uint8_t) byte(rng);
+    }
+    std::vector<column_q8_1> y(n_max * nb);
+    for (auto & c : y) {
+        const int m = mode(rng);  // mostly random bytes; some blocks all +127, all -127 or all -128
+        int sum = 0;
+        for (auto & q : c.qs) { q = (int8_t) (m == 0 ? 127 : m == 1 ? -127 : m == 2 ? -128 : q8(rng)); sum += q; }
+        const float d = scale(rng);
+        c.d = _cvtss_sh(d, 0);
+        c.s = _cvtss_sh(d * sum, 0);
+    }
+    std::vector<block_q5_1x16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    return check(rows, [&](int64_t n, float * out) {
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
+                   nb * sizeof(column_q8_1), n, out, rows);
+        });
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
 PROGRAMS["q4_k"] = r"""
 #include "packed_q4_1.h"
 #include "packed_q5_0.h"

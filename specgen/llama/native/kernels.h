@@ -12,6 +12,7 @@
 #include "packed_traits.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #ifdef SPECGEN_FEW
 
@@ -33,12 +34,12 @@ static inline bool layout(const ggml_tensor * t, const ggml::cpu::tensor_traits 
 // What this build computes with specgen's kernels, for llama.cpp's system info (`specgen doctor`):
 // the instruction set, then the names of the kernels that are on, or "off".
 static inline const char * describe() {
-    static char text[128] = "";
+    static char text[512] = "";  // room for every name (a name that does not fit would vanish from the list)
     if (!text[0]) {
         size_t n = (size_t) snprintf(text, sizeof(text), "%s:", SPECGEN_FEW);
         const size_t bare = n;
         auto add = [&](const char * name) {
-            if (specgen::current().invariant && specgen::kernel_on(name) && n + 6 < sizeof(text)) {
+            if (specgen::current().invariant && specgen::kernel_on(name) && n + 1 + strlen(name) < sizeof(text)) {
                 n += (size_t) snprintf(text + n, sizeof(text) - n, " %s", name);
             }
         };

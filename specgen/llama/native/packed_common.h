@@ -1,6 +1,7 @@
-// specgen: what the packed weight kernels (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h,
-// packed_q6_k.h) share: the group and block sizes, fp16 reads, the broadcast of a column block's four
-// bytes, a block's eight vpdpbusd, the column blocks' byte sums, the prefetch distance, and the
+// specgen: what the packed weight kernels (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q8_0.h,
+// packed_q4_k.h, packed_q6_k.h) share: the group and block sizes, fp16 reads, the broadcast of a column
+// block's four bytes, a block's eight vpdpbusd, the 4-bit kernels' interleaved codes, the column
+// blocks' byte sums, the prefetch distance, and the
 // dispatch that makes a pass's column count a template parameter. Plain C++17 over <immintrin.h>,
 // compiled alone by tests/test_packed_kernel.py as part of each kernel.
 #pragma once
@@ -54,6 +55,33 @@ static inline __m512i dot512(__m512i start, const __m512i * v, const C & c) {
     return _mm512_add_epi32(s0, s1);
 }
 #endif
+#endif
+
+// The 4-bit kernels' (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h) code bytes: 16 rows' 16 bytes per
+// block, interleaved 4 bytes at a time (qs[64 t + 4 r + b] = row r's byte 4 t + b: low nibble code
+// 4 t + b, high nibble code 16 + 4 t + b). interleave() writes row r's; nibbles512/256 unpack them into
+// code vectors v[k] (k < 4: the low nibbles of qs[64 k ..], k >= 4: the high nibbles of qs[64 (k - 4)
+// ..]), whose 32-bit lane r holds row r's codes 4 k .. 4 k + 3 (256 bits: rows 8 h .. 8 h + 7).
+static inline void interleave(uint8_t * qs, int64_t r, const uint8_t * row_qs) {
+    for (int t = 0; t < 4; t++) memcpy(qs + 64 * t + 4 * r, row_qs + 4 * t, 4);
+}
+static inline void nibbles256(const uint8_t * qs, int h, __m256i * v) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < 4; t++) {
+        const __m256i u = _mm256_loadu_si256((const __m256i *) (qs + 64 * t + 32 * h));
+        v[t] = _mm256_and_si256(u, low);
+        v[t + 4] = _mm256_and_si256(_mm256_srli_epi16(u, 4), low);
+    }
+}
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline void nibbles512(const uint8_t * qs, __m512i * v) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < 4; t++) {
+        const __m512i u = _mm512_loadu_si512((const void *) (qs + 64 * t));
+        v[t] = _mm512_and_si512(u, low);
+        v[t + 4] = _mm512_and_si512(_mm512_srli_epi16(u, 4), low);
+    }
+}
 #endif
 
 // Per column block: `factor` times the sum of its QK bytes (a kernel's offset, computed once per

@@ -64,18 +64,13 @@ template <int NC>
 static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 * const * y, float * const * out) {
     __m512 acc[NC];
     for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t l = 0; l < nb; l++) {
         const block_q4_1x16 & b = w[l];
         fetch_ahead(&w[l]);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.m));
         __m512i v[8];
-        for (int t = 0; t < 4; t++) {
-            const __m512i u = _mm512_loadu_si512((const void *) (b.qs + 64 * t));
-            v[t] = _mm512_and_si512(u, low);
-            v[t + 4] = _mm512_and_si512(_mm512_srli_epi16(u, 4), low);
-        }
+        specgen_packed_common::nibbles512(b.qs, v);
 #pragma GCC unroll 8  // whole, so that acc[] stays in registers (GCC leaves 8 iterations a loop over memory)
         for (int j = 0; j < NC; j++) {
             const column_q8_1 & c = y[j][l];
@@ -91,7 +86,7 @@ constexpr int COLUMNS = 4;  // 16 registers: 4 accumulators per half, the half's
 
 template <int NC>
 static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 * const * y, float * const * out) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
         __m256 acc[NC];
         for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
@@ -103,11 +98,7 @@ static inline void group(int64_t nb, const block_q4_1x16 * w, const column_q8_1 
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.m + 8 * h)));
             __m256i v[8];
-            for (int t = 0; t < 4; t++) {
-                const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs + 64 * t + 32 * h));
-                v[t] = _mm256_and_si256(u, low);
-                v[t + 4] = _mm256_and_si256(_mm256_srli_epi16(u, 4), low);
-            }
+            specgen_packed_common::nibbles256(b.qs, h, v);
 #pragma GCC unroll 4
             for (int j = 0; j < NC; j++) {
                 const column_q8_1 & c = y[j][l];
@@ -142,7 +133,7 @@ static inline void pack(const row_q4_1 * src, int64_t rows, int64_t nb, block_q4
                 const row_q4_1 & in = src[(g * ROWS + r) * nb + l];
                 out.d[r] = in.d;
                 out.m[r] = in.m;
-                for (int t = 0; t < 4; t++) memcpy(out.qs + 64 * t + 4 * r, in.qs + 4 * t, 4);
+                specgen_packed_common::interleave(out.qs, r, in.qs);
             }
         }
     }

@@ -89,6 +89,12 @@ static inline __m512i codes512(__m512i nibbles, const uint8_t * qh, int k) {
     return _mm512_mask_add_epi8(nibbles, _cvtu64_mask64(mask), nibbles, _mm512_set1_epi8(0x10));
 }
 
+// The eight code vectors of a block: interleaved nibbles qs, fifth bits qh as 64-bit masks (packed_q5_1.h too).
+static inline void codes512(const uint8_t * qs, const uint8_t * qh, __m512i * v) {
+    specgen_packed_common::nibbles512(qs, v);
+    for (int k = 0; k < 8; k++) v[k] = codes512(v[k], qh, k);
+}
+
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 accumulators, 8 code registers
 
 // One group of 16 rows times NC columns: out[j][r] for r in 0..15.
@@ -97,17 +103,12 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
                          const int32_t * const * off, float * const * out) {
     __m512 acc[NC];
     for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t l = 0; l < nb; l++) {
         const block_q5_0x16 & b = w[l];
         fetch_ahead(&w[l]);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) b.d));
         __m512i v[8];
-        for (int t = 0; t < 4; t++) {
-            const __m512i u = _mm512_loadu_si512((const void *) (b.qs + 64 * t));
-            v[t] = codes512(_mm512_and_si512(u, low), b.qh, t);
-            v[t + 4] = codes512(_mm512_and_si512(_mm512_srli_epi16(u, 4), low), b.qh, t + 4);
-        }
+        codes512(b.qs, b.qh, v);
 #pragma GCC unroll 8  // whole, so that acc[] stays in registers (GCC leaves 8 iterations a loop over memory)
         for (int j = 0; j < NC; j++) {
             const column_q8_0 & c = y[j][l];
@@ -123,10 +124,40 @@ constexpr int COLUMNS = 4;  // 16 registers: 4 accumulators per half, the half's
 
 static inline __m256i codes256(__m256i a, __m256i b, __m256i low) { return _mm256_or_si256(_mm256_and_si256(a, low), b); }
 
+// The eight code vectors of rows 8 h .. 8 h + 7 of a block: nibbles qs, transposed fifth bits qh (packed_q5_1.h too).
+static inline void codes256(const uint8_t * qs, const uint8_t * qh, int h, __m256i * v) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i hb = _mm256_loadu_si256((const __m256i *) (qh + 32 * h));
+    __m256i u[4];
+    for (int t = 0; t < 4; t++) u[t] = _mm256_loadu_si256((const __m256i *) (qs + 64 * t + 32 * h));
+    v[0] = codes256(u[0], fifth256<0>(hb), low);
+    v[1] = codes256(u[1], fifth256<1>(hb), low);
+    v[2] = codes256(u[2], fifth256<2>(hb), low);
+    v[3] = codes256(u[3], fifth256<3>(hb), low);
+    v[4] = codes256(_mm256_srli_epi16(u[0], 4), fifth256<4>(hb), low);
+    v[5] = codes256(_mm256_srli_epi16(u[1], 4), fifth256<5>(hb), low);
+    v[6] = codes256(_mm256_srli_epi16(u[2], 4), fifth256<6>(hb), low);
+    v[7] = codes256(_mm256_srli_epi16(u[3], 4), fifth256<7>(hb), low);
+}
+
+// Per column, a block's sum of codes times bytes (codes 0..31 from codes256): vpmaddubsw's pair sums in
+// 16 bits, |2 * 31 * 127| = 7874 (7936 for a byte of -128), so four of them stay within 31744 <= 32767;
+// two halves of four code vectors each, then vpmaddwd (packed_q5_1.h too).
+template <typename C>
+static inline __m256i dot256(const __m256i * v, const C & c) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p0 = _mm256_maddubs_epi16(v[0], four256(c, 0));
+    __m256i p1 = _mm256_maddubs_epi16(v[4], four256(c, 4));
+    for (int t = 1; t < 4; t++) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(v[t], four256(c, t)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(v[t + 4], four256(c, t + 4)));
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+}
+
 template <int NC>
 static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 * const * y,
                          const int32_t * const * off, float * const * out) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
         __m256 acc[NC];
         for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
@@ -136,30 +167,12 @@ static inline void group(int64_t nb, const block_q5_0x16 * w, const column_q8_0 
                 fetch_ahead(&w[l]);
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (b.d + 8 * h)));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *) (b.qh + 32 * h));
-            __m256i u[4], v[8];
-            for (int t = 0; t < 4; t++) u[t] = _mm256_loadu_si256((const __m256i *) (b.qs + 64 * t + 32 * h));
-            v[0] = codes256(u[0], fifth256<0>(hb), low);
-            v[1] = codes256(u[1], fifth256<1>(hb), low);
-            v[2] = codes256(u[2], fifth256<2>(hb), low);
-            v[3] = codes256(u[3], fifth256<3>(hb), low);
-            v[4] = codes256(_mm256_srli_epi16(u[0], 4), fifth256<4>(hb), low);
-            v[5] = codes256(_mm256_srli_epi16(u[1], 4), fifth256<5>(hb), low);
-            v[6] = codes256(_mm256_srli_epi16(u[2], 4), fifth256<6>(hb), low);
-            v[7] = codes256(_mm256_srli_epi16(u[3], 4), fifth256<7>(hb), low);
+            __m256i v[8];
+            codes256(b.qs, b.qh, h, v);
 #pragma GCC unroll 8
             for (int j = 0; j < NC; j++) {
                 const column_q8_0 & c = y[j][l];
-                // vpmaddubsw's pair sums in 16 bits: |2 * 31 * 127| = 7874 (7936 for a byte of -128), so
-                // four of them stay within 31744 <= 32767; two halves of four codes each, then vpmaddwd.
-                __m256i p0 = _mm256_maddubs_epi16(v[0], four256(c, 0));
-                __m256i p1 = _mm256_maddubs_epi16(v[4], four256(c, 4));
-                for (int t = 1; t < 4; t++) {
-                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(v[t], four256(c, t)));
-                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(v[t + 4], four256(c, t + 4)));
-                }
-                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s, _mm256_set1_epi32(off[j][l])));
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(dot256(v, c), _mm256_set1_epi32(off[j][l])));
                 acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(fp16(c.d))), acc[j]);
             }
         }
@@ -178,6 +191,24 @@ static inline void matmul(int64_t nb, const block_q5_0x16 * w, int64_t g0, int64
         });
 }
 
+// Row r's fifth bits (ggml's 32-bit qh, bit j: code j's) into a packed block's qh, zeroed before its
+// first row, laid out for this build's code (packed_q5_1.h too).
+static inline void fifth_bits(uint8_t * out_qh, int64_t r, const uint8_t * row_qh) {
+    uint32_t qh;
+    memcpy(&qh, row_qh, sizeof(qh));
+    for (int k = 0; k < 8; k++) {
+        for (int b = 0; b < 4; b++) {
+            const int bit = (int) ((qh >> (4 * k + b)) & 1);
+#if defined(SPECGEN_PACKED_VNNI)
+            const int at = 8 * k + (4 * (int) r + b) / 8, shift = (4 * (int) r + b) % 8;  // masks
+#else
+            const int at = 4 * (int) r + b, shift = k;  // transposed
+#endif
+            out_qh[at] = (uint8_t) (out_qh[at] | (unsigned) bit << shift);
+        }
+    }
+}
+
 // Weights rows x (nb blocks) of Q5_0, row after row, into rows / 16 groups of packed blocks.
 static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5_0x16 * dst) {
     for (int64_t g = 0; g < rows / ROWS; g++) {
@@ -187,20 +218,8 @@ static inline void pack(const row_q5_0 * src, int64_t rows, int64_t nb, block_q5
             for (int64_t r = 0; r < ROWS; r++) {
                 const row_q5_0 & in = src[(g * ROWS + r) * nb + l];
                 out.d[r] = in.d;
-                for (int t = 0; t < 4; t++) memcpy(out.qs + 64 * t + 4 * r, in.qs + 4 * t, 4);
-                uint32_t qh;
-                memcpy(&qh, in.qh, sizeof(qh));  // bit j: code j's fifth bit
-                for (int k = 0; k < 8; k++) {
-                    for (int b = 0; b < 4; b++) {
-                        const int bit = (int) ((qh >> (4 * k + b)) & 1);
-#if defined(SPECGEN_PACKED_VNNI)
-                        const int at = 8 * k + (4 * (int) r + b) / 8, shift = (4 * (int) r + b) % 8;  // masks
-#else
-                        const int at = 4 * (int) r + b, shift = k;  // transposed
-#endif
-                        out.qh[at] = (uint8_t) (out.qh[at] | (unsigned) bit << shift);
-                    }
-                }
+                specgen_packed_common::interleave(out.qs, r, in.qs);
+                fifth_bits(out.qh, r, in.qh);
             }
         }
     }

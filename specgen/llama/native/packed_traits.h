@@ -1,5 +1,5 @@
-// specgen: specgen's packed weight layouts (packed_q4_1.h, packed_q5_0.h, packed_q8_0.h, packed_q4_k.h,
-// packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
+// specgen: specgen's packed weight layouts (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q5_1.h,
+// packed_q8_0.h, packed_q4_k.h, packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
 // load, size the scratch, and compute a product of any number of columns (each column quantized as
 // ggml quantizes one row, with the few integers per column block a kernel needs beside it, then each
 // thread's share of the row groups).
@@ -21,15 +21,17 @@
 #include "ggml-cpu-impl.h"
 #include "traits.h"
 #include "invariant.h"
+#include "packed_q4_0.h"
 #include "packed_q4_1.h"
 #include "packed_q5_0.h"
+#include "packed_q5_1.h"
 #include "packed_q8_0.h"
 #include "packed_q4_k.h"
 #include "packed_q6_k.h"
 
 #include <stdint.h>
 
-#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q8_0) && \
+#if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q4_0) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q5_1) && defined(SPECGEN_PACKED_Q8_0) && \
     defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q6_K)
 #define SPECGEN_PACKED_LAYOUTS 1
 
@@ -53,6 +55,26 @@ struct q4_1x16 {
     }
 };
 
+// Q4_0 weights x Q8_0 columns (packed_q4_0.h).
+struct q4_0x16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q4_0, COLUMN = GGML_TYPE_Q8_0;
+    static constexpr const char * NAME = "q4_0x16";
+    static constexpr int64_t ROWS = specgen_packed_q4_0::ROWS;
+    static constexpr int QK = specgen_packed_q4_0::QK;
+    static constexpr int EXTRA = 1;  // each column block's offsets()
+    using row = specgen_packed_q4_0::row_q4_0;
+    using column = specgen_packed_q4_0::column_q8_0;
+    using packed = specgen_packed_q4_0::block_q4_0x16;
+    static void extras(const char * column_blocks, int64_t nb, int32_t * out) {
+        specgen_packed_q4_0::offsets((const column *) column_blocks, nb, out);
+    }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q4_0::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * offs, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q4_0::matmul(nb, w, g0, g1, cols, row_bytes, offs, n, dst, ldc);
+    }
+};
+
 // Q5_0 weights x Q8_0 columns (packed_q5_0.h).
 struct q5_0x16 {
     static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_0, COLUMN = GGML_TYPE_Q8_0;
@@ -73,6 +95,25 @@ struct q5_0x16 {
     }
 };
 
+// Q5_1 weights x Q8_1 columns (packed_q5_1.h).
+struct q5_1x16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_1, COLUMN = GGML_TYPE_Q8_1;
+    static constexpr const char * NAME = "q5_1x16";
+    static constexpr int64_t ROWS = specgen_packed_q5_1::ROWS;
+    static constexpr int QK = specgen_packed_q5_1::QK;
+    static constexpr int EXTRA = 0;  // Q8_1 carries its d * sum
+    using row = specgen_packed_q5_1::row_q5_1;
+    using column = specgen_packed_q5_1::column_q8_1;
+    using packed = specgen_packed_q5_1::block_q5_1x16;
+    static void extras(const char *, int64_t, int32_t *) {}
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q5_1::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t *, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q5_1::matmul(nb, w, g0, g1, cols, row_bytes, n, dst, ldc);
+    }
+};
+
+// Q8_0 weights x Q8_0 columns (packed_q8_0.h).
 struct q8_0x16 {
     static constexpr ggml_type WEIGHT = GGML_TYPE_Q8_0, COLUMN = GGML_TYPE_Q8_0;
     static constexpr const char * NAME = "q8_0x16";
@@ -136,7 +177,7 @@ template <typename... K>
 struct kernels {};
 
 // specgen's packed layouts, the one list of them, in the order they are offered a weight.
-using PACKED = kernels<q4_1x16, q5_0x16, q8_0x16, q4_kx16, q6_kx16>;
+using PACKED = kernels<q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q6_kx16>;
 
 // The repack buffer's traits for kernel K; Base is repack.cpp's ggml::cpu::repack::tensor_traits_base.
 template <typename K, typename Base>
@@ -215,4 +256,4 @@ static inline void each_name(F && f, kernels<K...>) {
 
 }  // namespace specgen_packed_traits
 
-#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q5_0, _Q8_0, _Q4_K, _Q6_K
+#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q4_0, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q6_K
