@@ -24,6 +24,9 @@ header documents:
                (ggml's 6-bit scales and mins, decoded as its get_scale_min_k4 does), then fma(isum, d *
                dy, acc), fma(-msum, dmin * dy, acc); some blocks have every code 15 with every scale and
                min 63, some columns are all -128 or all +127 (the largest sums); all four headers.
+  Q5_K x Q8_K  as Q4_K with five-bit codes (the fifth bit from ggml's qh, as its dequantize_row_q5_K
+               reads it); some blocks every code 31 with every scale and min 63; packed_q5_k.h uses
+               packed_q4_k.h's product, included with every other header.
   Q6_K x Q8_K  per super-block the exact integer sum_g sc_g * (sum_i code * y - 32 * sum_i y) over the
                16-value groups (codes read as ggml's dequantize_row_q6_K reads them), then fma(isum,
                d * dy, acc); some blocks have every code 63 with every scale -128, some columns are all
@@ -76,6 +79,17 @@ template <typename Part>
 static void three_threads(int64_t rows, Part part) {
     const int64_t groups = rows / 16;
     for (int th = 0; th < 3; th++) part(groups * th / 3, groups * (th + 1) / 3);
+}
+
+// ggml's get_scale_min_k4 (Q4_K's and Q5_K's): chunk c's 6-bit scale and min from a row's twelve bytes.
+[[maybe_unused]] static void scale_min(int c, const uint8_t * q, int & sc, int & m) {
+    if (c < 4) {
+        sc = q[c] & 63;
+        m = q[c + 4] & 63;
+    } else {
+        sc = (q[c + 4] & 0xF) | ((q[c - 4] >> 6) << 4);
+        m = (q[c + 4] >> 4) | ((q[c] >> 6) << 4);
+    }
 }
 
 // Q8_K columns (C: float d, int8_t qs[256], int16_t bsums[16]): mostly random bytes, some blocks all
@@ -404,17 +418,6 @@ using namespace specgen_packed_q4_k;
 #error "the kernel part did not compile for this instruction set"
 #endif
 
-// ggml's get_scale_min_k4: chunk c's 6-bit scale and min from a row's twelve bytes.
-static void scale_min(int c, const uint8_t * q, int & sc, int & m) {
-    if (c < 4) {
-        sc = q[c] & 63;
-        m = q[c + 4] & 63;
-    } else {
-        sc = (q[c + 4] & 0xF) | ((q[c - 4] >> 6) << 4);
-        m = (q[c + 4] >> 4) | ((q[c] >> 6) << 4);
-    }
-}
-
 static float ref(const row_q4_K * w, const column_q8_K * y, int64_t nb) {
     float acc = 0.0f;
     for (int64_t l = 0; l < nb; l++) {
@@ -454,6 +457,75 @@ int main() {
     std::vector<int32_t> ex(n_max * nb * EXTRA);
     for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
     std::vector<block_q4_Kx16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    return check(rows, [&](int64_t n, float * out) {
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
+                   nb * sizeof(column_q8_K), ex.data(), n, out, rows);
+        });
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
+PROGRAMS["q5_k"] = r"""
+#include "packed_q4_1.h"
+#include "packed_q5_0.h"
+#include "packed_q8_0.h"
+#include "packed_q4_k.h"
+#include "packed_q6_k.h"
+#include "packed_q5_k.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q5_k;
+using specgen_packed_common::fp16;
+
+#ifndef SPECGEN_PACKED_Q5_K
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+static float ref(const row_q5_K * w, const column_q8_K * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t isum = 0, msum = 0;
+        for (int c = 0; c < 8; c++) {
+            int sc, m, dot = 0, sum = 0;
+            scale_min(c, w[l].scales, sc, m);
+            for (int i = 0; i < 32; i++) {
+                const int low = c % 2 ? w[l].qs[32 * (c / 2) + i] >> 4 : w[l].qs[32 * (c / 2) + i] & 15;
+                const int code = low | ((w[l].qh[i] >> c) & 1) << 4;  // ggml's dequantize_row_q5_K
+                dot += code * y[l].qs[32 * c + i];
+                sum += y[l].qs[32 * c + i];
+            }
+            isum += sc * dot;
+            msum += m * sum;
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * y[l].d, acc);
+        acc = std::fmaf(-(float) msum, fp16(w[l].dmin) * y[l].d, acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 6, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), mode(0, 7);
+    std::vector<row_q5_K> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale(rng), 0);
+        b.dmin = _cvtss_sh(scale(rng), 0);
+        const int m = mode(rng);  // mostly random; some blocks every code 31 with every scale and min 63
+        for (auto & q : b.scales) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+        for (auto & q : b.qh) q = (uint8_t) (m == 0 ? 255 : byte(rng));
+    }
+    std::vector<column_q8_K> y(n_max * nb);
+    fill_q8_k(y, rng);
+    std::vector<int32_t> ex(n_max * nb * EXTRA);
+    for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
+    std::vector<block_q5_Kx16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
     return check(rows, [&](int64_t n, float * out) {
         three_threads(rows, [&](int64_t g0, int64_t g1) {

@@ -65,8 +65,30 @@ struct block_q4_Kx16 {
     uint16_t dmin[ROWS];
     uint32_t scales[3][ROWS];
     uint8_t qs[4][ROWS * 32];
+    static constexpr int MAX_CODE = 15;  // the codes' bound, which sets how the AVX2 code sums its pairs
 };
 static_assert(sizeof(block_q4_Kx16) == ROWS * sizeof(row_q4_K), "the packed group fills the rows' bytes");
+
+// Chunk c's code vectors v[t] (lane r: row r's codes 4 t .. 4 t + 3 of the chunk): the low nibbles of
+// qs[c / 2] for even chunks, the high ones for odd; AVX2: rows 8 h .. 8 h + 7. A Q5_K block
+// (packed_q5_k.h) has its own, which group() below finds by the block's type.
+#if defined(SPECGEN_PACKED_VNNI)
+static inline void codes(const block_q4_Kx16 & b, int c, __m512i * v) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < 8; t++) {
+        const __m512i u = _mm512_loadu_si512((const void *) (b.qs[c / 2] + 64 * t));
+        v[t] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(u, 4) : u, low);
+    }
+}
+#else
+static inline void codes(const block_q4_Kx16 & b, int c, int h, __m256i * v) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < 8; t++) {
+        const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs[c / 2] + 64 * t + 32 * h));
+        v[t] = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(u, 4) : u, low);
+    }
+}
+#endif
 
 
 // Per column super-block, its chunk sums s_c (|s_c| <= 32 * 128) as int16 pairs, in the order the
@@ -105,15 +127,15 @@ struct ops512 {
 
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 integer sums, 8 accumulators, 8 codes
 
-// One group of 16 rows times NC columns: out[j][r] for r in 0..15.
-template <int NC>
-static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K * const * y,
+// One group of 16 rows times NC columns: out[j][r] for r in 0..15 (B: block_q4_Kx16, or Q5_K's).
+template <int NC, typename B>
+static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
                          const int32_t * const * ex, float * const * out) {
     __m512 acc[NC];
     for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF), pairs = _mm512_set1_epi32(0x00FF00FF);
+    const __m512i byte = _mm512_set1_epi32(0xFF), pairs = _mm512_set1_epi32(0x00FF00FF);
     for (int64_t l = 0; l < nb; l++) {
-        const block_q4_Kx16 & b = w[l];
+        const B & b = w[l];
         fetch_ahead<PREFETCH_K>(&b);
         __m512i p[3], sc[2], mn[2];
         for (int k = 0; k < 3; k++) p[k] = _mm512_loadu_si512((const void *) b.scales[k]);
@@ -123,13 +145,10 @@ static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K 
         for (int c = 0; c < CHUNKS; c++) {
             const __m512i s = _mm512_and_si512(_mm512_srli_epi32(sc[c / 4], 8 * (c % 4)), byte);
             __m512i v[8];
-            for (int t = 0; t < 8; t++) {
-                const __m512i u = _mm512_loadu_si512((const void *) (b.qs[c / 2] + 64 * t));
-                v[t] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(u, 4) : u, low);
-            }
+            codes(b, c, v);
 #pragma GCC unroll 8  // whole, so that isum[] stays in registers
             for (int j = 0; j < NC; j++) {
-                // codes 0..15 times bytes -128..127, four to a lane: |chunk sum| <= 32 * 15 * 128
+                // codes 0..MAX_CODE times bytes -128..127, four to a lane: |chunk sum| <= 32 * 31 * 128
                 const __m512i dot = dot512(_mm512_setzero_si512(), v, chunk{y[j][l].qs + 32 * c});
                 isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(dot, s));
             }
@@ -162,15 +181,15 @@ struct ops256 {
 
 constexpr int COLUMNS = 4;  // 16 registers: 4 integer sums per half, the chunk's codes, its scales
 
-template <int NC>
-static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K * const * y,
+template <int NC, typename B>
+static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
                          const int32_t * const * ex, float * const * out) {
-    const __m256i low = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF), pairs = _mm256_set1_epi32(0x00FF00FF);
+    const __m256i byte = _mm256_set1_epi32(0xFF), pairs = _mm256_set1_epi32(0x00FF00FF);
     for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
         __m256 acc[NC];
         for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
         for (int64_t l = 0; l < nb; l++) {
-            const block_q4_Kx16 & b = w[l];
+            const B & b = w[l];
             if (h == 0) {  // the second half reads the group again from the cache
                 fetch_ahead<PREFETCH_K>(&b);
             }
@@ -184,17 +203,25 @@ static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K 
                 const __m256i s1 = _mm256_and_si256(_mm256_srli_epi32(sc[c / 4], 8 * (c % 4)), byte);
                 const __m256i s = _mm256_or_si256(s1, _mm256_slli_epi32(s1, 16));
                 __m256i v[8];
-                for (int t = 0; t < 8; t++) {
-                    const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs[c / 2] + 64 * t + 32 * h));
-                    v[t] = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(u, 4) : u, low);
-                }
+                codes(b, c, h, v);
 #pragma GCC unroll 4
                 for (int j = 0; j < NC; j++) {
                     const chunk col{y[j][l].qs + 32 * c};
-                    // pairs of products in 16 bits: codes <= 15, |byte| <= 128, eight pairs <= 30720
-                    __m256i q = _mm256_maddubs_epi16(v[0], four256(col, 0));
-                    for (int t = 1; t < 8; t++) q = _mm256_add_epi16(q, _mm256_maddubs_epi16(v[t], four256(col, t)));
-                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(q, s));
+                    if constexpr (B::MAX_CODE <= 15) {
+                        // pairs of products in 16 bits: codes <= 15, |byte| <= 128, eight pairs <= 30720
+                        __m256i q = _mm256_maddubs_epi16(v[0], four256(col, 0));
+                        for (int t = 1; t < 8; t++) q = _mm256_add_epi16(q, _mm256_maddubs_epi16(v[t], four256(col, t)));
+                        isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(q, s));
+                    } else {
+                        // codes <= 31: four pairs at most in 16 bits (<= 31744), so two halves of four
+                        __m256i q0 = _mm256_maddubs_epi16(v[0], four256(col, 0));
+                        __m256i q1 = _mm256_maddubs_epi16(v[4], four256(col, 4));
+                        for (int t = 1; t < 4; t++) {
+                            q0 = _mm256_add_epi16(q0, _mm256_maddubs_epi16(v[t], four256(col, t)));
+                            q1 = _mm256_add_epi16(q1, _mm256_maddubs_epi16(v[t + 4], four256(col, t + 4)));
+                        }
+                        isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(_mm256_madd_epi16(q0, s), _mm256_madd_epi16(q1, s)));
+                    }
                 }
             }
             const __m256i m[4] = { _mm256_and_si256(mn[0], pairs), _mm256_and_si256(_mm256_srli_epi32(mn[0], 8), pairs),
@@ -218,7 +245,8 @@ static inline void group(int64_t nb, const block_q4_Kx16 * w, const column_q8_K 
 
 // out[c][row] for the groups g0..g1 of the weights and every column c (Q8_K rows, `row_bytes` apart;
 // column c's extras() at ex + c * nb * EXTRA).
-static inline void matmul(int64_t nb, const block_q4_Kx16 * w, int64_t g0, int64_t g1, const char * cols,
+template <typename B>
+static inline void matmul(int64_t nb, const B * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, const int32_t * ex, int64_t n, float * dst, int64_t ldc) {
     specgen_packed_common::over_groups_with_offsets<COLUMNS, column_q8_K, EXTRA>(nb, g0, g1, cols, row_bytes, ex, n, dst, ldc,
         [&](auto N, int64_t g, const column_q8_K * const * y, const int32_t * const * e, float * const * out) {
@@ -226,20 +254,22 @@ static inline void matmul(int64_t nb, const block_q4_Kx16 * w, int64_t g0, int64
         });
 }
 
+// Row r's d, dmin, scales and low code bits (ggml's qs) into a packed block (Q5_K's too).
+template <typename P, typename R>
+static inline void pack_row(P & out, int64_t r, const R & in) {
+    out.d[r] = in.d;
+    out.dmin[r] = in.dmin;
+    for (int k = 0; k < 3; k++) memcpy(&out.scales[k][r], in.scales + 4 * k, 4);
+    for (int j = 0; j < 4; j++) {
+        for (int t = 0; t < 8; t++) memcpy(out.qs[j] + 64 * t + 4 * r, in.qs + 32 * j + 4 * t, 4);
+    }
+}
+
 // Weights rows x (nb super-blocks) of Q4_K, row after row, into rows / 16 groups of packed blocks.
 static inline void pack(const row_q4_K * src, int64_t rows, int64_t nb, block_q4_Kx16 * dst) {
     for (int64_t g = 0; g < rows / ROWS; g++) {
         for (int64_t l = 0; l < nb; l++) {
-            block_q4_Kx16 & out = dst[g * nb + l];
-            for (int64_t r = 0; r < ROWS; r++) {
-                const row_q4_K & in = src[(g * ROWS + r) * nb + l];
-                out.d[r] = in.d;
-                out.dmin[r] = in.dmin;
-                for (int k = 0; k < 3; k++) memcpy(&out.scales[k][r], in.scales + 4 * k, 4);
-                for (int j = 0; j < 4; j++) {
-                    for (int t = 0; t < 8; t++) memcpy(out.qs[j] + 64 * t + 4 * r, in.qs + 32 * j + 4 * t, 4);
-                }
-            }
+            for (int64_t r = 0; r < ROWS; r++) pack_row(dst[g * nb + l], r, src[(g * ROWS + r) * nb + l]);
         }
     }
 }

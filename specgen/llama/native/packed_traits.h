@@ -1,5 +1,5 @@
 // specgen: specgen's packed weight layouts (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q5_1.h,
-// packed_q8_0.h, packed_q4_k.h, packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
+// packed_q8_0.h, packed_q4_k.h, packed_q5_k.h, packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
 // load, size the scratch, and compute a product of any number of columns (each column quantized as
 // ggml quantizes one row, with the few integers per column block a kernel needs beside it, then each
 // thread's share of the row groups).
@@ -27,12 +27,13 @@
 #include "packed_q5_1.h"
 #include "packed_q8_0.h"
 #include "packed_q4_k.h"
+#include "packed_q5_k.h"
 #include "packed_q6_k.h"
 
 #include <stdint.h>
 
 #if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q4_0) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q5_1) && defined(SPECGEN_PACKED_Q8_0) && \
-    defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q6_K)
+    defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q5_K) && defined(SPECGEN_PACKED_Q6_K)
 #define SPECGEN_PACKED_LAYOUTS 1
 
 namespace specgen_packed_traits {
@@ -153,6 +154,26 @@ struct q4_kx16 {
     }
 };
 
+// Q5_K weights x Q8_K columns (packed_q5_k.h: packed_q4_k.h's product with five-bit codes).
+struct q5_kx16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q5_K, COLUMN = GGML_TYPE_Q8_K;
+    static constexpr const char * NAME = "q5_kx16";
+    static constexpr int64_t ROWS = specgen_packed_q5_k::ROWS;
+    static constexpr int QK = specgen_packed_q5_k::QK;
+    static constexpr int EXTRA = specgen_packed_q5_k::EXTRA;  // each column block's chunk sums, in pairs
+    using row = specgen_packed_q5_k::row_q5_K;
+    using column = specgen_packed_common::column_q8_K;
+    using packed = specgen_packed_q5_k::block_q5_Kx16;
+    static void extras(const char * column_blocks, int64_t nb, int32_t * out) {
+        specgen_packed_q5_k::extras((const column *) column_blocks, nb, out);
+    }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q5_k::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * ex, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q5_k::matmul(nb, w, g0, g1, cols, row_bytes, ex, n, dst, ldc);
+    }
+};
+
 // Q6_K weights x Q8_K columns (packed_q6_k.h), 256 values a block.
 struct q6_kx16 {
     static constexpr ggml_type WEIGHT = GGML_TYPE_Q6_K, COLUMN = GGML_TYPE_Q8_K;
@@ -177,7 +198,7 @@ template <typename... K>
 struct kernels {};
 
 // specgen's packed layouts, the one list of them, in the order they are offered a weight.
-using PACKED = kernels<q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q6_kx16>;
+using PACKED = kernels<q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16>;
 
 // The repack buffer's traits for kernel K; Base is repack.cpp's ggml::cpu::repack::tensor_traits_base.
 template <typename K, typename Base>
@@ -256,4 +277,4 @@ static inline void each_name(F && f, kernels<K...>) {
 
 }  // namespace specgen_packed_traits
 
-#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q4_0, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q6_K
+#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q4_0, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q5_K, _Q6_K
