@@ -36,6 +36,9 @@ SETTINGS = {"specgen": {},
             # Q4_K and Q6_K weights through vec_dot's arithmetic (specgen's few-column kernels) instead of
             # specgen's packed layouts for them (packed_q4_k.h, packed_q6_k.h)
             "specgen, vec_dot's Q4_K/Q6_K arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,f16,f32,q4_1x16,q5_0x16,q8_0x16,attention"},
+            # Q4_0, Q5_1 and Q5_K weights through vec_dot's arithmetic instead of specgen's packed layouts
+            # for them (packed_q4_0.h, packed_q5_1.h, packed_q5_k.h: the derived smollm2 models)
+            "specgen, vec_dot's Q4_0/Q5_1/Q5_K arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,f16,f32,q4_1x16,q5_0x16,q8_0x16,q4_kx16,q6_kx16,attention"},
             "llama.cpp's kernels": {"SPECGEN_KERNELS": "0"}}
 DEFAULT_SETTINGS = ["specgen", "specgen, ggml's attention", "llama.cpp's kernels"]
 SIZES = [1, 4, 8, 16]
