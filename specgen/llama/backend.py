@@ -52,13 +52,9 @@ def check_gguf_file(path: Path) -> None:
 
 
 # Weight types (GGUF general.file_type) whose prompts specgen's kernels read at least as fast in
-# decodes of INVARIANT_ROWS as llama.cpp's own kernels read them in decodes of n_batch (512), with the
-# kernel that must be on for it: a K-quant mix by its main type. 500 tokens, 1 thread, median of 3,
-# AMD EPYC Zen 4 (2026-11-29, /tmp script, not a bench): AVX-512 build, 128 against 512, seconds:
-# Q4_0 0.63/1.08, Q4_1 0.34/0.36, Q5_1 0.59/2.30, Q8_0 0.32/0.33, Q2_K 0.75/0.91, Q3_K_M 0.57/0.82,
-# Q4_K_M (gemma) 0.38/0.40, Q5_K_M 0.60/1.78, Q6_K 0.34/0.37, F16 0.68/0.77, F32 (gemma) 0.77/0.78;
-# at 2,000 tokens still 0.96-0.63x the time. An AVX2 build on the same CPU: the quantized types 0.83-0.97x
-# the time, but F16 and F32 1.36x and 1.43x (f16x16/f32x16 are AVX-512 kernels), hence their names here.
+# decodes of INVARIANT_ROWS as llama.cpp's kernels read them in decodes of n_batch, with the kernel that
+# must be on (a K-quant mix by its main type): every type measured on 2026-11-29 (docs/serve.md), but
+# F16 and F32 only with the AVX-512 f16x16/f32x16 (an AVX2 build read them 1.36x and 1.43x slower).
 FEW_COLUMN_PROMPTS = {"0": "f32x16", "1": "f16x16", "2": "q4_0", "3": "q4_1", "7": "q8_0", "8": "q5_0",
                       "9": "q5_1", "10": "q2_k", "11": "q3_k", "12": "q3_k", "13": "q3_k", "14": "q4_k",
                       "15": "q4_k", "16": "q5_k", "17": "q5_k", "18": "q6_k"}
