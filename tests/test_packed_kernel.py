@@ -465,75 +465,25 @@ int main() {
         });
     }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
 }"""
-PROGRAMS["q5_k"] = r"""
-#include "packed_q4_1.h"
-#include "packed_q5_0.h"
-#include "packed_q8_0.h"
-#include "packed_q4_k.h"
-#include "packed_q6_k.h"
-#include "packed_q5_k.h"
-#include <cmath>
-#include <cstdio>
-#include <random>
-#include <vector>
-
-// CHECK: the shared harness (CHECK below)
-using namespace specgen_packed_q5_k;
-using specgen_packed_common::fp16;
-
-#ifndef SPECGEN_PACKED_Q5_K
-#error "the kernel part did not compile for this instruction set"
-#endif
-
-static float ref(const row_q5_K * w, const column_q8_K * y, int64_t nb) {
-    float acc = 0.0f;
-    for (int64_t l = 0; l < nb; l++) {
-        int32_t isum = 0, msum = 0;
-        for (int c = 0; c < 8; c++) {
-            int sc, m, dot = 0, sum = 0;
-            scale_min(c, w[l].scales, sc, m);
-            for (int i = 0; i < 32; i++) {
-                const int low = c % 2 ? w[l].qs[32 * (c / 2) + i] >> 4 : w[l].qs[32 * (c / 2) + i] & 15;
-                const int code = low | ((w[l].qh[i] >> c) & 1) << 4;  // ggml's dequantize_row_q5_K
-                dot += code * y[l].qs[32 * c + i];
-                sum += y[l].qs[32 * c + i];
-            }
-            isum += sc * dot;
-            msum += m * sum;
-        }
-        acc = std::fmaf((float) isum, fp16(w[l].d) * y[l].d, acc);
-        acc = std::fmaf(-(float) msum, fp16(w[l].dmin) * y[l].d, acc);
-    }
-    return acc;
-}
-
-int main() {
-    const int64_t rows = 64, nb = 6, n_max = 130;
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
-    std::uniform_int_distribution<int> byte(0, 255), mode(0, 7);
-    std::vector<row_q5_K> w(rows * nb);
-    for (auto & b : w) {
-        b.d = _cvtss_sh(scale(rng), 0);
-        b.dmin = _cvtss_sh(scale(rng), 0);
-        const int m = mode(rng);  // mostly random; some blocks every code 31 with every scale and min 63
-        for (auto & q : b.scales) q = (uint8_t) (m == 0 ? 255 : byte(rng));
-        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));
-        for (auto & q : b.qh) q = (uint8_t) (m == 0 ? 255 : byte(rng));
-    }
-    std::vector<column_q8_K> y(n_max * nb);
-    fill_q8_k(y, rng);
-    std::vector<int32_t> ex(n_max * nb * EXTRA);
-    for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
-    std::vector<block_q5_Kx16> packed(rows / ROWS * nb);
-    pack(w.data(), rows, nb, packed.data());
-    return check(rows, [&](int64_t n, float * out) {
-        three_threads(rows, [&](int64_t g0, int64_t g1) {
-            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
-                   nb * sizeof(column_q8_K), ex.data(), n, out, rows);
-        });
-    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
-}"""
+# Q5_K's program is Q4_K's with five-bit codes: its own header, block types and fifth bits (each
+# replacement must happen, so that the two programs cannot drift apart unseen).
+Q5_K_CHANGES = [
+    ('#include "packed_q4_k.h"\n', '#include "packed_q4_k.h"\n#include "packed_q6_k.h"\n#include "packed_q5_k.h"\n'),
+    ("using namespace specgen_packed_q4_k;", "using namespace specgen_packed_q5_k;\nusing specgen_packed_common::fp16;"),
+    ("#ifndef SPECGEN_PACKED_Q4_K", "#ifndef SPECGEN_PACKED_Q5_K"),
+    ("row_q4_K", "row_q5_K"), ("block_q4_Kx16", "block_q5_Kx16"),
+    ("                const int code = c % 2 ? w[l].qs[32 * (c / 2) + i] >> 4 : w[l].qs[32 * (c / 2) + i] & 15;",
+     "                const int low = c % 2 ? w[l].qs[32 * (c / 2) + i] >> 4 : w[l].qs[32 * (c / 2) + i] & 15;\n"
+     "                const int code = low | ((w[l].qh[i] >> c) & 1) << 4;  // ggml's dequantize_row_q5_K"),
+    ("every code 15 with every scale", "every code 31 with every scale"),
+    ("        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));",
+     "        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 255 : byte(rng));\n"
+     "        for (auto & q : b.qh) q = (uint8_t) (m == 0 ? 255 : byte(rng));"),
+]
+PROGRAMS["q5_k"] = PROGRAMS["q4_k"]
+for old, changed in Q5_K_CHANGES:
+    assert old in PROGRAMS["q5_k"], old
+    PROGRAMS["q5_k"] = PROGRAMS["q5_k"].replace(old, changed)
 PROGRAMS["q6_k"] = r"""
 #include "packed_q4_k.h"
 #include "packed_q6_k.h"
