@@ -42,12 +42,12 @@ import numpy as np
 CONFIGS = {"specgen": {"SPECGEN_KERNELS": "1"},
            "specgen, attention alone": {"SPECGEN_KERNELS": "attention"},
            "specgen, products alone": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,"
-                                                          "f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q4_kx16,q5_kx16,q6_kx16"},
+                                                          "f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q3_kx16,q4_kx16,q5_kx16,q6_kx16"},
            # specgen with F32 and F16 weights through ggml's vec_dot arithmetic (`floats`) instead of its own
            # 16-lane arithmetic (few_float.h's `lanes`, f32x16/f16x16, AVX-512 only): on an F32 model, `specgen`
            # less that arithmetic (set beside `specgen`, what it alone moves); without F32/F16 weights, `specgen`
            "specgen, ggml's F32 arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,"
-                                                                 "q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q4_kx16,q5_kx16,q6_kx16,attention"},
+                                                                 "q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q3_kx16,q4_kx16,q5_kx16,q6_kx16,attention"},
            "specgen, ggml's one-row code": {"SPECGEN_KERNELS": "ggml"},
            "llama.cpp": {"SPECGEN_KERNELS": "0"},
            "llama.cpp, no repack": {"SPECGEN_KERNELS": "0", "KERNEL_DISTANCE_NO_REPACK": "1"},

@@ -32,10 +32,10 @@ SETTINGS = {"specgen": {},
             "specgen, ggml's Q2_K/Q3_K/Q5_K/F16 products": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q6_k,f32,attention"},
             # F32 and F16 weights through ggml's vec_dot arithmetic (what specgen had before its own 16-lane
             # arithmetic for them, few_float.h's `lanes`, AVX-512 only)
-            "specgen, ggml's F32 arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q4_kx16,q5_kx16,q6_kx16,attention"},
+            "specgen, ggml's F32 arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q3_kx16,q4_kx16,q5_kx16,q6_kx16,attention"},
             # Q4_K and Q6_K weights through vec_dot's arithmetic (specgen's few-column kernels) instead of
             # specgen's packed layouts for them (packed_q4_k.h, packed_q6_k.h)
-            "specgen, vec_dot's Q4_K/Q6_K arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q5_kx16,attention"},
+            "specgen, vec_dot's Q4_K/Q6_K arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,f16,f32,q4_0x16,q4_1x16,q5_0x16,q5_1x16,q8_0x16,q3_kx16,q5_kx16,attention"},
             # Q4_0, Q5_1 and Q5_K weights through vec_dot's arithmetic instead of specgen's packed layouts
             # for them (packed_q4_0.h, packed_q5_1.h, packed_q5_k.h: the derived smollm2 models)
             "specgen, vec_dot's Q4_0/Q5_1/Q5_K arithmetic": {"SPECGEN_KERNELS": "q8_0,q4_0,q4_1,q5_0,q5_1,q2_k,q3_k,q4_k,q5_k,q6_k,f16x16,f32x16,f16,f32,q4_1x16,q5_0x16,q8_0x16,q4_kx16,q6_kx16,attention"},

@@ -211,11 +211,13 @@ def test_specgens_attention_moves_the_logits_no_more_than_llama_cpps_own_kernels
 @pytest.mark.parametrize("name, layout", [("smollm2-135m-instruct-q4_1", "q4_1x16"),
                                           ("smollm2-135m-instruct-q4_0", "q4_0x16"),
                                           ("smollm2-135m-instruct-q5_1", "q5_1x16"),
-                                          ("smollm2-135m-instruct-q5_k_m", "q5_1x16,q5_kx16")])
-def test_specgens_4_and_5_bit_arithmetic_moves_the_logits_no_more_than_llama_cpps_own_kernels_do(name, layout):
-    # Q4_1, Q4_0, Q5_1 and Q5_K weights repacked into specgen's layouts (native/packed_q4_1.h,
-    # packed_q4_0.h, packed_q5_1.h, packed_q5_k.h: one integer sum per block, the scales applied once;
-    # smollm2 Q5_K_M's Q5_1 and Q5_K matrices, its Q6_K left on vec_dot) round apart from ggml's
+                                          ("smollm2-135m-instruct-q5_k_m", "q5_1x16,q5_kx16"),
+                                          ("gemma-3-270m-q2_k", "q3_kx16")])
+def test_specgens_packed_arithmetic_moves_the_logits_about_as_far_as_llama_cpps_own_kernels_do(name, layout):
+    # Q4_1, Q4_0, Q5_1, Q5_K and Q3_K weights repacked into specgen's layouts (native/packed_q4_1.h,
+    # packed_q4_0.h, packed_q5_1.h, packed_q5_k.h, packed_q3_k.h: one integer sum per block, the scales
+    # applied once; smollm2 Q5_K_M's Q5_1 and Q5_K matrices, its Q6_K left on vec_dot; gemma-3-270m-q2_k's
+    # Q3_K, its Q4_0 and Q5_0 left on vec_dot) round apart from ggml's
     # eight-lane vec_dot by summation order only. Their bits must differ from vec_dot's (so the layout
     # is built in and on), about as far as llama.cpp's own kernels move them from vec_dot (for Q4_0 its
     # own repacked GEMV and GEMM), and keep the argmax about as often. Measured (2026-11-29, AMD EPYC,
@@ -223,7 +225,8 @@ def test_specgens_4_and_5_bit_arithmetic_moves_the_logits_no_more_than_llama_cpp
     # Q4_1 median 0.49 (max 1.14) against 0.56 (max 1.09), argmax kept on 16/16 and 15/16 rows; Q4_0
     # 0.62 (0.87) against 0.63 (0.90), 15/16 and 15/16; Q5_1 0.69 (1.19) against 0.64 (0.96), 16/16
     # and 16/16; Q5_K_M (Q5_1 and Q5_K together) 0.89 (1.11) against 0.75 (1.05), 15/16 and 15/16;
-    # on logits spread over ~32-35.
+    # on logits spread over ~32-35; gemma-3-270m-q2_k's Q3_K 1.28 (1.55) against 1.13 (1.78), 15/16
+    # and 15/16, on logits spread over ~45.
     import numpy as np
 
     vec_dot = logits_by(name, PRODUCTS)
@@ -308,5 +311,5 @@ def test_the_build_names_its_kernels_for_this_cpu():
     info = tools.build_info().system_info
     isa = "avx512vnni" if AVX512 else "avx2"
     names = PRODUCTS.replace("f16,f32", "f16x16,f32x16,f16,f32" if AVX512 else "f16,f32").replace(",", " ")
-    assert f"SPECGEN_KERNELS = {isa}: {names} q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 q4_kx16 q5_kx16 q6_kx16 |" in info, info
+    assert f"SPECGEN_KERNELS = {isa}: {names} q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 q3_kx16 q4_kx16 q5_kx16 q6_kx16 |" in info, info
     assert "SPECGEN_ATTENTION = rows |" in info, info

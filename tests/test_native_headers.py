@@ -34,7 +34,7 @@ HEADERS = sorted(path.name for path in NATIVE.glob("*.h"))
 # What each ISA must define (a header that compiled to nothing would pass -fsyntax-only vacuously).
 DEFINES = {"few_common.h": "SPECGEN_FEW", "packed_q4_0.h": "SPECGEN_PACKED_Q4_0", "packed_q4_1.h": "SPECGEN_PACKED",
            "packed_q5_0.h": "SPECGEN_PACKED_Q5_0", "packed_q5_1.h": "SPECGEN_PACKED_Q5_1",
-           "packed_q8_0.h": "SPECGEN_PACKED_Q8_0", "packed_q4_k.h": "SPECGEN_PACKED_Q4_K",
+           "packed_q8_0.h": "SPECGEN_PACKED_Q8_0", "packed_q3_k.h": "SPECGEN_PACKED_Q3_K", "packed_q4_k.h": "SPECGEN_PACKED_Q4_K",
            "packed_q5_k.h": "SPECGEN_PACKED_Q5_K", "packed_q6_k.h": "SPECGEN_PACKED_Q6_K",
            "packed_traits.h": "SPECGEN_PACKED_LAYOUTS"}
 # repack.cpp's ggml::cpu::repack::tensor_traits_base, which the patch passes to kernels.h

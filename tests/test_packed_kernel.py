@@ -27,6 +27,10 @@ header documents:
   Q5_K x Q8_K  as Q4_K with five-bit codes (the fifth bit from ggml's qh, as its dequantize_row_q5_K
                reads it); some blocks every code 31 with every scale and min 63; packed_q5_k.h uses
                packed_q4_k.h's product, included with every other header.
+  Q3_K x Q8_K  per super-block the exact integer sum_g s_g * sum_i (code - 4) * y over the 16-value
+               groups (scales and codes read as ggml's dequantize_row_q3_K reads them), then fma(isum,
+               d * dy, acc); some blocks every code 7 with every scale -32, some every code 0 with every
+               scale 31; packed_q3_k.h uses packed_q6_k.h's product.
   Q6_K x Q8_K  per super-block the exact integer sum_g sc_g * (sum_i code * y - 32 * sum_i y) over the
                16-value groups (codes read as ggml's dequantize_row_q6_K reads them), then fma(isum,
                d * dy, acc); some blocks have every code 63 with every scale -128, some columns are all
@@ -540,6 +544,74 @@ int main() {
     std::vector<int32_t> ex(n_max * nb * EXTRA);
     for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
     std::vector<block_q6_Kx16> packed(rows / ROWS * nb);
+    pack(w.data(), rows, nb, packed.data());
+    return check(rows, [&](int64_t n, float * out) {
+        three_threads(rows, [&](int64_t g0, int64_t g1) {
+            matmul(nb, packed.data(), g0, g1, (const char *) y.data(),
+                   nb * sizeof(column_q8_K), ex.data(), n, out, rows);
+        });
+    }, [&](int64_t r, int64_t c) { return ref(&w[r * nb], &y[c * nb], nb); });
+}"""
+PROGRAMS["q3_k"] = r"""
+#include "packed_q4_k.h"
+#include "packed_q5_k.h"
+#include "packed_q6_k.h"
+#include "packed_q3_k.h"
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// CHECK: the shared harness (CHECK below)
+using namespace specgen_packed_q3_k;
+using specgen_packed_common::fp16;
+
+#ifndef SPECGEN_PACKED_Q3_K
+#error "the kernel part did not compile for this instruction set"
+#endif
+
+// ggml's dequantize_row_q3_K, as integers: group g's scale (6 bits, less 32) and value i's code.
+static int scale(const row_q3_K & w, int g) {
+    const int low = g < 8 ? w.scales[g % 8] & 15 : w.scales[g % 8] >> 4;
+    return (low | ((w.scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+}
+static int code(const row_q3_K & w, int i) {  // i = 128 n + 32 j + l: bits 2 j of qs[32 n + l], hmask[l] bit 4 n + j
+    const int n = i / 128, j = i % 128 / 32, l = i % 32;
+    return ((w.qs[32 * n + l] >> (2 * j)) & 3) | ((w.hmask[l] >> (4 * n + j)) & 1) << 2;
+}
+
+static float ref(const row_q3_K * w, const column_q8_K * y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t l = 0; l < nb; l++) {
+        int32_t isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int dot = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) dot += (code(w[l], i) - 4) * y[l].qs[i];
+            isum += scale(w[l], g) * dot;
+        }
+        acc = std::fmaf((float) isum, fp16(w[l].d) * y[l].d, acc);
+    }
+    return acc;
+}
+
+int main() {
+    const int64_t rows = 64, nb = 6, n_max = 130;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> scale_dist(1e-3f, 4e-2f);
+    std::uniform_int_distribution<int> byte(0, 255), mode(0, 7);
+    std::vector<row_q3_K> w(rows * nb);
+    for (auto & b : w) {
+        b.d = _cvtss_sh(scale_dist(rng), 0);
+        const int m = mode(rng);  // mostly random; some blocks every code 7 or 0, every scale -32 or 31
+        for (auto & q : b.scales) q = (uint8_t) (m == 0 ? 0x00 : m == 1 ? 0xFF : byte(rng));
+        for (auto & q : b.qs) q = (uint8_t) (m == 0 ? 0xFF : m == 1 ? 0x00 : byte(rng));
+        for (auto & q : b.hmask) q = (uint8_t) (m == 0 ? 0xFF : m == 1 ? 0x00 : byte(rng));
+    }
+    std::vector<column_q8_K> y(n_max * nb);
+    fill_q8_k(y, rng);
+    std::vector<int32_t> ex(n_max * nb * EXTRA);
+    for (int64_t c = 0; c < n_max; c++) extras(&y[c * nb], nb, &ex[c * nb * EXTRA]);
+    std::vector<block_q3_Kx16> packed(rows / ROWS * nb);
     pack(w.data(), rows, nb, packed.data());
     return check(rows, [&](int64_t n, float * out) {
         three_threads(rows, [&](int64_t g0, int64_t g1) {

@@ -63,6 +63,7 @@ struct block_q6_Kx16 {
     uint32_t scales[4][ROWS];
     uint8_t ql[4][ROWS * 32];
     uint8_t qh[2][ROWS * 32];
+    static constexpr int OFFSET_SHIFT = 5;  // the codes' offset, 32, as a shift (Q3_K's block: 4)
 };
 static_assert(sizeof(block_q6_Kx16) == ROWS * sizeof(row_q6_K), "the packed group fills the rows' bytes");
 
@@ -84,8 +85,9 @@ static inline void extras(const column_q8_K * col, int64_t nb, int32_t * out) {
 #if defined(SPECGEN_PACKED_VNNI)
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 integer sums, 8 accumulators, 8 codes
 
-// Chunk c's codes for the 16 rows, four to a lane (t = 0..7: values 4 t .. 4 t + 3 of the chunk).
-static inline void codes512(const block_q6_Kx16 & b, int c, __m512i * v) {
+// Chunk c's codes for the 16 rows, four to a lane (t = 0..7: values 4 t .. 4 t + 3 of the chunk). A Q3_K
+// block (packed_q3_k.h) has its own codes() and scales(), which group() finds by the block's type.
+static inline void codes(const block_q6_Kx16 & b, int c, __m512i * v) {
     const int n = c / 4, k = c % 4;
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
     for (int t = 0; t < 8; t++) {
@@ -97,22 +99,27 @@ static inline void codes512(const block_q6_Kx16 & b, int c, __m512i * v) {
     }
 }
 
-// One group of 16 rows times NC columns: out[j][r] for r in 0..15.
-template <int NC>
-static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K * const * y,
+// The rows' 16 signed group scales as four planes (plane q, lane r: row r's scales 4 q .. 4 q + 3).
+static inline void scales(const block_q6_Kx16 & b, __m512i * sc) {
+    for (int q = 0; q < 4; q++) sc[q] = _mm512_loadu_si512((const void *) b.scales[q]);
+}
+
+// One group of 16 rows times NC columns: out[j][r] for r in 0..15 (B: block_q6_Kx16, or Q3_K's).
+template <int NC, typename B>
+static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
                          const int32_t * const * ex, float * const * out) {
     __m512 acc[NC];
     for (int j = 0; j < NC; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t l = 0; l < nb; l++) {
-        const block_q6_Kx16 & b = w[l];
+        const B & b = w[l];
         fetch_ahead<PREFETCH_K>(&b);
         __m512i sc[4];
-        for (int q = 0; q < 4; q++) sc[q] = _mm512_loadu_si512((const void *) b.scales[q]);
+        scales(b, sc);
         __m512i isum[NC];
         for (int j = 0; j < NC; j++) isum[j] = _mm512_setzero_si512();
         for (int c = 0; c < CHUNKS; c++) {
             __m512i v[8];
-            codes512(b, c, v);
+            codes(b, c, v);
             // the chunk's two groups' scales, sign-extended per row: groups 2 c, 2 c + 1 are plane c / 2's
             // bytes 2 (c % 2) and 2 (c % 2) + 1
             const int at = 2 * (c % 2);
@@ -143,7 +150,7 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
             const int32_t * e = ex[j] + EXTRA * l;
             __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p[0], _mm512_set1_epi32(e[0]));
             for (int k = 1; k < 8; k++) m = _mm512_dpwssd_epi32(m, p[k], _mm512_set1_epi32(e[k]));
-            const __m512i total = _mm512_sub_epi32(isum[j], _mm512_slli_epi32(m, 5));
+            const __m512i total = _mm512_sub_epi32(isum[j], _mm512_slli_epi32(m, B::OFFSET_SHIFT));
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(y[j][l].d)), acc[j]);
         }
     }
@@ -153,7 +160,7 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
 constexpr int COLUMNS = 4;  // 16 registers: 4 integer sums per half, the chunk's codes, its scales
 
 // Chunk c's codes for rows 8 h .. 8 h + 7, four to a lane (t = 0..7: values 4 t .. 4 t + 3).
-static inline void codes256(const block_q6_Kx16 & b, int c, int h, __m256i * v) {
+static inline void codes(const block_q6_Kx16 & b, int c, int h, __m256i * v) {
     const int n = c / 4, k = c % 4;
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     for (int t = 0; t < 8; t++) {
@@ -165,24 +172,28 @@ static inline void codes256(const block_q6_Kx16 & b, int c, int h, __m256i * v) 
     }
 }
 
-template <int NC>
-static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K * const * y,
+static inline void scales(const block_q6_Kx16 & b, int h, __m256i * sc) {
+    for (int q = 0; q < 4; q++) sc[q] = _mm256_loadu_si256((const __m256i *) (b.scales[q] + 8 * h));
+}
+
+template <int NC, typename B>
+static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
                          const int32_t * const * ex, float * const * out) {
     for (int h = 0; h < 2; h++) {  // rows 8h .. 8h+7: 32 bytes of each 64
         __m256 acc[NC];
         for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
         for (int64_t l = 0; l < nb; l++) {
-            const block_q6_Kx16 & b = w[l];
+            const B & b = w[l];
             if (h == 0) {  // the second half reads the group again from the cache
                 fetch_ahead<PREFETCH_K>(&b);
             }
             __m256i sc[4];
-            for (int q = 0; q < 4; q++) sc[q] = _mm256_loadu_si256((const __m256i *) (b.scales[q] + 8 * h));
+            scales(b, h, sc);
             __m256i isum[NC];
             for (int j = 0; j < NC; j++) isum[j] = _mm256_setzero_si256();
             for (int c = 0; c < CHUNKS; c++) {
                 __m256i v[8];
-                codes256(b, c, h, v);
+                codes(b, c, h, v);
                 // each group's scale twice per row, as the int16 pair vpmaddwd multiplies by
                 const int at = 2 * (c % 2);
                 __m256i s[2];
@@ -214,7 +225,7 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
                 const int32_t * e = ex[j] + EXTRA * l;
                 __m256i m = _mm256_madd_epi16(p[0], _mm256_set1_epi32(e[0]));
                 for (int k = 1; k < 8; k++) m = _mm256_add_epi32(m, _mm256_madd_epi16(p[k], _mm256_set1_epi32(e[k])));
-                const __m256i total = _mm256_sub_epi32(isum[j], _mm256_slli_epi32(m, 5));
+                const __m256i total = _mm256_sub_epi32(isum[j], _mm256_slli_epi32(m, B::OFFSET_SHIFT));
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(y[j][l].d)), acc[j]);
             }
         }
@@ -225,7 +236,8 @@ static inline void group(int64_t nb, const block_q6_Kx16 * w, const column_q8_K 
 
 // out[c][row] for the groups g0..g1 of the weights and every column c (Q8_K rows, `row_bytes` apart;
 // column c's extras() at ex + c * nb * EXTRA).
-static inline void matmul(int64_t nb, const block_q6_Kx16 * w, int64_t g0, int64_t g1, const char * cols,
+template <typename B>
+static inline void matmul(int64_t nb, const B * w, int64_t g0, int64_t g1, const char * cols,
                           size_t row_bytes, const int32_t * ex, int64_t n, float * dst, int64_t ldc) {
     specgen_packed_common::over_groups_with_offsets<COLUMNS, column_q8_K, EXTRA>(nb, g0, g1, cols, row_bytes, ex, n, dst, ldc,
         [&](auto N, int64_t g, const column_q8_K * const * y, const int32_t * const * e, float * const * out) {

@@ -1,5 +1,5 @@
 // specgen: specgen's packed weight layouts (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q5_1.h,
-// packed_q8_0.h, packed_q4_k.h, packed_q5_k.h, packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
+// packed_q8_0.h, packed_q3_k.h, packed_q4_k.h, packed_q5_k.h, packed_q6_k.h) as llama.cpp's repack buffer sees them, once for all of them: repack a tensor at
 // load, size the scratch, and compute a product of any number of columns (each column quantized as
 // ggml quantizes one row, with the few integers per column block a kernel needs beside it, then each
 // thread's share of the row groups).
@@ -29,11 +29,12 @@
 #include "packed_q4_k.h"
 #include "packed_q5_k.h"
 #include "packed_q6_k.h"
+#include "packed_q3_k.h"
 
 #include <stdint.h>
 
 #if defined(SPECGEN_PACKED) && defined(SPECGEN_PACKED_Q4_0) && defined(SPECGEN_PACKED_Q5_0) && defined(SPECGEN_PACKED_Q5_1) && defined(SPECGEN_PACKED_Q8_0) && \
-    defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q5_K) && defined(SPECGEN_PACKED_Q6_K)
+    defined(SPECGEN_PACKED_Q3_K) && defined(SPECGEN_PACKED_Q4_K) && defined(SPECGEN_PACKED_Q5_K) && defined(SPECGEN_PACKED_Q6_K)
 #define SPECGEN_PACKED_LAYOUTS 1
 
 namespace specgen_packed_traits {
@@ -134,6 +135,26 @@ struct q8_0x16 {
     }
 };
 
+// Q3_K weights x Q8_K columns (packed_q3_k.h: packed_q6_k.h's product with three-bit codes).
+struct q3_kx16 {
+    static constexpr ggml_type WEIGHT = GGML_TYPE_Q3_K, COLUMN = GGML_TYPE_Q8_K;
+    static constexpr const char * NAME = "q3_kx16";
+    static constexpr int64_t ROWS = specgen_packed_q3_k::ROWS;
+    static constexpr int QK = specgen_packed_q3_k::QK;
+    static constexpr int EXTRA = specgen_packed_q3_k::EXTRA;  // each column block's 16-value sums, in pairs
+    using row = specgen_packed_q3_k::row_q3_K;
+    using column = specgen_packed_common::column_q8_K;
+    using packed = specgen_packed_q3_k::block_q3_Kx16;
+    static void extras(const char * column_blocks, int64_t nb, int32_t * out) {
+        specgen_packed_q3_k::extras((const column *) column_blocks, nb, out);
+    }
+    static void pack(const row * src, int64_t rows, int64_t nb, packed * dst) { specgen_packed_q3_k::pack(src, rows, nb, dst); }
+    static void matmul(int64_t nb, const packed * w, int64_t g0, int64_t g1, const char * cols, size_t row_bytes,
+                       const int32_t * ex, int64_t n, float * dst, int64_t ldc) {
+        specgen_packed_q3_k::matmul(nb, w, g0, g1, cols, row_bytes, ex, n, dst, ldc);
+    }
+};
+
 // Q4_K weights x Q8_K columns (packed_q4_k.h), 256 values a block.
 struct q4_kx16 {
     static constexpr ggml_type WEIGHT = GGML_TYPE_Q4_K, COLUMN = GGML_TYPE_Q8_K;
@@ -198,7 +219,7 @@ template <typename... K>
 struct kernels {};
 
 // specgen's packed layouts, the one list of them, in the order they are offered a weight.
-using PACKED = kernels<q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16>;
+using PACKED = kernels<q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q3_kx16, q4_kx16, q5_kx16, q6_kx16>;
 
 // The repack buffer's traits for kernel K; Base is repack.cpp's ggml::cpu::repack::tensor_traits_base.
 template <typename K, typename Base>
@@ -277,4 +298,4 @@ static inline void each_name(F && f, kernels<K...>) {
 
 }  // namespace specgen_packed_traits
 
-#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q4_0, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q5_K, _Q6_K
+#endif  // SPECGEN_PACKED, SPECGEN_PACKED_Q4_0, _Q5_0, _Q5_1, _Q8_0, _Q3_K, _Q4_K, _Q5_K, _Q6_K
