@@ -1,9 +1,10 @@
-// specgen: what the packed weight kernels (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q8_0.h,
-// packed_q4_k.h, packed_q6_k.h) share: the group and block sizes, fp16 reads, the broadcast of a column
-// block's four bytes, a block's eight vpdpbusd, the 4-bit kernels' interleaved codes, the column
-// blocks' byte sums, the prefetch distance, and the
-// dispatch that makes a pass's column count a template parameter. Plain C++17 over <immintrin.h>,
-// compiled alone by tests/test_packed_kernel.py as part of each kernel.
+// specgen: what the packed weight kernels (packed_q4_0.h, packed_q4_1.h, packed_q5_0.h, packed_q5_1.h,
+// packed_q8_0.h, packed_q3_k.h .. packed_q6_k.h) share: the group and block sizes, fp16 reads, the
+// broadcast of a column block's four bytes, a block's eight vpdpbusd, the 4-bit kernels' interleaved
+// codes, the column blocks' byte sums, the prefetch distance, the K-quants' Q8_K block, scale-decoding
+// operations and extra code bits, and the dispatch that makes a pass's column count a template
+// parameter. Plain C++17 over <immintrin.h>, compiled alone by tests/test_packed_kernel.py as part of
+// each kernel.
 #pragma once
 
 #include <immintrin.h>
@@ -109,6 +110,46 @@ struct column_q8_K { float d; int8_t qs[QK_SUPER]; int16_t bsums[QK_SUPER / 16];
 static_assert(sizeof(column_q8_K) == 292, "ggml's Q8_K block");
 struct chunk { const int8_t * qs; };
 constexpr int64_t PREFETCH_K = 2;
+
+// The operations the K-quant kernels' scale decoding (packed_q3_k.h, packed_q4_k.h) runs on 16 (8) rows'
+// 32-bit words at once, for a template over the vector type.
+struct ops256 {
+    static __m256i set1(int v) { return _mm256_set1_epi32(v); }
+    static __m256i and_(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+    static __m256i or_(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+    static __m256i srl(__m256i a, int n) { return _mm256_srli_epi32(a, n); }
+    static __m256i sll(__m256i a, int n) { return _mm256_slli_epi32(a, n); }
+    static __m256i sub8(__m256i a, __m256i b) { return _mm256_sub_epi8(a, b); }
+};
+#if defined(SPECGEN_PACKED_VNNI)
+struct ops512 {
+    static __m512i set1(int v) { return _mm512_set1_epi32(v); }
+    static __m512i and_(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+    static __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+    static __m512i srl(__m512i a, int n) { return _mm512_srli_epi32(a, n); }
+    static __m512i sll(__m512i a, int n) { return _mm512_slli_epi32(a, n); }
+    static __m512i sub8(__m512i a, __m512i b) { return _mm512_sub_epi8(a, b); }
+};
+#endif
+
+// The K-quants' extra code bits (Q3_K's hmask, Q5_K's qh: byte i holds, in bit c, the bit of value i of
+// chunk c, for the 32 values of each of 8 chunks) of row r, laid out for this build's code: AVX-512,
+// 64-bit masks bits[64 c + 8 t ..] with bit 4 r + b = the bit of row r's value 4 t + b of chunk c (zeroed
+// before the group's first row); AVX2, the bytes interleaved as the codes are, bits[64 t + 4 r + b] =
+// row r's byte 4 t + b.
+static inline void chunk_bits(uint8_t * bits, int64_t r, const uint8_t * row_bits) {
+    for (int i = 0; i < 32; i++) {  // value i of every chunk
+#if defined(SPECGEN_PACKED_VNNI)
+        const int t = i / 4, lane = 4 * (int) r + i % 4;
+        for (int c = 0; c < 8; c++) {
+            uint8_t & at = bits[64 * c + 8 * t + lane / 8];
+            at = (uint8_t) (at | ((row_bits[i] >> c) & 1) << (lane % 8));
+        }
+#else
+        bits[64 * (i / 4) + 4 * r + i % 4] = row_bits[i];
+#endif
+    }
+}
 
 // Calls f(std::integral_constant<int, nc>()) for nc in 1..MAX: the accumulators' count a template
 // parameter, so that they stay in registers.

@@ -74,19 +74,10 @@ static inline void decode_scales(const V * p, V * sc, O o) {
 }
 
 #if defined(SPECGEN_PACKED_VNNI)
-struct ops512 {
-    static __m512i set1(int v) { return _mm512_set1_epi32(v); }
-    static __m512i and_(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
-    static __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
-    static __m512i srl(__m512i a, int n) { return _mm512_srli_epi32(a, n); }
-    static __m512i sll(__m512i a, int n) { return _mm512_slli_epi32(a, n); }
-    static __m512i sub8(__m512i a, __m512i b) { return _mm512_sub_epi8(a, b); }
-};
-
 static inline void scales(const block_q3_Kx16 & b, __m512i * sc) {
     __m512i p[3];
     for (int k = 0; k < 3; k++) p[k] = _mm512_loadu_si512((const void *) b.scales[k]);
-    decode_scales(p, sc, ops512());
+    decode_scales(p, sc, specgen_packed_common::ops512());
 }
 
 // Chunk c's codes for the 16 rows, four to a lane (t = 0..7: values 4 t .. 4 t + 3 of the chunk).
@@ -101,19 +92,10 @@ static inline void codes(const block_q3_Kx16 & b, int c, __m512i * v) {
     }
 }
 #else
-struct ops256 {
-    static __m256i set1(int v) { return _mm256_set1_epi32(v); }
-    static __m256i and_(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
-    static __m256i or_(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
-    static __m256i srl(__m256i a, int n) { return _mm256_srli_epi32(a, n); }
-    static __m256i sll(__m256i a, int n) { return _mm256_slli_epi32(a, n); }
-    static __m256i sub8(__m256i a, __m256i b) { return _mm256_sub_epi8(a, b); }
-};
-
 static inline void scales(const block_q3_Kx16 & b, int h, __m256i * sc) {
     __m256i p[3];
     for (int k = 0; k < 3; k++) p[k] = _mm256_loadu_si256((const __m256i *) (b.scales[k] + 8 * h));
-    decode_scales(p, sc, ops256());
+    decode_scales(p, sc, specgen_packed_common::ops256());
 }
 
 // Chunk c's codes for rows 8 h .. 8 h + 7, four to a lane (t = 0..7: values 4 t .. 4 t + 3).
@@ -149,17 +131,7 @@ static inline void pack(const row_q3_K * src, int64_t rows, int64_t nb, block_q3
                 for (int t = 0; t < 8; t++) {
                     for (int n = 0; n < 2; n++) memcpy(out.qs[n] + 64 * t + 4 * r, in.qs + 32 * n + 4 * t, 4);
                 }
-                for (int i = 0; i < QK / 8; i++) {  // value i of every chunk
-#if defined(SPECGEN_PACKED_VNNI)
-                    const int t = i / 4, lane = 4 * (int) r + i % 4;
-                    for (int c = 0; c < 8; c++) {
-                        uint8_t & at = out.hm[64 * c + 8 * t + lane / 8];
-                        at = (uint8_t) (at | ((in.hmask[i] >> c) & 1) << (lane % 8));
-                    }
-#else
-                    out.hm[64 * (i / 4) + 4 * r + i % 4] = in.hmask[i];
-#endif
-                }
+                specgen_packed_common::chunk_bits(out.hm, r, in.hmask);
             }
         }
     }

@@ -117,14 +117,6 @@ static inline void scales_and_mins(const V * p, V * sc, V * mn, Ops o) {
 }
 
 #if defined(SPECGEN_PACKED_VNNI)
-struct ops512 {
-    static __m512i set1(int v) { return _mm512_set1_epi32(v); }
-    static __m512i and_(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
-    static __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
-    static __m512i srl(__m512i a, int n) { return _mm512_srli_epi32(a, n); }
-    static __m512i sll(__m512i a, int n) { return _mm512_slli_epi32(a, n); }
-};
-
 constexpr int COLUMNS = 8;  // columns per pass over a group: 8 integer sums, 8 accumulators, 8 codes
 
 // One group of 16 rows times NC columns: out[j][r] for r in 0..15 (B: block_q4_Kx16, or Q5_K's).
@@ -139,7 +131,7 @@ static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
         fetch_ahead<PREFETCH_K>(&b);
         __m512i p[3], sc[2], mn[2];
         for (int k = 0; k < 3; k++) p[k] = _mm512_loadu_si512((const void *) b.scales[k]);
-        scales_and_mins(p, sc, mn, ops512());
+        scales_and_mins(p, sc, mn, specgen_packed_common::ops512());
         __m512i isum[NC];
         for (int j = 0; j < NC; j++) isum[j] = _mm512_setzero_si512();
         for (int c = 0; c < CHUNKS; c++) {
@@ -171,14 +163,6 @@ static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
     for (int j = 0; j < NC; j++) _mm512_storeu_ps(out[j], acc[j]);
 }
 #else
-struct ops256 {
-    static __m256i set1(int v) { return _mm256_set1_epi32(v); }
-    static __m256i and_(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
-    static __m256i or_(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
-    static __m256i srl(__m256i a, int n) { return _mm256_srli_epi32(a, n); }
-    static __m256i sll(__m256i a, int n) { return _mm256_slli_epi32(a, n); }
-};
-
 constexpr int COLUMNS = 4;  // 16 registers: 4 integer sums per half, the chunk's codes, its scales
 
 template <int NC, typename B>
@@ -195,7 +179,7 @@ static inline void group(int64_t nb, const B * w, const column_q8_K * const * y,
             }
             __m256i p[3], sc[2], mn[2];
             for (int k = 0; k < 3; k++) p[k] = _mm256_loadu_si256((const __m256i *) (b.scales[k] + 8 * h));
-            scales_and_mins(p, sc, mn, ops256());
+            scales_and_mins(p, sc, mn, specgen_packed_common::ops256());
             __m256i isum[NC];
             for (int j = 0; j < NC; j++) isum[j] = _mm256_setzero_si256();
             for (int c = 0; c < CHUNKS; c++) {

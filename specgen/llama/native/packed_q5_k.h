@@ -100,17 +100,7 @@ static inline void pack(const row_q5_K * src, int64_t rows, int64_t nb, block_q5
             for (int64_t r = 0; r < ROWS; r++) {
                 const row_q5_K & in = src[(g * ROWS + r) * nb + l];
                 specgen_packed_q4_k::pack_row(out, r, in);
-                for (int i = 0; i < QK / 8; i++) {  // value i of every chunk
-#if defined(SPECGEN_PACKED_VNNI)
-                    const int t = i / 4, lane = 4 * (int) r + i % 4;
-                    for (int c = 0; c < 8; c++) {
-                        uint8_t & at = out.qh[64 * c + 8 * t + lane / 8];
-                        at = (uint8_t) (at | ((in.qh[i] >> c) & 1) << (lane % 8));
-                    }
-#else
-                    out.qh[64 * (i / 4) + 4 * r + i % 4] = in.qh[i];
-#endif
-                }
+                specgen_packed_common::chunk_bits(out.qh, r, in.qh);
             }
         }
     }
