@@ -182,8 +182,8 @@ _TYPES["logit_bias"] = (str, type(None))  # a file gives llama.cpp's text; RunCo
 
 # `specgen bench` settings a -c file may also hold (the bench presets in configs/ do).
 BENCH_TYPES: dict[str, tuple[type, ...]] = {
-    "methods": (str, list), "suite": (str,), "category": (str, type(None)), "per_group": (int, type(None)), "limit": (int, type(None)),
-    "repeats": (int,), "split": (str,),
+    "methods": (str, list), "suite": (str,), "category": (str, type(None)), "per_group": (int, type(None)),
+    "limit": (int, type(None)), "repeats": (int,), "split": (str,),
 }
 
 
