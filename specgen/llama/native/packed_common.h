@@ -151,6 +151,23 @@ static inline void chunk_bits(uint8_t * bits, int64_t r, const uint8_t * row_bit
     }
 }
 
+// Code vector t of chunk c (its low bits `low`, per byte) with chunk_bits()'s bit for it added as
+// 1 << to. AVX-512: a masked vpaddb. AVX2 (rows 8 h .. 8 h + 7): the bits' byte shifted so that bit c
+// lands on bit `to` (within 16-bit lanes; the bits that cross a byte land elsewhere and are masked off).
+#if defined(SPECGEN_PACKED_VNNI)
+static inline __m512i with_chunk_bit(__m512i low, const uint8_t * bits, int c, int t, int to) {
+    uint64_t mask;
+    memcpy(&mask, bits + 64 * c + 8 * t, sizeof(mask));
+    return _mm512_mask_add_epi8(low, _cvtu64_mask64(mask), low, _mm512_set1_epi8((char) (1 << to)));
+}
+#endif
+static inline __m256i with_chunk_bit(__m256i low, const uint8_t * bits, int c, int t, int h, int to) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *) (bits + 64 * t + 32 * h));
+    const __m128i left = _mm_cvtsi32_si128(c < to ? to - c : 0), right = _mm_cvtsi32_si128(c > to ? c - to : 0);
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(q, left), right), _mm256_set1_epi8((char) (1 << to)));
+    return _mm256_or_si256(low, bit);
+}
+
 // Calls f(std::integral_constant<int, nc>()) for nc in 1..MAX: the accumulators' count a template
 // parameter, so that they stay in registers.
 template <int MAX, typename F>

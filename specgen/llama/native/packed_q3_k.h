@@ -82,13 +82,10 @@ static inline void scales(const block_q3_Kx16 & b, __m512i * sc) {
 
 // Chunk c's codes for the 16 rows, four to a lane (t = 0..7: values 4 t .. 4 t + 3 of the chunk).
 static inline void codes(const block_q3_Kx16 & b, int c, __m512i * v) {
-    const __m512i two = _mm512_set1_epi8(0x03), four = _mm512_set1_epi8(0x04);
+    const __m512i two = _mm512_set1_epi8(0x03);
     for (int t = 0; t < 8; t++) {
         const __m512i q = _mm512_loadu_si512((const void *) (b.qs[c / 4] + 64 * t));
-        const __m512i low = _mm512_and_si512(_mm512_srli_epi16(q, 2 * (c % 4)), two);
-        uint64_t mask;
-        memcpy(&mask, b.hm + 64 * c + 8 * t, sizeof(mask));
-        v[t] = _mm512_mask_add_epi8(low, _cvtu64_mask64(mask), low, four);
+        v[t] = specgen_packed_common::with_chunk_bit(_mm512_and_si512(_mm512_srli_epi16(q, 2 * (c % 4)), two), b.hm, c, t, 2);
     }
 }
 #else
@@ -100,14 +97,11 @@ static inline void scales(const block_q3_Kx16 & b, int h, __m256i * sc) {
 
 // Chunk c's codes for rows 8 h .. 8 h + 7, four to a lane (t = 0..7: values 4 t .. 4 t + 3).
 static inline void codes(const block_q3_Kx16 & b, int c, int h, __m256i * v) {
-    const __m256i two = _mm256_set1_epi8(0x03), bit = _mm256_set1_epi8(0x04);
+    const __m256i two = _mm256_set1_epi8(0x03);
     const __m128i shift = _mm_cvtsi32_si128(2 * (c % 4));
-    const __m128i left = _mm_cvtsi32_si128(c < 2 ? 2 - c : 0), right = _mm_cvtsi32_si128(c > 2 ? c - 2 : 0);
     for (int t = 0; t < 8; t++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *) (b.qs[c / 4] + 64 * t + 32 * h));
-        const __m256i m = _mm256_loadu_si256((const __m256i *) (b.hm + 64 * t + 32 * h));
-        const __m256i third = _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(m, left), right), bit);
-        v[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, shift), two), third);
+        v[t] = specgen_packed_common::with_chunk_bit(_mm256_and_si256(_mm256_srl_epi16(q, shift), two), b.hm, c, t, h, 2);
     }
 }
 #endif

@@ -72,22 +72,27 @@ static_assert(sizeof(block_q4_Kx16) == ROWS * sizeof(row_q4_K), "the packed grou
 // Chunk c's code vectors v[t] (lane r: row r's codes 4 t .. 4 t + 3 of the chunk): the low nibbles of
 // qs[c / 2] for even chunks, the high ones for odd; AVX2: rows 8 h .. 8 h + 7. A Q5_K block
 // (packed_q5_k.h) has its own, which group() below finds by the block's type.
+// nibbles(): those vectors from a block's qs (Q5_K's low bits too).
 #if defined(SPECGEN_PACKED_VNNI)
-static inline void codes(const block_q4_Kx16 & b, int c, __m512i * v) {
+template <typename P>
+static inline void nibbles(const P & b, int c, __m512i * v) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int t = 0; t < 8; t++) {
         const __m512i u = _mm512_loadu_si512((const void *) (b.qs[c / 2] + 64 * t));
         v[t] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(u, 4) : u, low);
     }
 }
+static inline void codes(const block_q4_Kx16 & b, int c, __m512i * v) { nibbles(b, c, v); }
 #else
-static inline void codes(const block_q4_Kx16 & b, int c, int h, __m256i * v) {
+template <typename P>
+static inline void nibbles(const P & b, int c, int h, __m256i * v) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int t = 0; t < 8; t++) {
         const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs[c / 2] + 64 * t + 32 * h));
         v[t] = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(u, 4) : u, low);
     }
 }
+static inline void codes(const block_q4_Kx16 & b, int c, int h, __m256i * v) { nibbles(b, c, h, v); }
 #endif
 
 

@@ -63,25 +63,13 @@ static_assert(sizeof(block_q5_Kx16) == ROWS * sizeof(row_q5_K), "the packed grou
 // where the fifth bit is set.
 #if defined(SPECGEN_PACKED_VNNI)
 static inline void codes(const block_q5_Kx16 & b, int c, __m512i * v) {
-    const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(0x10);
-    for (int t = 0; t < 8; t++) {
-        const __m512i u = _mm512_loadu_si512((const void *) (b.qs[c / 2] + 64 * t));
-        const __m512i nibbles = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(u, 4) : u, low);
-        uint64_t mask;
-        memcpy(&mask, b.qh + 64 * c + 8 * t, sizeof(mask));
-        v[t] = _mm512_mask_add_epi8(nibbles, _cvtu64_mask64(mask), nibbles, sixteen);
-    }
+    specgen_packed_q4_k::nibbles(b, c, v);
+    for (int t = 0; t < 8; t++) v[t] = specgen_packed_common::with_chunk_bit(v[t], b.qh, c, t, 4);
 }
 #else
 static inline void codes(const block_q5_Kx16 & b, int c, int h, __m256i * v) {
-    const __m256i low = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(0x10);
-    const __m128i left = _mm_cvtsi32_si128(c < 4 ? 4 - c : 0), right = _mm_cvtsi32_si128(c > 4 ? c - 4 : 0);
-    for (int t = 0; t < 8; t++) {
-        const __m256i u = _mm256_loadu_si256((const __m256i *) (b.qs[c / 2] + 64 * t + 32 * h));
-        const __m256i q = _mm256_loadu_si256((const __m256i *) (b.qh + 64 * t + 32 * h));
-        const __m256i fifth = _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(q, left), right), bit);
-        v[t] = _mm256_or_si256(_mm256_and_si256(c % 2 ? _mm256_srli_epi16(u, 4) : u, low), fifth);
-    }
+    specgen_packed_q4_k::nibbles(b, c, h, v);
+    for (int t = 0; t < 8; t++) v[t] = specgen_packed_common::with_chunk_bit(v[t], b.qh, c, t, h, 4);
 }
 #endif
 
